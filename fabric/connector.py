@@ -1,0 +1,249 @@
+"""Resolve ``Fabric(...)`` arguments into concrete accelerator, strategy and precision objects.
+
+Resolution is three declarative steps:
+
+1. **Pick** each setting: an explicit argument, else the CLI's environment variable (only in processes
+   the CLI started), else the default. An explicit argument that disagrees with the CLI is an error.
+2. **Build**: ``"auto"`` becomes the first available accelerator and, from the number of processes,
+   a strategy; registries turn names into objects.
+3. **Check** the combination against :data:`COMPATIBILITY_RULES`.
+
+Nothing else in the package re-derives these choices: everything reads :class:`Resolved`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
+from fabric.plugins.io.checkpoint_io import CheckpointIO
+from fabric.plugins.precision import PRECISION_REGISTRY, Precision, parse_precision
+from fabric.strategies import STRATEGY_REGISTRY, Strategy
+from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS
+from fabric.utilities.device_parser import DeviceRequest, DevicesArg, parse_devices
+
+AcceleratorArg = str | Accelerator
+StrategyArg = str | Strategy
+PrecisionArg = str | int | None
+Plugin = Precision | CheckpointIO
+
+_GPU_ACCELERATORS = ("cuda", "mps")
+
+
+def _parse_accelerator(value: AcceleratorArg) -> AcceleratorArg:
+    if isinstance(value, Accelerator) or value in ("auto", "gpu"):
+        return value
+    if not isinstance(value, str) or value not in ACCELERATOR_REGISTRY:
+        accepted = ["auto", "gpu", *ACCELERATOR_REGISTRY.choices()]
+        raise ValueError(f"Unknown accelerator {value!r}. Accepted values: {', '.join(map(repr, accepted))}.")
+    return ACCELERATOR_REGISTRY.canonical_name(value)
+
+
+def _parse_strategy(value: StrategyArg) -> StrategyArg:
+    if isinstance(value, Strategy) or value == "auto":
+        return value
+    if not isinstance(value, str) or value not in STRATEGY_REGISTRY:
+        accepted = ["auto", *STRATEGY_REGISTRY.choices()]
+        raise ValueError(f"Unknown strategy {value!r}. Accepted values: {', '.join(map(repr, accepted))}.")
+    return STRATEGY_REGISTRY.canonical_name(value)
+
+
+def _parse_num_nodes(value: int | str) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise ValueError(f"num_nodes={value!r} is not valid. Accepted: an int >= 1.")
+    return int(text)
+
+
+def _parse_optional_precision(value: PrecisionArg) -> str | None:
+    return None if value is None else parse_precision(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``Fabric`` argument: its "not given" default and the parser that normalises it."""
+
+    name: str
+    default: Any
+    parse: Callable[[Any], Any]
+
+
+#: Step 1's table. Defaults mean "not given": the CLI's value, then auto-detection, fill them in.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("accelerator", "auto", _parse_accelerator),
+    Setting("strategy", "auto", _parse_strategy),
+    Setting("devices", "auto", parse_devices),
+    Setting("num_nodes", 1, _parse_num_nodes),
+    Setting("precision", None, _parse_optional_precision),
+)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The outcome of resolution: what this process runs on and how."""
+
+    accelerator: Accelerator
+    strategy: Strategy
+    precision: Precision
+    devices: list[torch.device]
+    num_nodes: int
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.devices) * self.num_nodes
+
+
+#: Step 3's table: (is the combination broken?, why, in words naming the values).
+COMPATIBILITY_RULES: tuple[tuple[Callable[[Resolved], bool], Callable[[Resolved], str]], ...] = (
+    (
+        lambda r: r.precision.name == "64-true" and not r.accelerator.supports_dtype(torch.float64),
+        lambda r: (
+            f"precision='64-true' needs float64, which {type(r.accelerator).__name__} does not support. Use '32-true'."
+        ),
+    ),
+    (
+        lambda r: r.precision.name.startswith("bf16") and not r.accelerator.supports_dtype(torch.bfloat16),
+        lambda r: (
+            f"precision={r.precision.name!r} needs bfloat16, which this {r.accelerator.device_type} device "
+            "does not support. Use '16-mixed' or '32-true'."
+        ),
+    ),
+)
+
+
+def pick_settings(given: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Step 1: combine explicit arguments with the CLI's environment variables, parsed and checked."""
+    from_cli = environ.get(CLI_MARKER) == "1"
+    picked = {}
+    for setting in SETTINGS:
+        explicit = given[setting.name]
+        value = setting.parse(explicit)
+        env_var = CLI_SETTINGS[setting.name]
+        if from_cli and env_var in environ:
+            cli_value = setting.parse(environ[env_var])
+            if explicit != setting.default and not _same_choice(value, cli_value):
+                raise ValueError(
+                    f"Fabric({setting.name}={explicit!r}) conflicts with the CLI's "
+                    f"--{setting.name.replace('_', '-')}={environ[env_var]} ({env_var}). "
+                    "Remove one of the two."
+                )
+            value = cli_value
+        picked[setting.name] = value
+    return picked
+
+
+def _same_choice(explicit: Any, from_cli: Any) -> bool:
+    if isinstance(explicit, Strategy) and isinstance(from_cli, str):
+        return type(explicit) is STRATEGY_REGISTRY.get(from_cli).resolve_target()
+    if isinstance(explicit, Accelerator) and isinstance(from_cli, str):
+        return (
+            from_cli in ACCELERATOR_REGISTRY and type(explicit) is ACCELERATOR_REGISTRY.get(from_cli).resolve_target()
+        )
+    return bool(explicit == from_cli)
+
+
+def _is_available(accelerator_name: str) -> bool:
+    accelerator_class = ACCELERATOR_REGISTRY.get(accelerator_name).resolve_target()
+    return (
+        isinstance(accelerator_class, type)
+        and issubclass(accelerator_class, Accelerator)
+        and accelerator_class.is_available()
+    )
+
+
+def _build_accelerator(choice: AcceleratorArg) -> Accelerator:
+    if isinstance(choice, Accelerator):
+        return choice
+    candidates = {"auto": ACCELERATOR_REGISTRY.names(), "gpu": list(_GPU_ACCELERATORS)}.get(choice, [choice])
+    for name in candidates:
+        if _is_available(name):
+            return ACCELERATOR_REGISTRY.create(name)
+    available = [name for name in ACCELERATOR_REGISTRY if _is_available(name)]
+    raise ValueError(f"accelerator={choice!r} is not available on this machine. Available: {available}.")
+
+
+def _build_strategy(choice: StrategyArg, num_processes: int) -> Strategy:
+    if isinstance(choice, Strategy):
+        return choice
+    if choice == "auto":
+        choice = "single_device" if num_processes == 1 else "ddp"
+        if choice not in STRATEGY_REGISTRY:
+            raise ValueError(
+                f"{num_processes} processes need a distributed strategy, but 'ddp' is not registered. "
+                f"Registered strategies: {STRATEGY_REGISTRY.names()}."
+            )
+    return STRATEGY_REGISTRY.create(choice)
+
+
+def _split_plugins(plugins: Sequence[Plugin] | Plugin | None) -> tuple[Precision | None, CheckpointIO | None]:
+    precision: Precision | None = None
+    checkpoint_io: CheckpointIO | None = None
+    for plugin in [plugins] if isinstance(plugins, (Precision, CheckpointIO)) else list(plugins or []):
+        if isinstance(plugin, Precision) and precision is None:
+            precision = plugin
+        elif isinstance(plugin, CheckpointIO) and checkpoint_io is None:
+            checkpoint_io = plugin
+        else:
+            raise ValueError(
+                f"plugins: {plugin!r} is not accepted here (a second plugin of a kind, or an unknown kind). "
+                "Accepted: one Precision and one CheckpointIO."
+            )
+    return precision, checkpoint_io
+
+
+def resolve(
+    accelerator: AcceleratorArg = "auto",
+    strategy: StrategyArg = "auto",
+    devices: DevicesArg = "auto",
+    num_nodes: int = 1,
+    precision: PrecisionArg = None,
+    plugins: Sequence[Plugin] | Plugin | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Resolved:
+    """Run the three steps and wire the resulting objects together."""
+    picked = pick_settings(
+        {
+            "accelerator": accelerator,
+            "strategy": strategy,
+            "devices": devices,
+            "num_nodes": num_nodes,
+            "precision": precision,
+        },
+        os.environ if environ is None else environ,
+    )
+    precision_plugin, checkpoint_io = _split_plugins(plugins)
+    if precision_plugin is not None and picked["precision"] is not None:
+        raise ValueError(
+            f"precision={picked['precision']!r} and plugins=[{precision_plugin!r}] both set the precision; pass one."
+        )
+    accelerator_obj = _build_accelerator(picked["accelerator"])
+    device_request: DeviceRequest = picked["devices"]
+    device_list = accelerator_obj.resolve_devices(device_request)
+    if precision_plugin is None:
+        precision_plugin = PRECISION_REGISTRY.create(
+            picked["precision"] or "32-true", device_type=accelerator_obj.device_type
+        )
+    strategy_obj = _build_strategy(picked["strategy"], len(device_list) * picked["num_nodes"])
+    strategy_obj.connect(
+        accelerator=accelerator_obj,
+        precision=precision_plugin,
+        checkpoint_io=checkpoint_io,
+        devices=device_list,
+        num_nodes=picked["num_nodes"],
+    )
+    resolved = Resolved(
+        accelerator=strategy_obj.accelerator,
+        strategy=strategy_obj,
+        precision=strategy_obj.precision,
+        devices=device_list,
+        num_nodes=picked["num_nodes"],
+    )
+    for is_broken, explain in COMPATIBILITY_RULES:
+        if is_broken(resolved):
+            raise ValueError(explain(resolved))
+    return resolved

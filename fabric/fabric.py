@@ -1,0 +1,432 @@
+"""The ``Fabric`` object: the few calls a user adds to their own PyTorch loop.
+
+``Fabric(...)`` resolves its choices once (:mod:`fabric.connector`), then every method delegates to
+the strategy, which owns the accelerator, the precision plugin and checkpoint I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import nn
+from torch.optim import Optimizer
+
+from fabric.connector import AcceleratorArg, Plugin, PrecisionArg, StrategyArg, resolve
+from fabric.plugins.io.checkpoint_io import PathType
+from fabric.plugins.precision.precision import Precision
+from fabric.strategies.strategy import ReduceOp, Strategy, parse_reduce_op
+from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
+from fabric.utilities.device_parser import DevicesArg
+from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
+from fabric.utilities.seed import seed_everything
+from fabric.wrappers import FabricDataLoader, FabricModule, FabricOptimizer, wrap_optimizer
+
+if TYPE_CHECKING:
+    from fabric.loggers.logger import Logger
+
+T = TypeVar("T")
+
+
+class Fabric:
+    """Device placement, mixed precision, distributed execution and checkpoints for your own loop.
+
+    Args:
+        accelerator: ``"cpu"``, ``"cuda"`` (or ``"gpu"``), ``"mps"``, ``"auto"``, or an ``Accelerator``.
+        strategy: a registered name (``"single_device"``, ``"ddp"``, ...), ``"auto"``, or a ``Strategy``.
+        devices: how many devices (int), which ones (list or ``"0,1"``), ``-1`` for all, or ``"auto"``.
+        num_nodes: how many machines take part.
+        precision: ``"32-true"`` (default), ``"64-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"``,
+            ``"bf16-true"`` or a legacy short form (``32``, ``16``, ``"bf16"``, ``64``).
+        plugins: a ``Precision`` and/or a ``CheckpointIO`` object.
+        callbacks: objects whose methods :meth:`call` invokes by name.
+        loggers: :class:`~fabric.loggers.Logger` objects that :meth:`log` and :meth:`log_dict` write to.
+    """
+
+    def __init__(
+        self,
+        accelerator: AcceleratorArg = "auto",
+        strategy: StrategyArg = "auto",
+        devices: DevicesArg = "auto",
+        num_nodes: int = 1,
+        precision: PrecisionArg = None,
+        plugins: Sequence[Plugin] | Plugin | None = None,
+        callbacks: Any | Sequence[Any] | None = None,
+        loggers: Logger | Sequence[Logger] | None = None,
+    ) -> None:
+        self._resolved = resolve(
+            accelerator=accelerator,
+            strategy=strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            plugins=plugins,
+        )
+        self._strategy: Strategy = self._resolved.strategy
+        self._callbacks: list[Any] = _as_list(callbacks)
+        self._loggers: list[Logger] = _as_list(loggers)
+        self._launched = False
+        if self._strategy.launcher is None:
+            self._setup_environment()
+
+    # --- properties -------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._strategy.root_device
+
+    @property
+    def global_rank(self) -> int:
+        return self._strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._strategy.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self._strategy.node_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._strategy.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self._strategy.is_global_zero
+
+    @property
+    def strategy(self) -> Strategy:
+        return self._strategy
+
+    @property
+    def precision(self) -> Precision:
+        return self._strategy.precision
+
+    @property
+    def loggers(self) -> list[Logger]:
+        return list(self._loggers)
+
+    @property
+    def logger(self) -> Logger:
+        """The first logger; an error if there is none."""
+        if not self._loggers:
+            raise AttributeError("This Fabric has no logger. Pass one with Fabric(loggers=...).")
+        return self._loggers[0]
+
+    # --- launching --------------------------------------------------------------------------------
+
+    def launch(self, function: Callable[..., T] | None = None, *args: Any, **kwargs: Any) -> T | None:
+        """Start the job's processes (if the strategy needs more than this one) and set them up.
+
+        With ``function``, it is called as ``function(fabric, *args, **kwargs)`` in every process and
+        rank 0's return value is returned. Calling ``launch()`` again is a no-op.
+        """
+        launcher = self._strategy.launcher
+        if not self._launched and launcher is not None:
+            self._launched = True
+            return launcher.launch(self._run_launched, function, *args, **kwargs)  # type: ignore[no-any-return]
+        self._launched = True
+        return function(self, *args, **kwargs) if function is not None else None
+
+    def _run_launched(self, function: Callable[..., T] | None, *args: Any, **kwargs: Any) -> T | None:
+        """What each launched process runs: join the job, then the user's function."""
+        self._setup_environment()
+        return function(self, *args, **kwargs) if function is not None else None
+
+    def _setup_environment(self) -> None:
+        self._strategy.setup_environment()
+        set_global_rank(self._strategy.global_rank)
+
+    # --- setup --------------------------------------------------------------------------------------
+
+    @overload
+    def setup(self, module: nn.Module, *, move_to_device: bool = True) -> FabricModule: ...
+
+    @overload
+    def setup(self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> tuple[Any, ...]: ...
+
+    def setup(self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
+        """Prepare a module (and its optimizers) for the strategy and precision.
+
+        Returns the wrapped module, or ``(module, *optimizers)`` when optimizers are given.
+        """
+        self._check_not_set_up(module, optimizers)
+        module = self._prepare_module(module, move_to_device)
+        for optimizer in optimizers:
+            if move_to_device:
+                optimizer_to_device(optimizer, self.device)
+        wrapped_module = self._wrap_module(module)
+        wrapped_optimizers = [wrap_optimizer(self._strategy.setup_optimizer(opt), self._strategy) for opt in optimizers]
+        return (wrapped_module, *wrapped_optimizers) if optimizers else wrapped_module
+
+    def setup_module(self, module: nn.Module, move_to_device: bool = True) -> FabricModule:
+        """Like :meth:`setup` for a module alone (optimizers are set up separately, e.g. for FSDP)."""
+        self._check_not_set_up(module, ())
+        return self._wrap_module(self._prepare_module(module, move_to_device))
+
+    def setup_optimizers(self, *optimizers: Optimizer) -> Any:
+        """Wrap optimizers so their ``step`` goes through the strategy. Returns one or a tuple."""
+        self._check_not_set_up(None, optimizers)
+        wrapped = [wrap_optimizer(self._strategy.setup_optimizer(opt), self._strategy) for opt in optimizers]
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def _prepare_module(self, module: nn.Module, move_to_device: bool) -> nn.Module:
+        module = self._strategy.precision.convert_module(module)
+        if move_to_device:
+            self._strategy.module_to_device(module)
+        return module
+
+    def _wrap_module(self, module: nn.Module) -> FabricModule:
+        return FabricModule(self._strategy.setup_module(module), self._strategy, original_module=module)
+
+    @staticmethod
+    def _check_not_set_up(module: nn.Module | None, optimizers: Sequence[Optimizer]) -> None:
+        if isinstance(module, FabricModule):
+            raise ValueError("This module was already set up with Fabric; set up each module once.")
+        if not isinstance(module, (nn.Module, type(None))):
+            raise TypeError(f"setup() expects an nn.Module, got {type(module).__name__}.")
+        for optimizer in optimizers:
+            if isinstance(optimizer, FabricOptimizer):
+                raise ValueError("This optimizer was already set up with Fabric; set up each optimizer once.")
+            if not isinstance(optimizer, Optimizer):
+                raise TypeError(f"setup() expects torch.optim.Optimizer objects, got {type(optimizer).__name__}.")
+
+    @overload
+    def setup_dataloaders(
+        self, dataloader: Iterable[Any], /, *, use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> FabricDataLoader: ...
+
+    @overload
+    def setup_dataloaders(
+        self, *dataloaders: Iterable[Any], use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> list[FabricDataLoader]: ...
+
+    def setup_dataloaders(
+        self, *dataloaders: Iterable[Any], use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> FabricDataLoader | list[FabricDataLoader]:
+        """Shard (in distributed strategies) and wrap dataloaders so batches arrive on the device."""
+        if not dataloaders:
+            raise ValueError("setup_dataloaders() needs at least one dataloader.")
+        wrapped = []
+        for dataloader in dataloaders:
+            if isinstance(dataloader, FabricDataLoader):
+                raise ValueError("This dataloader was already set up with Fabric; set up each dataloader once.")
+            if use_distributed_sampler:
+                dataloader = self._strategy.process_dataloader(dataloader)
+            wrapped.append(FabricDataLoader(dataloader, self.device if move_to_device else None))
+        return wrapped[0] if len(wrapped) == 1 else wrapped
+
+    # --- the training step ------------------------------------------------------------------------
+
+    def backward(self, tensor: torch.Tensor, *args: Any, model: FabricModule | None = None, **kwargs: Any) -> None:
+        """Replace ``loss.backward()``: applies loss scaling and strategy-specific backward logic."""
+        module = model._forward_module if isinstance(model, FabricModule) else model
+        self._strategy.backward(tensor, module, *args, **kwargs)
+
+    def clip_gradients(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        clip_val: float | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor | None:
+        """Clip gradients by value (``clip_val``) or by total norm (``max_norm``; returns the norm).
+
+        Gradients are unscaled first when a GradScaler is in use, so thresholds mean true values.
+        """
+        if (clip_val is None) == (max_norm is None):
+            raise ValueError(
+                f"clip_gradients() needs exactly one of clip_val or max_norm; got clip_val={clip_val}, "
+                f"max_norm={max_norm}."
+            )
+        original_module = _unwrap_module(module)
+        original_optimizer = _unwrap_optimizer(optimizer)
+        if max_norm is not None:
+            return self._strategy.clip_gradients_norm(
+                original_module,
+                original_optimizer,
+                max_norm,
+                norm_type=norm_type,
+                error_if_nonfinite=error_if_nonfinite,
+            )
+        assert clip_val is not None
+        self._strategy.clip_gradients_value(original_module, original_optimizer, clip_val)
+        return None
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The precision's forward context, for code that runs outside a set-up module's forward."""
+        return self._strategy.precision.forward_context()
+
+    def no_backward_sync(self, module: FabricModule, enabled: bool = True) -> AbstractContextManager[Any]:
+        """Skip gradient synchronisation during gradient accumulation (a no-op with one process)."""
+        if not isinstance(module, FabricModule):
+            raise TypeError(
+                "no_backward_sync() needs the module returned by fabric.setup(); "
+                f"got an un-set-up {type(module).__name__}. Call `model = fabric.setup(model)` first."
+            )
+        return self._strategy.no_backward_sync(module._forward_module, enabled)
+
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Build a module directly on the device and in the precision's dtype.
+
+        ``empty_init=True`` skips weight initialisation: only use it when a checkpoint is loaded next.
+        """
+        return self._strategy.module_init_context(empty_init)
+
+    def init_tensor(self) -> AbstractContextManager[Any]:
+        """Create tensors directly on the device and in the precision's dtype."""
+        return self._strategy.tensor_init_context()
+
+    def to_device(self, obj: T) -> T:
+        """Move a module, a tensor, or every tensor in a collection to this process's device."""
+        if isinstance(obj, nn.Module):
+            self._strategy.module_to_device(obj)
+            return obj
+        return move_data_to_device(obj, self.device)  # type: ignore[no-any-return]
+
+    # --- collectives ------------------------------------------------------------------------------
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process reaches this point."""
+        self._strategy.barrier(name=name)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Send ``obj`` (a tensor or any picklable object) from rank ``src`` to every process."""
+        return self._strategy.broadcast(obj, src=src)  # type: ignore[no-any-return]
+
+    def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
+        """Gather tensors (or every tensor in a collection) into shape ``(world_size, ...)``."""
+        return apply_to_collection(
+            data,
+            (torch.Tensor, int, float),
+            lambda t: self._strategy.all_gather(_as_tensor(t, self.device), sync_grads),
+        )
+
+    def all_reduce(self, data: Any, reduce_op: ReduceOp = "mean") -> Any:
+        """Reduce tensors (or numbers, or every tensor in a collection) across processes."""
+        parse_reduce_op(reduce_op)
+        return apply_to_collection(
+            data, (torch.Tensor, int, float), lambda t: self._strategy.all_reduce(_as_tensor(t, self.device), reduce_op)
+        )
+
+    @contextlib.contextmanager
+    def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:
+        """Let rank 0 (per node with ``local=True``) run the block first, e.g. to download data once."""
+        rank = self.local_rank if local else self.global_rank
+        if rank > 0:
+            self.barrier("rank_zero_first")
+        yield
+        if rank == 0:
+            self.barrier("rank_zero_first")
+
+    # --- checkpoints ------------------------------------------------------------------------------
+
+    def save(self, path: PathType, state: dict[str, Any]) -> None:
+        """Save modules, optimizers and any other state (a dict) to a local path or fsspec URL.
+
+        The write is atomic: a crash while saving leaves any previous file at ``path`` intact.
+        """
+        self._strategy.save_checkpoint(path, _unwrap_objects(state))
+        self.barrier("save")
+
+    def load(
+        self, path: PathType, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool = True
+    ) -> dict[str, Any]:
+        """Load a checkpoint written by :meth:`save`.
+
+        With ``state``, its modules, optimizers and stateful objects are filled in place, plain values
+        are replaced, and the entries not asked for are returned. Without it, the whole checkpoint is
+        returned. ``weights_only=False`` allows arbitrary pickled objects: only for trusted files.
+        """
+        unwrapped = None if state is None else _unwrap_objects(state)
+        remainder = self._strategy.load_checkpoint(path, unwrapped, strict=strict, weights_only=weights_only)
+        if state is not None and unwrapped is not None:
+            for key, value in unwrapped.items():
+                if not isinstance(value, (nn.Module, Optimizer)) and value is not _unwrap(state[key]):
+                    state[key] = value
+        self.barrier("load")
+        return remainder
+
+    def load_raw(
+        self, path: PathType, obj: nn.Module | Optimizer, strict: bool = True, *, weights_only: bool = True
+    ) -> None:
+        """Load a bare state dict (e.g. ``torch.save(model.state_dict(), path)``) into a module or optimizer."""
+        self._strategy.load_raw(path, _unwrap(obj), strict=strict, weights_only=weights_only)
+
+    # --- logging, callbacks, misc -----------------------------------------------------------------
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on local rank 0 only, so each machine shows a message once."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
+
+    def log(self, name: str, value: Any, step: int | None = None) -> None:
+        """Log one scalar to every logger (they write on rank 0 only)."""
+        self.log_dict({name: value}, step=step)
+
+    def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Log scalars to every logger (they write on rank 0 only)."""
+        metrics = apply_to_collection(metrics, torch.Tensor, lambda t: t.item() if t.numel() == 1 else t)
+        for logger in self._loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
+        """Call ``hook_name(*args, **kwargs)`` on every callback that defines it, in order."""
+        for callback in self._callbacks:
+            method = getattr(callback, hook_name, None)
+            if method is None:
+                continue
+            if not callable(method):
+                rank_zero_warn(f"{type(callback).__name__}.{hook_name} is not callable; skipped.")
+                continue
+            method(*args, **kwargs)
+
+    @staticmethod
+    def seed_everything(seed: int | None = None) -> int:
+        """Seed ``random``, NumPy and torch; see :func:`fabric.utilities.seed.seed_everything`."""
+        return seed_everything(seed)
+
+    def __repr__(self) -> str:
+        resolved = self._resolved
+        return (
+            f"Fabric(accelerator={resolved.accelerator!r}, strategy={type(self._strategy).__name__}, "
+            f"devices={len(resolved.devices)}, num_nodes={resolved.num_nodes}, precision={resolved.precision.name!r})"
+        )
+
+
+def _as_list(items: Any) -> list[Any]:
+    if items is None:
+        return []
+    return list(items) if isinstance(items, (list, tuple)) else [items]
+
+
+def _as_tensor(value: torch.Tensor | float, device: torch.device) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.tensor(value, device=device)
+
+
+def _unwrap_module(module: nn.Module) -> nn.Module:
+    return module.module if isinstance(module, FabricModule) else module
+
+
+def _unwrap_optimizer(optimizer: Optimizer) -> Optimizer:
+    return optimizer.optimizer if isinstance(optimizer, FabricOptimizer) else optimizer
+
+
+def _unwrap(obj: Any) -> Any:
+    if isinstance(obj, FabricModule):
+        return obj.module
+    if isinstance(obj, FabricOptimizer):
+        return obj.optimizer
+    return obj
+
+
+def _unwrap_objects(state: dict[str, Any]) -> dict[str, Any]:
+    return {key: _unwrap(value) for key, value in state.items()}

@@ -1,0 +1,1 @@
+"""Plugins: precision, checkpoint I/O and cluster environments."""

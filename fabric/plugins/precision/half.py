@@ -1,0 +1,44 @@
+"""``"16-true"`` / ``"bf16-true"``: parameters and compute in half precision, no float32 master copy.
+
+Halves parameter memory. Inputs are cast to the half dtype; outputs come back as float32 (the
+default dtype) so losses and metrics computed outside the module are accumulated accurately.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from fabric.plugins.precision.precision import Precision, default_dtype
+from fabric.utilities.apply_func import convert_floating_tensors
+
+_HALF_DTYPES = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
+
+
+class HalfPrecision(Precision):
+    forward_is_identity = False
+
+    def __init__(self, precision: Literal["16-true", "bf16-true"] = "bf16-true", *, device_type: str = "cpu") -> None:
+        super().__init__(device_type=device_type)
+        if precision not in _HALF_DTYPES:
+            raise ValueError(f"HalfPrecision(precision={precision!r}): accepted values are {list(_HALF_DTYPES)}.")
+        self.name = precision
+        self.dtype = _HALF_DTYPES[precision]
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self.dtype)
+
+    def tensor_init_context(self) -> AbstractContextManager[Any]:
+        return default_dtype(self.dtype)
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        return default_dtype(self.dtype)
+
+    def convert_input(self, data: Any) -> Any:
+        return convert_floating_tensors(data, self.dtype)
+
+    def convert_output(self, data: Any) -> Any:
+        return convert_floating_tensors(data, torch.get_default_dtype(), src=(self.dtype,))

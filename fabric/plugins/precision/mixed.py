@@ -1,0 +1,81 @@
+"""``"16-mixed"`` / ``"bf16-mixed"``: float32 parameters, forward under ``torch.autocast``.
+
+``16-mixed`` also scales the loss with a :class:`torch.amp.GradScaler` on every device type (float16
+activation gradients underflow on CPU just as on CUDA); ``bf16-mixed`` has float32's range and needs
+no scaling. Outputs that autocast produced in half precision are returned as float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from fabric.plugins.precision.precision import Precision
+from fabric.utilities.apply_func import convert_floating_tensors
+
+_AUTOCAST_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+
+
+class MixedPrecision(Precision):
+    forward_is_identity = False
+
+    def __init__(
+        self,
+        precision: Literal["16-mixed", "bf16-mixed"] = "bf16-mixed",
+        *,
+        device_type: str = "cpu",
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        super().__init__(device_type=device_type)
+        if precision not in _AUTOCAST_DTYPES:
+            raise ValueError(f"MixedPrecision(precision={precision!r}): accepted values are {list(_AUTOCAST_DTYPES)}.")
+        if scaler is not None and precision == "bf16-mixed":
+            raise ValueError("A GradScaler is only used with precision='16-mixed'; bf16 needs no loss scaling.")
+        self.name = precision
+        self.dtype = _AUTOCAST_DTYPES[precision]
+        if scaler is None and precision == "16-mixed":
+            scaler = torch.amp.GradScaler(device_type)
+        self.scaler = scaler
+
+    @property
+    def requires_fabric_backward(self) -> bool:  # type: ignore[override]
+        return self.scaler is not None
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def convert_output(self, data: Any) -> Any:
+        return convert_floating_tensors(data, torch.get_default_dtype(), src=(torch.float16, torch.bfloat16))
+
+    def pre_backward(self, tensor: torch.Tensor, module: nn.Module | None) -> torch.Tensor:
+        return tensor if self.scaler is None else self.scaler.scale(tensor)
+
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        if self.scaler is None:
+            return super().optimizer_step(optimizer, closure)
+        if closure is not None:
+            raise ValueError(
+                "precision='16-mixed' steps through a GradScaler, which does not support optimizer closures. "
+                "Use precision='bf16-mixed', or call the closure yourself before optimizer.step()."
+            )
+        # The scaler unscales (unless clip_gradients already did), skips the step on inf/NaN gradients,
+        # and adapts the scale for the next iteration.
+        output = self.scaler.step(optimizer)
+        self.scaler.update()
+        return output
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.scaler is not None and "scaler" in state_dict:
+            self.scaler.load_state_dict(state_dict["scaler"])

@@ -1,0 +1,92 @@
+"""The precision plugin interface. The base class itself is full float32 precision (``"32-true"``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+
+class Precision:
+    """Decides the dtype of parameters, inputs, outputs and compute, and how gradients are scaled.
+
+    Every hook here is a no-op: that *is* ``"32-true"``. Subclasses override what they change.
+    """
+
+    name: str = "32-true"
+    #: When True the module wrapper skips ``convert_input``, ``forward_context`` and ``convert_output``
+    #: entirely, which keeps the per-step overhead of plain float32 training near zero.
+    forward_is_identity: ClassVar[bool] = True
+    #: When True, ``loss.backward()`` without ``fabric.backward(loss)`` would train wrongly (e.g. a
+    #: GradScaler would see unscaled gradients), so the module wrapper guards against it.
+    requires_fabric_backward: ClassVar[bool] = False
+
+    def __init__(self, *, device_type: str = "cpu") -> None:
+        self.device_type = device_type
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        """Cast the module's parameters/buffers to the dtype this precision keeps them in."""
+        return module
+
+    def module_init_context(self) -> AbstractContextManager[Any]:
+        """Active while ``fabric.init_module()`` builds a module: e.g. sets the default dtype."""
+        return self.tensor_init_context()
+
+    def tensor_init_context(self) -> AbstractContextManager[Any]:
+        """Active inside ``fabric.init_tensor()``."""
+        return contextlib.nullcontext()
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        """Wraps every forward call of a set-up module (and ``fabric.autocast()``)."""
+        return contextlib.nullcontext()
+
+    def convert_input(self, data: Any) -> Any:
+        """Cast floating-point inputs before the forward."""
+        return data
+
+    def convert_output(self, data: Any) -> Any:
+        """Cast outputs to the dtype the user works in."""
+        return data
+
+    def pre_backward(self, tensor: torch.Tensor, module: nn.Module | None) -> torch.Tensor:
+        """Return the tensor to call ``backward`` on (e.g. the loss multiplied by the loss scale)."""
+        return tensor
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        tensor.backward(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        return _call_optimizer_step(optimizer, closure)
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Bring gradients to their true scale before they are inspected or clipped."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint (e.g. the loss scale); empty when there is none."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+def _call_optimizer_step(optimizer: Optimizer, closure: Callable[[], Any] | None) -> Any:
+    return optimizer.step() if closure is None else optimizer.step(closure)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Generator[None, None, None]:
+    """Temporarily make ``dtype`` the default floating-point dtype for newly created tensors."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)

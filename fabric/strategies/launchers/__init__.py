@@ -1,0 +1,1 @@
+"""Launchers: how a strategy starts its processes."""

@@ -1,0 +1,304 @@
+"""The strategy interface: how modules, optimizers, collectives and checkpoints work across processes.
+
+This base class implements the single-process semantics every strategy shares; distributed strategies
+override the collectives, the module wrapping and the launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from fabric.accelerators.accelerator import Accelerator
+from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
+from fabric.plugins.io.torch_io import TorchCheckpointIO
+from fabric.plugins.precision.precision import Precision
+from fabric.strategies.launchers.launcher import Launcher
+from fabric.utilities.checkpoint_state import Stateful, check_module_state, check_optimizer_state
+from fabric.utilities.exceptions import CheckpointError
+from fabric.utilities.init import SkipParameterInit
+
+ReduceOp = Literal["mean", "sum", "max", "min"]
+REDUCE_OPS: tuple[ReduceOp, ...] = ("mean", "sum", "max", "min")
+#: Checkpoint entry holding the precision plugin's state (the loss scale of ``16-mixed``), if any.
+PRECISION_STATE_KEY = "fabric_precision_state"
+
+
+def parse_reduce_op(reduce_op: str) -> ReduceOp:
+    if reduce_op not in REDUCE_OPS:
+        raise ValueError(f"reduce_op={reduce_op!r} is not supported. Accepted values: {list(REDUCE_OPS)}.")
+    return reduce_op
+
+
+class Strategy:
+    """Single-process behaviour; see :class:`~fabric.strategies.SingleDeviceStrategy`."""
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+    ) -> None:
+        self._accelerator = accelerator
+        self._precision = precision
+        self._checkpoint_io = checkpoint_io
+        self._launcher: Launcher | None = None
+        #: True while :meth:`backward` runs; lets wrappers tell ``fabric.backward`` from ``loss.backward``.
+        self.backward_in_progress = False
+
+    # --- wiring (done once by the connector) -------------------------------------------------------
+
+    def connect(
+        self,
+        *,
+        accelerator: Accelerator,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None,
+        devices: list[torch.device],
+        num_nodes: int,
+    ) -> None:
+        """Fill in the choices the user did not set on this strategy object themselves."""
+        self._accelerator = self._accelerator or accelerator
+        self._precision = self._precision or precision
+        self._checkpoint_io = self._checkpoint_io or checkpoint_io
+
+    @property
+    def accelerator(self) -> Accelerator:
+        if self._accelerator is None:
+            raise RuntimeError(f"{type(self).__name__} has no accelerator; it must be set up through Fabric.")
+        return self._accelerator
+
+    @property
+    def precision(self) -> Precision:
+        if self._precision is None:
+            self._precision = Precision()
+        return self._precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        if self._checkpoint_io is None:
+            self._checkpoint_io = TorchCheckpointIO()
+        return self._checkpoint_io
+
+    @property
+    def launcher(self) -> Launcher | None:
+        """What starts the other processes on ``fabric.launch()``; ``None`` when there is only one."""
+        return self._launcher
+
+    # --- where this process sits --------------------------------------------------------------------
+
+    @property
+    def root_device(self) -> torch.device:
+        raise NotImplementedError
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    def setup_environment(self) -> None:
+        """Claim this process's device (and, in distributed strategies, join the process group)."""
+        self.accelerator.setup_device(self.root_device)
+
+    def teardown(self) -> None:
+        self.accelerator.teardown()
+
+    # --- modules, optimizers, data ------------------------------------------------------------------
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Wrap the module for this strategy (e.g. in DDP). The base class leaves it as it is."""
+        return module
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        return optimizer
+
+    def module_to_device(self, module: nn.Module) -> None:
+        module.to(self.root_device)
+
+    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterable[Any]:
+        return dataloader
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Build modules directly on the device, in the precision's dtype, optionally uninitialised."""
+        stack = ExitStack()
+        if empty_init:
+            stack.enter_context(SkipParameterInit())
+        stack.enter_context(self.root_device)
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def tensor_init_context(self) -> AbstractContextManager[Any]:
+        stack = ExitStack()
+        stack.enter_context(self.root_device)
+        stack.enter_context(self.precision.tensor_init_context())
+        return stack
+
+    def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
+        """Skip gradient synchronisation inside the context; nothing to skip with a single process."""
+        return contextlib.nullcontext()
+
+    # --- the step -----------------------------------------------------------------------------------
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        tensor = self.precision.pre_backward(tensor, module)
+        self.backward_in_progress = True
+        try:
+            self.precision.backward(tensor, module, *args, **kwargs)
+        finally:
+            self.backward_in_progress = False
+
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        return self.precision.optimizer_step(optimizer, closure)
+
+    def clip_gradients_norm(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor:
+        self.precision.unscale_gradients(optimizer)
+        return torch.nn.utils.clip_grad_norm_(
+            _parameters_with_grad(optimizer), max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+        )
+
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
+        self.precision.unscale_gradients(optimizer)
+        torch.nn.utils.clip_grad_value_(_parameters_with_grad(optimizer), clip_val)
+
+    # --- collectives (single-process semantics; shapes match the distributed ones) ------------------
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait for every process. With one process there is no one to wait for."""
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
+        """Stack every process's tensor along a new first dimension of size ``world_size``."""
+        return tensor.unsqueeze(0)
+
+    def all_reduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = "mean") -> torch.Tensor:
+        parse_reduce_op(reduce_op)
+        if reduce_op == "mean" and not torch.is_floating_point(tensor):
+            return tensor.to(torch.get_default_dtype())  # an integer mean is not truncated
+        return tensor
+
+    # --- checkpoints --------------------------------------------------------------------------------
+
+    def get_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        return module.state_dict()
+
+    def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def checkpoint_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Replace modules, optimizers and other stateful objects by their state dicts."""
+        return {key: self._state_of(value) for key, value in state.items()}
+
+    def _state_of(self, obj: Any) -> Any:
+        if isinstance(obj, nn.Module):
+            return self.get_module_state_dict(obj)
+        if isinstance(obj, Optimizer):
+            return self.get_optimizer_state(obj)
+        if isinstance(obj, Stateful):
+            return obj.state_dict()
+        return obj
+
+    def save_checkpoint(self, path: PathType, state: dict[str, Any]) -> None:
+        """Write ``state`` from global rank 0 (every rank holds the same full state here)."""
+        checkpoint = self.checkpoint_state(state)
+        precision_state = self.precision.state_dict()
+        if precision_state:
+            checkpoint[PRECISION_STATE_KEY] = precision_state
+        if self.is_global_zero:
+            self.checkpoint_io.save_checkpoint(checkpoint, path)
+
+    def load_checkpoint(
+        self, path: PathType, state: dict[str, Any] | None = None, strict: bool = True, weights_only: bool = True
+    ) -> dict[str, Any]:
+        """Load into the objects in ``state`` in place and return the checkpoint entries not asked for.
+
+        Without ``state`` the whole raw checkpoint is returned. Everything is validated first, so an
+        error leaves every object in ``state`` unchanged.
+        """
+        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        if not isinstance(checkpoint, dict):
+            raise CheckpointError(f"{path!s} holds a {type(checkpoint).__name__}, not a checkpoint dict.")
+        if state is None:
+            return checkpoint
+        keys = [key for key in state if key in checkpoint]
+        missing = [key for key in state if key not in checkpoint]
+        if strict and missing:
+            raise CheckpointError(
+                f"{path!s} has no entry for {missing}; it holds {sorted(checkpoint)}. "
+                "Pass strict=False to load only the entries that exist."
+            )
+        for key in keys:
+            self._check_fits(state[key], checkpoint[key], strict, where=f"Entry {key!r} of {path!s}")
+        if PRECISION_STATE_KEY in checkpoint:
+            self.precision.load_state_dict(checkpoint[PRECISION_STATE_KEY])
+        for key in keys:
+            target = state[key]
+            if isinstance(target, nn.Module):
+                self.load_module_state_dict(target, checkpoint[key], strict=strict)
+            elif isinstance(target, (Optimizer, Stateful)):
+                target.load_state_dict(checkpoint[key])
+            else:
+                state[key] = checkpoint[key]
+        return {key: value for key, value in checkpoint.items() if key not in state and key != PRECISION_STATE_KEY}
+
+    def load_raw(
+        self, path: PathType, obj: nn.Module | Optimizer, strict: bool = True, weights_only: bool = True
+    ) -> None:
+        """Load a bare ``state_dict`` file (e.g. from ``torch.save(model.state_dict(), path)``) into ``obj``."""
+        state_dict = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        self._check_fits(obj, state_dict, strict, where=str(path))
+        if isinstance(obj, nn.Module):
+            self.load_module_state_dict(obj, state_dict, strict=strict)
+        else:
+            obj.load_state_dict(state_dict)
+
+    def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> None:
+        module.load_state_dict(state_dict, strict=strict)
+
+    @staticmethod
+    def _check_fits(target: Any, saved: Any, strict: bool, where: str) -> None:
+        if isinstance(target, nn.Module):
+            check_module_state(target, saved, strict, where)
+        elif isinstance(target, Optimizer):
+            check_optimizer_state(target, saved, where)
+        elif isinstance(target, Stateful) and not isinstance(saved, dict):
+            raise CheckpointError(
+                f"{where}: expected a state dict for {type(target).__name__}, found {type(saved).__name__}."
+            )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(accelerator={self._accelerator}, precision={self._precision})"
+
+
+def _parameters_with_grad(optimizer: Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

@@ -1,0 +1,1 @@
+"""Fabric internals shared by every layer: registries, parsers, collection helpers."""

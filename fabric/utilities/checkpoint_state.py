@@ -1,0 +1,66 @@
+"""Turn live objects into checkpoint state and back, validating everything before changing anything.
+
+A load is a transaction: every entry is checked against the object it is meant for (keys, shapes,
+parameter-group sizes) before the first object is modified, so a wrong or foreign checkpoint raises
+:class:`CheckpointError` and leaves the user's model and optimizers exactly as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from fabric.utilities.exceptions import CheckpointError
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything with ``state_dict()`` and ``load_state_dict()``: LR schedulers, samplers, user objects."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def check_module_state(module: nn.Module, state_dict: object, strict: bool, where: str) -> None:
+    """Raise unless ``module.load_state_dict(state_dict, strict)`` would load every entry without error."""
+    if not isinstance(state_dict, Mapping):
+        raise CheckpointError(f"{where}: expected a module state dict, found {type(state_dict).__name__}.")
+    expected = module.state_dict()
+    problems = []
+    if strict:
+        missing = sorted(set(expected) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(expected))
+        if missing:
+            problems.append(f"missing keys {_preview(missing)}")
+        if unexpected:
+            problems.append(f"unexpected keys {_preview(unexpected)}")
+    for key in expected.keys() & state_dict.keys():
+        value = state_dict[key]
+        if not isinstance(value, torch.Tensor):
+            problems.append(f"{key!r} is a {type(value).__name__}, not a tensor")
+        elif value.shape != expected[key].shape:
+            problems.append(f"{key!r} has shape {tuple(value.shape)}, the model has {tuple(expected[key].shape)}")
+    if problems:
+        raise CheckpointError(f"{where} does not fit {type(module).__name__}: {'; '.join(problems)}.")
+
+
+def check_optimizer_state(optimizer: Optimizer, state_dict: object, where: str) -> None:
+    """Raise unless ``state_dict`` matches the optimizer's parameter groups one to one."""
+    if not isinstance(state_dict, Mapping) or "param_groups" not in state_dict or "state" not in state_dict:
+        raise CheckpointError(f"{where}: expected an optimizer state dict with 'state' and 'param_groups'.")
+    saved_sizes = [len(group["params"]) for group in state_dict["param_groups"]]
+    current_sizes = [len(group["params"]) for group in optimizer.param_groups]
+    if saved_sizes != current_sizes:
+        raise CheckpointError(
+            f"{where} has parameter groups of sizes {saved_sizes}, but {type(optimizer).__name__} has {current_sizes}."
+        )
+
+
+def _preview(keys: list[str], limit: int = 5) -> str:
+    shown = ", ".join(map(repr, keys[:limit]))
+    return f"[{shown}{', ...' if len(keys) > limit else ''}] ({len(keys)} in all)"

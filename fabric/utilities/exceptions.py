@@ -1,0 +1,5 @@
+"""Exceptions users may want to catch by type."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the objects it was meant for are unchanged."""

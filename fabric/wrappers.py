@@ -1,0 +1,187 @@
+"""What ``fabric.setup*`` hands back: thin wrappers that route the user's calls through the strategy.
+
+- :class:`FabricModule` runs ``forward`` (and methods marked with :meth:`~FabricModule.mark_forward_method`)
+  under the precision plugin and hides itself from ``state_dict`` keys.
+- :func:`wrap_optimizer` returns an object that *is* the user's optimizer (same class, same state,
+  so LR schedulers accept it) whose ``step`` goes through the strategy.
+- :class:`FabricDataLoader` moves every batch to the device.
+
+Wrappers add as little as possible to each step: with ``"32-true"`` the module wrapper calls straight
+through, and on CPU the dataloader wrapper yields batches untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from fabric.strategies.strategy import Strategy
+from fabric.utilities.apply_func import move_data_to_device
+
+OptimizerT = TypeVar("OptimizerT", bound=Optimizer)
+
+
+class FabricModule(nn.Module):
+    """Wraps a set-up module. Attribute access falls through to the original module."""
+
+    def __init__(self, forward_module: nn.Module, strategy: Strategy, original_module: nn.Module | None = None) -> None:
+        super().__init__()
+        # ``_forward_module`` may be a strategy wrapper (e.g. DDP) around ``_original_module``.
+        self._forward_module = forward_module
+        self._original_module = original_module if original_module is not None else forward_module
+        self._strategy = strategy
+        self._forward_methods: set[str] = set()
+        self._fabric_backward_pending = False
+
+    @property
+    def module(self) -> nn.Module:
+        """The user's own module, unwrapped."""
+        return self._original_module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run(self._forward_module, args, kwargs)
+
+    def _run(self, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        precision = self._strategy.precision
+        if precision.forward_is_identity:
+            return call(*args, **kwargs)
+        args, kwargs = precision.convert_input((args, kwargs))
+        with precision.forward_context():
+            output = call(*args, **kwargs)
+        output = precision.convert_output(output)
+        if precision.requires_fabric_backward and self.training:
+            _guard_backward(output, self._strategy)
+        return output
+
+    def mark_forward_method(self, method: str | Callable[..., Any]) -> None:
+        """Route calls of another method (e.g. ``generate``) through the same precision path as forward."""
+        name = method if isinstance(method, str) else method.__name__
+        if not callable(getattr(self._original_module, name, None)):
+            raise AttributeError(f"{type(self._original_module).__name__} has no method {name!r} to mark.")
+        self._forward_methods.add(name)
+
+    # ``state_dict`` and friends act on the original module so checkpoints carry no wrapper prefix.
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._original_module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self._original_module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # our own submodules/parameters (``_forward_module``)
+        except AttributeError:
+            pass
+        original = super().__getattr__("_original_module")
+        attribute = getattr(original, name)
+        if name in self.__dict__.get("_forward_methods", ()):
+            method = attribute
+            return functools.wraps(method)(lambda *args, **kwargs: self._run(method, args, kwargs))
+        return attribute
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Before __init__ finished, or for our own attributes, behave like a normal module; otherwise
+        # set attributes the original module has on the original (``model.flag = True`` reaches it).
+        original = self.__dict__.get("_modules", {}).get("_original_module")
+        if original is None or name.startswith("_") or name in self.__dict__ or not hasattr(original, name):
+            super().__setattr__(name, value)
+        else:
+            setattr(original, name, value)
+
+
+def _guard_backward(output: Any, strategy: Strategy) -> None:
+    """Make ``loss.backward()`` fail loudly when it must go through ``fabric.backward(loss)``."""
+
+    def check(grad: torch.Tensor) -> torch.Tensor:
+        if not strategy.backward_in_progress:
+            raise RuntimeError(
+                f"Call `fabric.backward(loss)` instead of `loss.backward()`: with precision="
+                f"{strategy.precision.name!r} the loss must be scaled by Fabric, or the optimizer would step on "
+                "wrongly scaled gradients."
+            )
+        return grad
+
+    tensors = [output] if isinstance(output, torch.Tensor) else output if isinstance(output, (tuple, list)) else []
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+            tensor.register_hook(check)  # type: ignore[no-untyped-call]
+
+
+class FabricOptimizer:
+    """Mixin for the class :func:`wrap_optimizer` builds. Holds no state of its own: the instance shares
+    its ``__dict__`` with the user's optimizer, and the per-wrapper class holds the original and the
+    strategy."""
+
+    _fabric_original: Optimizer
+    _fabric_strategy: Strategy
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The user's own optimizer."""
+        return self._fabric_original
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        return self._fabric_strategy.optimizer_step(self._fabric_original, closure)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._fabric_strategy.get_optimizer_state(self._fabric_original)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # LR schedulers replace ``optimizer.step`` with a counting wrapper. Stored in the shared
+        # ``__dict__`` it would also shadow the original's ``step`` and recurse; keep it on our class.
+        if name == "step":
+            setattr(type(self), name, staticmethod(value))
+        else:
+            object.__setattr__(self, name, value)
+
+
+def wrap_optimizer(optimizer: OptimizerT, strategy: Strategy) -> OptimizerT:
+    """An object that is an instance of ``type(optimizer)``, shares all of its state, and steps via Fabric."""
+    cls = type(optimizer)
+    wrapper_class = type(
+        f"Fabric{cls.__name__}",
+        (FabricOptimizer, cls),
+        {"_fabric_original": optimizer, "_fabric_strategy": strategy},
+    )
+    wrapped: OptimizerT = object.__new__(wrapper_class)
+    object.__setattr__(wrapped, "__dict__", optimizer.__dict__)
+    return wrapped
+
+
+def is_wrapped_optimizer(obj: object) -> bool:
+    return isinstance(obj, FabricOptimizer)
+
+
+class FabricDataLoader:
+    """Iterates the user's dataloader and moves each batch to ``device``. Other attributes fall through."""
+
+    def __init__(self, dataloader: Iterable[Any], device: torch.device | None) -> None:
+        self._dataloader = dataloader
+        # CPU batches are already where they need to be: skip the per-batch traversal entirely.
+        self._device = device if device is not None and device.type != "cpu" else None
+
+    @property
+    def dataloader(self) -> Iterable[Any]:
+        return self._dataloader
+
+    @property
+    def device(self) -> torch.device | None:
+        return self._device
+
+    def __len__(self) -> int:
+        return len(self._dataloader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._device is None:
+            yield from self._dataloader
+            return
+        for batch in self._dataloader:
+            yield move_data_to_device(batch, self._device)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_dataloader"], name)
