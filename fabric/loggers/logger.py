@@ -56,7 +56,7 @@ class Logger(ABC):
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
         """Record the hyperparameters of the run, so runs can be compared later."""
 
-    def save(self) -> None:
+    def save(self) -> None:  # noqa: B027 - an optional hook whose default is to do nothing
         """Flush buffered data to storage. Loggers that never buffer leave this as a no-op."""
 
     @rank_zero_only

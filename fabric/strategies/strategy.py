@@ -181,6 +181,8 @@ class Strategy:
         error_if_nonfinite: bool = True,
     ) -> torch.Tensor:
         self.precision.unscale_gradients(optimizer)
+        # With a GradScaler an overflowing step is expected and skipped, not an error.
+        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_non_finite_steps
         return torch.nn.utils.clip_grad_norm_(
             _parameters_with_grad(optimizer), max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
         )

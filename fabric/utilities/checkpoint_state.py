@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.optim import Optimizer
 
 from fabric.utilities.exceptions import CheckpointError
@@ -39,12 +40,16 @@ def check_module_state(module: nn.Module, state_dict: object, strict: bool, wher
             problems.append(f"missing keys {_preview(missing)}")
         if unexpected:
             problems.append(f"unexpected keys {_preview(unexpected)}")
-    for key in expected.keys() & state_dict.keys():
-        value = state_dict[key]
+    for key in (key for key in expected if key in state_dict):
+        value, current = state_dict[key], expected[key]
+        if not isinstance(current, torch.Tensor):
+            continue  # extra state (``get_extra_state``) is any object; ``set_extra_state`` judges it
         if not isinstance(value, torch.Tensor):
             problems.append(f"{key!r} is a {type(value).__name__}, not a tensor")
-        elif value.shape != expected[key].shape:
-            problems.append(f"{key!r} has shape {tuple(value.shape)}, the model has {tuple(expected[key].shape)}")
+        elif is_lazy(current):
+            continue  # an uninitialized (lazy) parameter takes the saved shape, as in load_state_dict
+        elif value.shape != current.shape:
+            problems.append(f"{key!r} has shape {tuple(value.shape)}, the model has {tuple(current.shape)}")
     if problems:
         raise CheckpointError(f"{where} does not fit {type(module).__name__}: {'; '.join(problems)}.")
 

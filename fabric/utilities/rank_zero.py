@@ -7,7 +7,14 @@ the process, so it is shared with any other library built on lightning-utilities
 
 from __future__ import annotations
 
+import os
+
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
+
+# Until Fabric records it, assume the rank a launcher (torchrun, the CLI) put in the environment, so
+# rank-zero helpers used outside Fabric work instead of raising.
+if getattr(rank_zero_only, "rank", None) is None:
+    rank_zero_only.rank = int(os.environ.get("RANK", 0))  # type: ignore[attr-defined]
 
 
 def set_global_rank(rank: int) -> None:

@@ -61,6 +61,12 @@ class Registry(Generic[T]):
         for alias in aliases:
             self._aliases[alias] = name
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` and its aliases."""
+        canonical = self.canonical_name(name)
+        del self._entries[canonical]
+        self._aliases = {alias: target for alias, target in self._aliases.items() if target != canonical}
+
     def canonical_name(self, name: str) -> str:
         """The registered name behind ``name`` (which may be an alias); a clear error if unknown."""
         if name in self._entries:

@@ -54,12 +54,16 @@ class TorchCheckpointIO(CheckpointIO):
             try:
                 return torch.load(file, map_location="cpu", weights_only=weights_only)
             except pickle.UnpicklingError as error:
-                if not weights_only:
-                    raise CheckpointError(f"{os.fspath(path)!r} is not a readable checkpoint: {error}") from error
+                if not weights_only or not _starts_like_torch_save(file):
+                    # Garbage also fails the safe unpickler; never advise unsafe loading for it.
+                    raise CheckpointError(
+                        f"{os.fspath(path)!r} is not a readable checkpoint (corrupt or not written by "
+                        f"torch.save): {_unpickler_detail(error)}"
+                    ) from error
                 raise CheckpointError(
                     f"{os.fspath(path)!r} holds objects that safe loading (weights_only=True) refuses. "
                     "Only if you trust where this file came from, load it with weights_only=False. "
-                    f"Details: {str(error).splitlines()[0]}"
+                    f"Details: {_unpickler_detail(error)}"
                 ) from error
             except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
                 raise CheckpointError(
@@ -71,6 +75,26 @@ class TorchCheckpointIO(CheckpointIO):
         fs, target = fsspec.core.url_to_fs(os.fspath(path))
         if fs.exists(target):
             fs.rm(target, recursive=True)
+
+
+def _starts_like_torch_save(file: Any) -> bool:
+    """Whether the file begins as ``torch.save`` output does: a zip archive, or (legacy format) a pickle."""
+    try:
+        file.seek(0)
+        head = file.read(4)
+    except (OSError, ValueError):
+        return True  # cannot tell: keep the safe-loading advice
+    return bool(head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"))
+
+
+def _unpickler_detail(error: BaseException) -> str:
+    """The line of torch's long weights-only message that says what was refused (e.g. the class)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            detail = line.split("WeightsUnpickler error:", 1)[1].strip()
+            return detail or (lines[index + 1] if index + 1 < len(lines) else line)
+    return lines[0] if lines else type(error).__name__
 
 
 def _save_local(checkpoint: dict[str, Any], temporary: str, target: str) -> None:

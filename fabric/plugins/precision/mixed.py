@@ -46,6 +46,10 @@ class MixedPrecision(Precision):
     def requires_fabric_backward(self) -> bool:  # type: ignore[override]
         return self.scaler is not None
 
+    @property
+    def skips_non_finite_steps(self) -> bool:  # type: ignore[override]
+        return self.scaler is not None
+
     def forward_context(self) -> AbstractContextManager[Any]:
         return torch.autocast(self.device_type, dtype=self.dtype)
 

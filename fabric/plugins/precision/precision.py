@@ -25,6 +25,9 @@ class Precision:
     #: When True, ``loss.backward()`` without ``fabric.backward(loss)`` would train wrongly (e.g. a
     #: GradScaler would see unscaled gradients), so the module wrapper guards against it.
     requires_fabric_backward: ClassVar[bool] = False
+    #: When True, steps with inf/NaN gradients are skipped by the plugin (a GradScaler), so finding
+    #: them while clipping is expected and not an error.
+    skips_non_finite_steps: ClassVar[bool] = False
 
     def __init__(self, *, device_type: str = "cpu") -> None:
         self.device_type = device_type

@@ -1,0 +1,149 @@
+"""What importing Fabric (and constructing one) costs on top of ``import torch``.
+
+What is measured
+----------------
+The wall time of fresh interpreter processes, ``python -c <snippet>``, for these snippets:
+
+* ``pass`` (interpreter start-up alone, for reference),
+* ``import torch`` (the baseline everything else is compared with),
+* ``import torch, fabric`` (the package itself: its public names load lazily, so this should be ~0),
+* ``import torch; from fabric import Fabric`` (the core modules: connector, strategies, plugins, ...),
+* ``import torch; from fabric import Fabric; Fabric(accelerator='cpu')`` (plus resolving a CPU setup).
+
+Each snippet runs once untimed (to warm the OS file cache and write any ``.pyc`` files), then all
+snippets run in interleaved rounds (snippet 1, 2, ..., 1, 2, ...), so drifts in machine load affect
+every snippet alike. Time is taken with ``time.perf_counter`` around ``subprocess.run`` and includes
+interpreter start-up and shutdown. The table shows the median and the minimum over the rounds, and
+the difference of the medians to ``import torch``.
+
+Then one more process runs ``from fabric import Fabric; Fabric(accelerator='cpu')`` and reports
+whether ``torch._dynamo`` (slow to import, and only needed for ``torch.compile``) ended up in
+``sys.modules`` -- it should not -- and how many modules Fabric added beyond ``import torch``.
+
+How to read it
+--------------
+``vs import torch`` is what a user pays for Fabric at start-up. Differences of a few milliseconds are
+within noise on a busy machine; compare against the spread between median and minimum.
+
+Usage::
+
+    python benchmarks/import_cost.py              # 7 rounds
+    python benchmarks/import_cost.py --repeats 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+SNIPPETS: tuple[tuple[str, str], ...] = (
+    ("interpreter start-up", "pass"),
+    ("import torch", "import torch"),
+    ("import torch, fabric", "import torch, fabric"),
+    ("from fabric import Fabric", "import torch; from fabric import Fabric"),
+    ("Fabric(accelerator='cpu')", "import torch; from fabric import Fabric; Fabric(accelerator='cpu')"),
+)
+BASELINE = "import torch"
+
+MODULES_PROBE = """
+import json, sys
+import torch
+before = set(sys.modules)
+from fabric import Fabric
+Fabric(accelerator="cpu")
+added = sorted(set(sys.modules) - before)
+print(json.dumps({
+    "dynamo": "torch._dynamo" in sys.modules,
+    "added": added,
+}))
+"""
+
+
+@dataclass(frozen=True)
+class Timing:
+    label: str
+    code: str
+    median_ms: float
+    min_ms: float
+
+
+def run_once(code: str) -> float:
+    """Wall time in milliseconds of one fresh ``python -c code``; raises if the snippet fails."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure(snippets: Sequence[tuple[str, str]], repeats: int) -> list[Timing]:
+    for _, code in snippets:  # warm-up: file cache, bytecode
+        run_once(code)
+    samples: dict[str, list[float]] = {label: [] for label, _ in snippets}
+    for _ in range(repeats):
+        for label, code in snippets:
+            samples[label].append(run_once(code))
+    return [Timing(label, code, statistics.median(samples[label]), min(samples[label])) for label, code in snippets]
+
+
+def probe_modules() -> dict[str, object]:
+    completed = subprocess.run(
+        [sys.executable, "-c", MODULES_PROBE], check=True, cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    result: dict[str, object] = json.loads(completed.stdout.strip().splitlines()[-1])
+    return result
+
+
+def format_table(timings: Sequence[Timing]) -> str:
+    baseline = next(t.median_ms for t in timings if t.label == BASELINE)
+    lines = [
+        "| command | median ms | min ms | vs import torch (median) |",
+        "|---|---:|---:|---:|",
+    ]
+    for t in timings:
+        delta = "baseline" if t.label == BASELINE else f"{t.median_ms - baseline:+.1f} ms"
+        lines.append(f'| `python -c "{t.code}"` | {t.median_ms:.1f} | {t.min_ms:.1f} | {delta} |')
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Import cost of fabric on top of torch, in fresh processes.")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs of each snippet (default 7)")
+    args = parser.parse_args(argv)
+
+    version = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print(f"# Import cost | python {sys.version.split()[0]} | torch {version} | cpus {os.cpu_count()}")
+    print(f"# {args.repeats} interleaved rounds of fresh processes after one warm-up run each\n")
+
+    print(format_table(measure(SNIPPETS, args.repeats)))
+
+    probe = probe_modules()
+    added = probe["added"]
+    assert isinstance(added, list)
+    third_party = sorted({name.split(".")[0] for name in added} - {"fabric", "torch"})
+    dynamo = "yes (unexpected)" if probe["dynamo"] else "no (as expected)"
+    print()
+    print(f"- torch._dynamo in sys.modules after `from fabric import Fabric; Fabric(accelerator='cpu')`: {dynamo}")
+    print(
+        f"- modules added beyond `import torch`: {len(added)} "
+        f"({sum(name.split('.')[0] == 'fabric' for name in added)} fabric, "
+        f"{sum(name.split('.')[0] == 'torch' for name in added)} torch, "
+        f"other top-level packages: {', '.join(third_party) or 'none'})"
+    )
+
+
+if __name__ == "__main__":
+    main()

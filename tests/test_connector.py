@@ -1,0 +1,187 @@
+"""How Fabric(...) arguments, CLI variables and auto-detection resolve, and every bad value's error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fabric import Fabric
+from fabric.accelerators import CPUAccelerator
+from fabric.connector import resolve
+from fabric.plugins.io import TorchCheckpointIO
+from fabric.plugins.precision import PRECISION_REGISTRY, MixedPrecision, Precision, parse_precision
+from fabric.strategies import STRATEGY_REGISTRY, SingleDeviceStrategy
+from fabric.utilities.device_parser import parse_devices
+from fabric.utilities.registry import Registry
+
+CLI = {"FABRIC_CLI_LAUNCHED": "1"}
+
+
+def test_defaults_resolve_to_single_cpu_process_in_float32() -> None:
+    resolved = resolve(environ={})
+    assert isinstance(resolved.accelerator, CPUAccelerator)
+    assert isinstance(resolved.strategy, SingleDeviceStrategy)
+    assert resolved.precision.name == "32-true"
+    assert resolved.devices == [torch.device("cpu")]
+    assert resolved.num_processes == 1
+
+
+@pytest.mark.parametrize(
+    ("spelling", "canonical"),
+    [
+        (32, "32-true"),
+        ("32", "32-true"),
+        ("fp32", "32-true"),
+        (64, "64-true"),
+        (16, "16-mixed"),
+        ("16", "16-mixed"),
+        ("amp_fp16", "16-mixed"),
+        ("bf16", "bf16-mixed"),
+        ("amp_bf16", "bf16-mixed"),
+        ("16-true", "16-true"),
+        ("bf16-true", "bf16-true"),
+    ],
+)
+def test_precision_spellings_map_to_one_canonical_name(spelling: str | int, canonical: str) -> None:
+    assert parse_precision(spelling) == canonical
+    assert resolve(precision=spelling, environ={}).precision.name == canonical
+
+
+@pytest.mark.parametrize("bad", ["17", "fp8", 8, "bf32", True, 1.5])
+def test_unknown_precision_lists_every_accepted_value(bad: object) -> None:
+    with pytest.raises(ValueError, match="Unknown precision") as error:
+        resolve(precision=bad, environ={})  # type: ignore[arg-type]
+    for name in PRECISION_REGISTRY.choices():
+        assert repr(name) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"accelerator": "tpu"}, "Unknown accelerator 'tpu'. Accepted values: 'auto', 'gpu', 'cuda', 'mps', 'cpu'"),
+        ({"strategy": "magic"}, "Unknown strategy 'magic'. Accepted values: 'auto', 'single_device'"),
+        ({"devices": "two"}, "devices='two' is not valid. Accepted: an int >= 1"),
+        ({"devices": 0}, "devices=0 is not valid"),
+        ({"devices": -2}, "devices=-2 is not valid"),
+        ({"devices": [0, 0]}, "distinct, non-negative"),
+        ({"devices": [0, 1]}, "CPU processes all share one CPU device"),
+        ({"num_nodes": 0}, "num_nodes=0 is not valid. Accepted: an int >= 1"),
+        ({"accelerator": "cuda"}, "accelerator='cuda' is not available on this machine. Available: \\['cpu'\\]"),
+        ({"strategy": "single_device", "devices": 2}, "strategy='single_device' runs one process"),
+    ],
+)
+def test_bad_arguments_fail_at_construction_with_the_value_and_the_choices(kwargs: dict, message: str) -> None:
+    if "cuda" in str(kwargs) and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match=message):
+        Fabric(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("devices", "parsed"),
+    [
+        (1, 1),
+        (4, 4),
+        (-1, -1),
+        ("-1", -1),
+        ("3", 3),
+        ("auto", "auto"),
+        ("0,1", (0, 1)),
+        ("1,", (1,)),
+        ([2, 0], (2, 0)),
+        ((1,), (1,)),
+    ],
+)
+def test_devices_forms(devices: object, parsed: object) -> None:
+    assert parse_devices(devices) == parsed  # type: ignore[arg-type]
+
+
+def test_cpu_devices_count_processes() -> None:
+    cpu = CPUAccelerator()
+    assert cpu.resolve_devices("auto") == [torch.device("cpu")]
+    assert cpu.resolve_devices(3) == [torch.device("cpu")] * 3
+    assert len(cpu.resolve_devices(-1)) == CPUAccelerator.device_count()
+
+
+def test_cli_variables_are_obeyed_only_with_the_cli_marker() -> None:
+    stale = {"FABRIC_PRECISION": "bf16-mixed", "FABRIC_STRATEGY": "magic"}
+    assert resolve(environ=stale).precision.name == "32-true"
+    assert resolve(environ={**CLI, "FABRIC_PRECISION": "bf16-mixed"}).precision.name == "bf16-mixed"
+
+
+def test_cli_value_fills_in_an_argument_left_at_its_default() -> None:
+    resolved = resolve(accelerator="auto", environ={**CLI, "FABRIC_ACCELERATOR": "cpu", "FABRIC_DEVICES": "1"})
+    assert isinstance(resolved.accelerator, CPUAccelerator)
+
+
+def test_explicit_argument_that_agrees_with_the_cli_is_fine() -> None:
+    resolved = resolve(precision="bf16", environ={**CLI, "FABRIC_PRECISION": "bf16-mixed"})
+    assert resolved.precision.name == "bf16-mixed"
+
+
+def test_explicit_argument_that_disagrees_with_the_cli_names_both() -> None:
+    with pytest.raises(ValueError) as error:
+        resolve(precision="16-mixed", environ={**CLI, "FABRIC_PRECISION": "bf16-mixed"})
+    message = str(error.value)
+    assert "Fabric(precision='16-mixed')" in message
+    assert "--precision=bf16-mixed" in message
+    assert "FABRIC_PRECISION" in message
+
+
+def test_bad_cli_variable_is_rejected_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="Unknown strategy 'magic'"):
+        resolve(environ={**CLI, "FABRIC_STRATEGY": "magic"})
+
+
+def test_more_than_one_process_without_a_distributed_strategy_is_explained() -> None:
+    if "ddp" in STRATEGY_REGISTRY:
+        pytest.skip("ddp is registered")
+    with pytest.raises(ValueError, match="2 processes need a distributed strategy"):
+        resolve(devices=2, environ={})
+
+
+def test_plugins_and_strategy_objects_are_used_as_given() -> None:
+    checkpoint_io = TorchCheckpointIO()
+    precision = MixedPrecision("bf16-mixed")
+    strategy = SingleDeviceStrategy()
+    resolved = resolve(strategy=strategy, plugins=[precision, checkpoint_io], environ={})
+    assert resolved.strategy is strategy
+    assert resolved.precision is precision
+    assert strategy.checkpoint_io is checkpoint_io
+
+
+def test_precision_given_twice_is_an_error() -> None:
+    with pytest.raises(ValueError, match="both set the precision"):
+        resolve(precision="bf16-mixed", plugins=Precision(), environ={})
+
+
+def test_unknown_plugin_is_an_error() -> None:
+    with pytest.raises(ValueError, match="is not accepted here"):
+        resolve(plugins=[object()], environ={})  # type: ignore[list-item]
+
+
+def test_registry_accepts_user_registrations_and_rejects_silent_overrides() -> None:
+    registry: Registry[Precision] = Registry("precision")
+    registry.register("mine", Precision, aliases=("m",))
+    assert isinstance(registry.create("m"), Precision)
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("mine", Precision)
+    registry.register("mine", MixedPrecision, override=True, precision="bf16-mixed")
+    assert isinstance(registry.create("mine"), MixedPrecision)
+
+
+def test_registry_entries_can_name_their_class_lazily() -> None:
+    registry: Registry[Precision] = Registry("precision")
+    registry.register("lazy", "fabric.plugins.precision.half:HalfPrecision", precision="16-true")
+    assert registry.create("lazy").name == "16-true"
+
+
+def test_user_registered_strategy_is_selectable_by_name() -> None:
+    class MyStrategy(SingleDeviceStrategy):
+        pass
+
+    STRATEGY_REGISTRY.register("my_single", MyStrategy)
+    try:
+        assert type(Fabric(strategy="my_single").strategy) is MyStrategy
+    finally:
+        STRATEGY_REGISTRY.unregister("my_single")

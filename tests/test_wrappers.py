@@ -1,0 +1,151 @@
+"""What fabric.setup* returns: modules, optimizers and dataloaders that behave like the user's own."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric import Fabric
+from fabric.wrappers import FabricDataLoader, FabricModule
+
+
+class Generator(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+        self.flag = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def generate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
+        hidden = self.layer(x)
+        return hidden, hidden.dtype
+
+
+def test_module_state_dict_has_no_wrapper_prefix() -> None:
+    model = Generator()
+    wrapped = Fabric(accelerator="cpu").setup(model)
+    assert list(wrapped.state_dict()) == list(model.state_dict()) == ["layer.weight", "layer.bias"]
+    wrapped.load_state_dict({k: torch.zeros_like(v) for k, v in model.state_dict().items()})
+    assert torch.count_nonzero(model.layer.weight) == 0
+
+
+def test_module_attributes_fall_through_both_ways() -> None:
+    model = Generator()
+    wrapped = Fabric(accelerator="cpu").setup(model)
+    assert wrapped.layer is model.layer
+    assert wrapped.module is model
+    wrapped.flag = True
+    assert model.flag is True
+    wrapped.train(False)
+    assert not wrapped.training and not model.training
+
+
+def test_marked_forward_method_runs_under_the_precision() -> None:
+    fabric = Fabric(accelerator="cpu", precision="bf16-mixed")
+    wrapped = fabric.setup(Generator())
+    _, dtype_unmarked = wrapped.generate(torch.randn(2, 4))
+    assert dtype_unmarked == torch.float32
+    wrapped.mark_forward_method("generate")
+    output, dtype_marked = wrapped.generate(torch.randn(2, 4))
+    assert dtype_marked == torch.bfloat16
+    assert output.dtype == torch.float32  # converted back for the user
+
+
+def test_marking_a_missing_method_is_an_error() -> None:
+    wrapped = Fabric(accelerator="cpu").setup(Generator())
+    with pytest.raises(AttributeError, match="no method 'sample'"):
+        wrapped.mark_forward_method("sample")
+
+
+def test_wrapped_optimizer_is_the_users_optimizer_class_and_shares_its_state() -> None:
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    fabric = Fabric(accelerator="cpu")
+    wrapped_model, wrapped = fabric.setup(model, optimizer)
+    assert isinstance(wrapped, torch.optim.Adam)
+    assert wrapped.param_groups is optimizer.param_groups
+    fabric.backward(wrapped_model(torch.randn(4, 3)).sum())
+    wrapped.step()
+    assert wrapped.state is optimizer.state and len(optimizer.state) == 2
+    wrapped.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_lr_scheduler_accepts_the_wrapped_optimizer_without_step_order_warnings() -> None:
+    model = nn.Linear(3, 1)
+    fabric = Fabric(accelerator="cpu")
+    wrapped_model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            fabric.backward(wrapped_model(torch.randn(2, 3)).sum())
+            optimizer.step()
+            scheduler.step()
+    assert optimizer.optimizer.param_groups[0]["lr"] == pytest.approx(0.125)
+
+
+def test_wrapped_optimizer_state_dict_round_trip_reaches_the_original() -> None:
+    model = nn.Linear(3, 1)
+    fabric = Fabric(accelerator="cpu")
+    wrapped_model, optimizer = fabric.setup(model, torch.optim.Adam(model.parameters(), lr=0.1))
+    fabric.backward(wrapped_model(torch.randn(2, 3)).sum())
+    optimizer.step()
+    saved = optimizer.state_dict()
+    fresh_model = nn.Linear(3, 1)
+    fresh = torch.optim.Adam(fresh_model.parameters(), lr=0.1)
+    _, fresh_wrapped = fabric.setup(fresh_model, fresh)
+    fresh_wrapped.load_state_dict(saved)
+    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], saved["state"][0]["exp_avg"])
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor
+    label: int
+
+
+def test_dataloader_wrapper_moves_tensors_inside_collections() -> None:
+    batches = [(torch.ones(2), {"mask": torch.zeros(2), "name": "a"}, Batch(torch.ones(1), 3))]
+    loader = FabricDataLoader(batches, torch.device("meta"))
+    (moved,) = list(loader)
+    assert moved[0].device.type == "meta"
+    assert moved[1]["mask"].device.type == "meta" and moved[1]["name"] == "a"
+    assert moved[2].inputs.device.type == "meta" and moved[2].label == 3
+
+
+def test_cpu_dataloader_yields_batches_untouched_and_keeps_loader_attributes() -> None:
+    dataset = TensorDataset(torch.arange(10.0))
+    loader = Fabric(accelerator="cpu").setup_dataloaders(DataLoader(dataset, batch_size=4))
+    assert len(loader) == 3
+    assert loader.batch_size == 4
+    assert [batch[0].tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_setup_dataloaders_returns_one_per_input() -> None:
+    fabric = Fabric(accelerator="cpu")
+    first, second = fabric.setup_dataloaders([1], [2])
+    assert list(first) == [1] and list(second) == [2]
+    with pytest.raises(ValueError, match="already set up"):
+        fabric.setup_dataloaders(first)
+
+
+def test_setting_up_twice_or_with_wrong_types_is_an_error() -> None:
+    fabric = Fabric(accelerator="cpu")
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapped_model, wrapped_optimizer = fabric.setup(model, optimizer)
+    assert isinstance(wrapped_model, FabricModule)
+    with pytest.raises(ValueError, match="already set up"):
+        fabric.setup(wrapped_model)
+    with pytest.raises(ValueError, match="already set up"):
+        fabric.setup_optimizers(wrapped_optimizer)
+    with pytest.raises(TypeError, match=r"expects an nn\.Module"):
+        fabric.setup("model")  # type: ignore[call-overload]
