@@ -7,6 +7,7 @@ override the collectives, the module wrapping and the launcher.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any, Literal
@@ -261,17 +262,43 @@ class Strategy:
             )
         for key in keys:
             self._check_fits(state[key], checkpoint[key], strict, where=f"Entry {key!r} of {path!s}")
-        if PRECISION_STATE_KEY in checkpoint:
-            self.precision.load_state_dict(checkpoint[PRECISION_STATE_KEY])
+        self._load_unvalidated_state(path, state, checkpoint, keys)
         for key in keys:
             target = state[key]
             if isinstance(target, nn.Module):
                 self.load_module_state_dict(target, checkpoint[key], strict=strict)
-            elif isinstance(target, (Optimizer, Stateful)):
+            elif isinstance(target, Optimizer):
                 target.load_state_dict(checkpoint[key])
-            else:
+            elif not isinstance(target, Stateful):
                 state[key] = checkpoint[key]
         return {key: value for key, value in checkpoint.items() if key not in state and key != PRECISION_STATE_KEY}
+
+    def _load_unvalidated_state(
+        self, path: PathType, state: dict[str, Any], checkpoint: dict[str, Any], keys: list[str]
+    ) -> None:
+        """Load the objects whose state cannot be checked beforehand (schedulers, user objects, the
+        precision plugin) first, undoing them all if any one fails, so that nothing stays half-loaded."""
+        targets: list[tuple[str, Stateful, Any]] = [
+            (key, state[key], checkpoint[key])
+            for key in keys
+            if isinstance(state[key], Stateful) and not isinstance(state[key], (nn.Module, Optimizer))
+        ]
+        if PRECISION_STATE_KEY in checkpoint:
+            targets.insert(0, (PRECISION_STATE_KEY, self.precision, checkpoint[PRECISION_STATE_KEY]))
+        loaded: list[tuple[Stateful, dict[str, Any]]] = []
+        for key, target, saved in targets:
+            backup = copy.deepcopy(target.state_dict())
+            try:
+                target.load_state_dict(saved)
+            except Exception as error:
+                target.load_state_dict(backup)
+                for earlier, earlier_backup in reversed(loaded):
+                    earlier.load_state_dict(earlier_backup)
+                raise CheckpointError(
+                    f"Entry {key!r} of {path!s} could not be loaded into {type(target).__name__}: "
+                    f"{type(error).__name__}: {error}. Nothing was changed."
+                ) from error
+            loaded.append((target, backup))
 
     def load_raw(
         self, path: PathType, obj: nn.Module | Optimizer, strict: bool = True, weights_only: bool = True

@@ -64,6 +64,24 @@ def check_optimizer_state(optimizer: Optimizer, state_dict: object, where: str) 
         raise CheckpointError(
             f"{where} has parameter groups of sizes {saved_sizes}, but {type(optimizer).__name__} has {current_sizes}."
         )
+    # Per-parameter state (e.g. Adam's moments) must match the parameter it belongs to. Tensors of
+    # another rank (factored statistics, scalar step counters) have no shape to compare against.
+    saved_ids = [param_id for group in state_dict["param_groups"] for param_id in group["params"]]
+    parameters = dict(zip(saved_ids, (p for group in optimizer.param_groups for p in group["params"]), strict=True))
+    problems = []
+    for param_id, param_state in state_dict["state"].items():
+        parameter = parameters.get(param_id)
+        if parameter is None or not isinstance(param_state, Mapping):
+            problems.append(f"state for parameter {param_id!r}, which no parameter group lists")
+            continue
+        for name, value in param_state.items():
+            if isinstance(value, torch.Tensor) and value.dim() == parameter.dim() and value.shape != parameter.shape:
+                problems.append(
+                    f"{name!r} of parameter {param_id!r} has shape {tuple(value.shape)}, "
+                    f"the parameter has {tuple(parameter.shape)}"
+                )
+    if problems:
+        raise CheckpointError(f"{where} does not fit {type(optimizer).__name__}: {'; '.join(problems[:5])}.")
 
 
 def _preview(keys: list[str], limit: int = 5) -> str:

@@ -68,7 +68,7 @@ class TorchCheckpointIO(CheckpointIO):
             except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
                 raise CheckpointError(
                     f"{os.fspath(path)!r} is not a readable checkpoint (truncated, corrupt or not written by "
-                    f"torch.save): {error}"
+                    f"torch.save): {str(error) or type(error).__name__}"
                 ) from error
 
     def remove_checkpoint(self, path: PathType) -> None:

@@ -1,0 +1,83 @@
+"""The default environment: nothing launched us, so Fabric starts the processes on this machine itself."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+
+from fabric.plugins.environments.cluster_environment import ClusterEnvironment
+
+
+def find_free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the OS picks it when binding to port 0).
+
+    Another program could take the port before it is used; callers should use it promptly.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+class LocalEnvironment(ClusterEnvironment):
+    """A single machine where Fabric launches the processes, unless a parent already did (``LOCAL_RANK``).
+
+    The strategy decides world size and global rank (:meth:`set_world_size`, :meth:`set_global_rank`);
+    the defaults describe one process.
+    """
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(environ)
+        self._world_size = 1
+        self._global_rank = 0
+        self._free_port: int | None = None
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        """``True`` only in processes that Fabric's own launcher started (it sets ``LOCAL_RANK``)."""
+        return "LOCAL_RANK" in self._environ
+
+    @property
+    def main_address(self) -> str:
+        return self._environ.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    def main_port(self) -> int:
+        """``MASTER_PORT`` if set, else a free port chosen once per object so repeated calls agree."""
+        if "MASTER_PORT" in self._environ:
+            return self._int("MASTER_PORT")
+        if self._free_port is None:
+            self._free_port = find_free_port()
+        return self._free_port
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
+        """Always ``True``: this is the fallback when no other environment is detected."""
+        return True
+
+    def world_size(self) -> int:
+        return self._world_size
+
+    def set_world_size(self, size: int) -> None:
+        """Record the number of processes the strategy will start."""
+        if size < 1:
+            raise ValueError(f"The world size must be at least 1, got {size}.")
+        self._world_size = size
+
+    def global_rank(self) -> int:
+        return self._global_rank
+
+    def set_global_rank(self, rank: int) -> None:
+        """Record this process's rank, as assigned by the strategy."""
+        if rank < 0:
+            raise ValueError(f"The global rank must be non-negative, got {rank}.")
+        self._global_rank = rank
+
+    def local_rank(self) -> int:
+        return self._int("LOCAL_RANK", default=0)
+
+    def node_rank(self) -> int:
+        """``NODE_RANK``, else ``GROUP_RANK`` (torchrun's name for it), else 0."""
+        if "NODE_RANK" in self._environ:
+            return self._int("NODE_RANK")
+        return self._int("GROUP_RANK", default=0)

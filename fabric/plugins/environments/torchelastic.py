@@ -1,0 +1,54 @@
+"""Processes started by ``torchrun`` (torch.distributed.elastic)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fabric.plugins.environments.cluster_environment import ClusterEnvironment
+
+_DETECT_VARIABLES = ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+class TorchElasticEnvironment(ClusterEnvironment):
+    """``torchrun`` started every process and exported its rank, its node and the rendezvous address."""
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        return self._require("MASTER_ADDR")
+
+    @property
+    def main_port(self) -> int:
+        return self._int("MASTER_PORT")
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
+        """All of ``RANK``, ``GROUP_RANK``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are set, as torchrun does."""
+        environ = cls._resolve_environ(environ)
+        return all(name in environ for name in _DETECT_VARIABLES)
+
+    def world_size(self) -> int:
+        return self._int("WORLD_SIZE")
+
+    def global_rank(self) -> int:
+        return self._int("RANK")
+
+    def local_rank(self) -> int:
+        return self._int("LOCAL_RANK")
+
+    def node_rank(self) -> int:
+        return self._int("GROUP_RANK")
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """torchrun fixed the process count, so ``devices * num_nodes`` must equal ``WORLD_SIZE``."""
+        world_size = self.world_size()
+        expected = num_devices * num_nodes
+        if world_size != expected:
+            raise ValueError(
+                f"torchrun started WORLD_SIZE={world_size} processes, but Fabric was configured for"
+                f" devices={num_devices} x num_nodes={num_nodes} = {expected}. Make `--nproc-per-node` equal"
+                " `devices` and `--nnodes` equal `num_nodes`."
+            )
