@@ -10,7 +10,15 @@ The wall time of fresh interpreter processes, ``python -c <snippet>``, for these
 * ``import torch; from fabric import Fabric`` (the core modules: connector, strategies, plugins, ...),
 * ``import torch; from fabric import Fabric; Fabric(accelerator='cpu')`` (plus resolving a CPU setup).
 
-Each snippet runs once untimed (to warm the OS file cache and write any ``.pyc`` files), then all
+Bytecode: by default the child processes get a private, temporary bytecode cache
+(``PYTHONPYCACHEPREFIX``; ``PYTHONDONTWRITEBYTECODE`` is removed from their environment), so every
+module -- torch's, fabric's, their dependencies' -- is compiled once in the warm-up and loaded from
+``.pyc`` afterwards, as in an ordinary installation. Without this, an environment that sets
+``PYTHONDONTWRITEBYTECODE`` while fabric is an editable checkout without ``__pycache__`` would recompile
+fabric's sources in every process but not torch's, inflating fabric's share. ``--inherit-env`` runs
+the children with the environment as it is instead. Nothing is written inside the repository.
+
+Each snippet runs once untimed (to warm the OS file cache and the bytecode cache), then all
 snippets run in interleaved rounds (snippet 1, 2, ..., 1, 2, ...), so drifts in machine load affect
 every snippet alike. Time is taken with ``time.perf_counter`` around ``subprocess.run`` and includes
 interpreter start-up and shutdown. The table shows the median and the minimum over the rounds, and
@@ -29,6 +37,7 @@ Usage::
 
     python benchmarks/import_cost.py              # 7 rounds
     python benchmarks/import_cost.py --repeats 15
+    python benchmarks/import_cost.py --inherit-env  # children use this environment unchanged
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,26 +87,35 @@ class Timing:
     min_ms: float
 
 
-def run_once(code: str) -> float:
+def child_env(pycache_prefix: Path | None) -> dict[str, str]:
+    """The children's environment: ours, with a private bytecode cache unless ``pycache_prefix`` is None."""
+    env = dict(os.environ)
+    if pycache_prefix is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache_prefix)
+    return env
+
+
+def run_once(code: str, env: dict[str, str]) -> float:
     """Wall time in milliseconds of one fresh ``python -c code``; raises if the snippet fails."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL)
     return (time.perf_counter() - start) * 1e3
 
 
-def measure(snippets: Sequence[tuple[str, str]], repeats: int) -> list[Timing]:
-    for _, code in snippets:  # warm-up: file cache, bytecode
-        run_once(code)
+def measure(snippets: Sequence[tuple[str, str]], repeats: int, env: dict[str, str]) -> list[Timing]:
+    for _, code in snippets:  # warm-up: file cache, bytecode cache
+        run_once(code, env)
     samples: dict[str, list[float]] = {label: [] for label, _ in snippets}
     for _ in range(repeats):
         for label, code in snippets:
-            samples[label].append(run_once(code))
+            samples[label].append(run_once(code, env))
     return [Timing(label, code, statistics.median(samples[label]), min(samples[label])) for label, code in snippets]
 
 
-def probe_modules() -> dict[str, object]:
+def probe_modules(env: dict[str, str]) -> dict[str, object]:
     completed = subprocess.run(
-        [sys.executable, "-c", MODULES_PROBE], check=True, cwd=REPO_ROOT, capture_output=True, text=True
+        [sys.executable, "-c", MODULES_PROBE], check=True, cwd=REPO_ROOT, env=env, capture_output=True, text=True
     )
     result: dict[str, object] = json.loads(completed.stdout.strip().splitlines()[-1])
     return result
@@ -117,8 +136,17 @@ def format_table(timings: Sequence[Timing]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Import cost of fabric on top of torch, in fresh processes.")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs of each snippet (default 7)")
+    parser.add_argument(
+        "--inherit-env",
+        action="store_true",
+        help="run the children with this environment unchanged (no private bytecode cache)",
+    )
     args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fabric-import-cost-") as tmp:
+        report(args.repeats, child_env(None if args.inherit_env else Path(tmp)), private_cache=not args.inherit_env)
 
+
+def report(repeats: int, env: dict[str, str], private_cache: bool) -> None:
     version = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.__version__)"],
         check=True,
@@ -126,11 +154,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         text=True,
     ).stdout.strip()
     print(f"# Import cost | python {sys.version.split()[0]} | torch {version} | cpus {os.cpu_count()}")
-    print(f"# {args.repeats} interleaved rounds of fresh processes after one warm-up run each\n")
+    if private_cache:
+        bytecode = "private bytecode cache (PYTHONPYCACHEPREFIX=<tmp>)"
+    else:
+        bytecode = f"inherited environment (PYTHONDONTWRITEBYTECODE={env.get('PYTHONDONTWRITEBYTECODE', '<unset>')})"
+    print(f"# {repeats} interleaved rounds of fresh processes after one warm-up run each; {bytecode}\n")
 
-    print(format_table(measure(SNIPPETS, args.repeats)))
+    print(format_table(measure(SNIPPETS, repeats, env)))
 
-    probe = probe_modules()
+    probe = probe_modules(env)
     added = probe["added"]
     assert isinstance(added, list)
     third_party = sorted({name.split(".")[0] for name in added} - {"fabric", "torch"})

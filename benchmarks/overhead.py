@@ -19,15 +19,17 @@ two models' parameters are compared: a difference of 0 confirms that both loops 
 
 Workloads
 ---------
-* ``tiny``: MLP 32-64-10, batch 64, 3000 steps, float32, **one thread**. This is the headline: the
-  step is so small that Python and dispatcher overhead dominate it, so any per-step cost Fabric adds
-  shows up at full size. The target is a ratio of at most 1.05. ``torch.set_num_threads(1)`` because
-  with kernels this small intra-op parallelism only adds thread wake-up and synchronisation, which on
-  a shared 2-core machine is also the largest source of jitter (the second core is often busy); one
-  thread is both the fastest setting for such a model and the one whose timings are stable enough to
-  resolve a few percent.
-* ``heavy``: MLP 1024-4096-4096-10, batch 256, ``32-true``, all default threads. Compute dominates,
-  so the ratio should be 1.00 within noise.
+* ``tiny``: MLP 32-64-10, batch 64, 3000 steps per round, 7 rounds, ``32-true``, **one thread**.
+  This is the headline: the step is so small that Python and dispatcher overhead dominate it, so any
+  per-step cost Fabric adds shows up at full size. The target is a ratio of at most 1.05.
+  Why ``torch.set_num_threads(1)``: with kernels this small, intra-op parallelism only adds thread
+  wake-up and synchronisation, and on a shared 2-core machine it is also the largest source of
+  jitter: when another process holds a core, every parallel kernel waits for the descheduled worker
+  thread (a step can then take many times longer). One thread is both the fastest setting for such a
+  model and the one whose timings are stable enough to resolve a few percent.
+* ``heavy``: MLP 1024-4096-4096-10, batch 256, 25 steps per round, 9 rounds, ``32-true``, torch's
+  default thread count (all cores; ``--heavy-threads`` to change). Compute dominates, so the ratio
+  should be 1.00 within noise.
 * ``heavy-bf16``: the same model in ``bf16-mixed`` for Fabric and under ``torch.autocast`` for plain,
   so the precision plugin (autocast context, output cast) is compared against its hand-written
   equivalent.
@@ -38,13 +40,21 @@ Each loop is warmed up first (allocator, autocast caches, first-call paths). The
 timed with ``time.perf_counter`` in interleaved rounds, alternating which of them goes first
 (plain/fabric, fabric/plain, ...), so slow drifts of the machine (other processes, frequency changes)
 hit both equally. The table reports the median microseconds per step of each loop over the rounds and
-the ratio of the medians. ``paired ratios`` is the smallest and largest fabric/plain ratio of a single
-round: when that range is wide, the machine was noisy and the medians deserve less trust.
+the ratio of the medians. ``paired ratio`` is the fabric/plain ratio within each round (the two runs of
+a round are adjacent in time, so they share the machine's load): its median, and in brackets its
+smallest and largest value. When that range is wide the machine was busy and the medians deserve less
+trust; the paired median is then the more robust of the two estimates. The load average before and
+after is printed for the same reason.
+
+The compute-heavy workloads use many short rounds rather than a few long ones: on a shared machine
+load comes in bursts (another job taking both cores for a while), and with short rounds a burst spoils
+a few rounds, which the median discards, instead of a large share of the total time.
 
 How to read it
 --------------
 ``fabric/plain`` is the cost of Fabric's layer: 1.00 means none; 1.05 means a step through Fabric takes
-5% longer. For the compute-heavy workloads anything within the paired range is noise.
+5% longer. ``delta us/step`` is the same in absolute terms. For the compute-heavy workloads anything
+within the paired range is noise.
 
 Usage::
 
@@ -59,6 +69,7 @@ import argparse
 import copy
 import gc
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -98,6 +109,7 @@ class Result:
     plain_us: float
     fabric_us: float
     ratio: float
+    paired_median: float
     paired_min: float
     paired_max: float
     max_param_diff: float
@@ -236,6 +248,7 @@ def measure(workload: Workload, rounds: int) -> Result:
         plain_us=plain_us,
         fabric_us=fabric_us,
         ratio=fabric_us / plain_us,
+        paired_median=statistics.median(paired),
         paired_min=min(paired),
         paired_max=max(paired),
         max_param_diff=max_param_diff(plain_model, fabric_model),
@@ -245,7 +258,7 @@ def measure(workload: Workload, rounds: int) -> Result:
 def format_table(results: Sequence[Result]) -> str:
     header = (
         "| workload | model | batch | precision | threads | steps x rounds "
-        "| plain us/step | fabric us/step | delta us/step | fabric/plain | paired ratios |"
+        "| plain us/step | fabric us/step | delta us/step | fabric/plain | paired ratio [min-max] |"
     )
     lines = [header, "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
@@ -254,20 +267,24 @@ def format_table(results: Sequence[Result]) -> str:
             f"| {w.name} | {'-'.join(map(str, w.sizes))} | {w.batch_size} | {w.precision} | {w.threads} "
             f"| {w.steps} x {r.rounds} | {r.plain_us:,.1f} | {r.fabric_us:,.1f} | {r.fabric_us - r.plain_us:+,.1f} "
             f"| {r.ratio:.3f} "
-            f"| {r.paired_min:.3f}-{r.paired_max:.3f} |"
+            f"| {r.paired_median:.3f} [{r.paired_min:.3f}-{r.paired_max:.3f}] |"
         )
     return "\n".join(lines)
+
+
+def _load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--steps", type=int, default=3000, help="steps per timed run, tiny workload (default 3000)")
     parser.add_argument(
-        "--heavy-steps", type=int, default=100, help="steps per timed run, compute-heavy workloads (default 100)"
+        "--heavy-steps", type=int, default=25, help="steps per timed run, compute-heavy workloads (default 25)"
     )
     parser.add_argument("--repeats", type=int, default=7, help="interleaved rounds, tiny workload (default 7)")
     parser.add_argument(
-        "--heavy-repeats", type=int, default=5, help="interleaved rounds, compute-heavy workloads (default 5)"
+        "--heavy-repeats", type=int, default=9, help="interleaved rounds, compute-heavy workloads (default 9)"
     )
     parser.add_argument(
         "--workloads",
@@ -304,7 +321,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"# Fabric per-step overhead | torch {torch.__version__} | default threads {torch.get_num_threads()} "
         f"(tiny: 1, heavy: {args.heavy_threads}) | interop threads {torch.get_num_interop_threads()}"
     )
-    print("# median per-step time over interleaved rounds; ratio = median(fabric) / median(plain)\n")
+    print("# median per-step time over interleaved rounds; ratio = median(fabric) / median(plain)")
+    print(f"# load average before: {_load()}\n")
 
     results: list[Result] = []
     for name in names:
@@ -313,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results.append(measure(workload, rounds))
         print(f"  done: {name}", flush=True)
 
-    print()
+    print(f"\n# load average after: {_load()}\n")
     print(format_table(results))
     print()
     for r in results:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
+from fabric.plugins.environments import ClusterEnvironment
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision import PRECISION_REGISTRY, Precision, parse_precision
 from fabric.strategies import STRATEGY_REGISTRY, Strategy
@@ -30,7 +31,7 @@ from fabric.utilities.device_parser import DeviceRequest, DevicesArg, parse_devi
 AcceleratorArg = str | Accelerator
 StrategyArg = str | Strategy
 PrecisionArg = str | int | None
-Plugin = Precision | CheckpointIO
+Plugin = Precision | CheckpointIO | ClusterEnvironment
 
 _GPU_ACCELERATORS = ("cuda", "mps")
 
@@ -180,20 +181,29 @@ def _build_strategy(choice: StrategyArg, num_processes: int) -> Strategy:
     return STRATEGY_REGISTRY.create(choice)
 
 
-def _split_plugins(plugins: Sequence[Plugin] | Plugin | None) -> tuple[Precision | None, CheckpointIO | None]:
+@dataclass(frozen=True)
+class _Plugins:
     precision: Precision | None = None
     checkpoint_io: CheckpointIO | None = None
-    for plugin in [plugins] if isinstance(plugins, (Precision, CheckpointIO)) else list(plugins or []):
-        if isinstance(plugin, Precision) and precision is None:
-            precision = plugin
-        elif isinstance(plugin, CheckpointIO) and checkpoint_io is None:
-            checkpoint_io = plugin
-        else:
+    cluster_environment: ClusterEnvironment | None = None
+
+
+_PLUGIN_KINDS = {"precision": Precision, "checkpoint_io": CheckpointIO, "cluster_environment": ClusterEnvironment}
+
+
+def _split_plugins(plugins: Sequence[Plugin] | Plugin | None) -> _Plugins:
+    """Sort the ``plugins`` argument by kind; at most one of each."""
+    found: dict[str, Any] = {}
+    items: list[object] = list(plugins) if isinstance(plugins, (list, tuple)) else [] if plugins is None else [plugins]
+    for plugin in items:
+        kind = next((name for name, cls in _PLUGIN_KINDS.items() if isinstance(plugin, cls)), None)
+        if kind is None or kind in found:
             raise ValueError(
                 f"plugins: {plugin!r} is not accepted here (a second plugin of a kind, or an unknown kind). "
-                "Accepted: one Precision and one CheckpointIO."
+                "Accepted: one Precision, one CheckpointIO and one ClusterEnvironment."
             )
-    return precision, checkpoint_io
+        found[kind] = plugin
+    return _Plugins(**found)
 
 
 def resolve(
@@ -216,7 +226,8 @@ def resolve(
         },
         os.environ if environ is None else environ,
     )
-    precision_plugin, checkpoint_io = _split_plugins(plugins)
+    given_plugins = _split_plugins(plugins)
+    precision_plugin = given_plugins.precision
     if precision_plugin is not None and picked["precision"] is not None:
         raise ValueError(
             f"precision={picked['precision']!r} and plugins=[{precision_plugin!r}] both set the precision; pass one."
@@ -232,9 +243,10 @@ def resolve(
     strategy_obj.connect(
         accelerator=accelerator_obj,
         precision=precision_plugin,
-        checkpoint_io=checkpoint_io,
+        checkpoint_io=given_plugins.checkpoint_io,
         devices=device_list,
         num_nodes=picked["num_nodes"],
+        cluster_environment=given_plugins.cluster_environment,
     )
     resolved = Resolved(
         accelerator=strategy_obj.accelerator,

@@ -7,7 +7,10 @@ the strategy, which owns the accelerator, the precision plugin and checkpoint I/
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+import gc
+import sys
+import weakref
+from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -15,16 +18,19 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.optim import Optimizer
+from torch.utils.data import DataLoader
 
 from fabric.connector import AcceleratorArg, Plugin, PrecisionArg, StrategyArg, resolve
 from fabric.plugins.io.checkpoint_io import PathType
 from fabric.plugins.precision.precision import Precision
-from fabric.strategies.strategy import ReduceOp, Strategy, parse_reduce_op
+from fabric.strategies.launchers.process_exit import register_cleanup
+from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
 from fabric.utilities.device_parser import DevicesArg
+from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
 from fabric.utilities.seed import seed_everything
-from fabric.wrappers import FabricDataLoader, FabricModule, FabricOptimizer, wrap_optimizer
+from fabric.wrappers import FabricDataLoader, FabricModule, FabricOptimizer, wrap_dataloader, wrap_optimizer
 
 if TYPE_CHECKING:
     from fabric.loggers.logger import Logger
@@ -70,7 +76,9 @@ class Fabric:
         self._callbacks: list[Any] = _as_list(callbacks)
         self._loggers: list[Logger] = _as_list(loggers)
         self._launched = False
-        if self._strategy.launcher is None:
+        self._wrapped_modules: weakref.WeakSet[FabricModule] = weakref.WeakSet()
+        if not self._strategy.needs_launch:
+            # One process, or processes a launcher (torchrun, srun, the CLI) already started: join now.
             self._setup_environment()
 
     # --- properties -------------------------------------------------------------------------------
@@ -122,17 +130,24 @@ class Fabric:
     # --- launching --------------------------------------------------------------------------------
 
     def launch(self, function: Callable[..., T] | None = None, *args: Any, **kwargs: Any) -> T | None:
-        """Start the job's processes (if the strategy needs more than this one) and set them up.
+        """Start the job's other processes if Fabric has to, then run ``function`` (if given) in each.
 
-        With ``function``, it is called as ``function(fabric, *args, **kwargs)`` in every process and
-        rank 0's return value is returned. Calling ``launch()`` again is a no-op.
+        ``function`` is called as ``function(fabric, *args, **kwargs)``; rank 0's return value is returned.
+        When a launcher (torchrun, srun, ``fabric run model``) started the processes, or there is only
+        one, nothing needs starting. Calling ``launch()`` again is a no-op.
         """
-        launcher = self._strategy.launcher
-        if not self._launched and launcher is not None:
+        if self._launched or not self._strategy.needs_launch:
             self._launched = True
-            return launcher.launch(self._run_launched, function, *args, **kwargs)  # type: ignore[no-any-return]
+            return function(self, *args, **kwargs) if function is not None else None
+        launcher = self._strategy.launcher
+        assert launcher is not None, "a strategy that needs a launch has a launcher"
+        if _is_interactive() and not launcher.is_interactive_compatible:
+            raise RuntimeError(
+                f"strategy={type(self._strategy).__name__} re-runs your script in new processes, which a notebook "
+                "or REPL cannot do. Use strategy='ddp_notebook' (or 'ddp_fork') here."
+            )
         self._launched = True
-        return function(self, *args, **kwargs) if function is not None else None
+        return launcher.launch(self._run_launched, function, *args, **kwargs)  # type: ignore[no-any-return]
 
     def _run_launched(self, function: Callable[..., T] | None, *args: Any, **kwargs: Any) -> T | None:
         """What each launched process runs: join the job, then the user's function."""
@@ -142,6 +157,28 @@ class Fabric:
     def _setup_environment(self) -> None:
         self._strategy.setup_environment()
         set_global_rank(self._strategy.global_rank)
+        if self._strategy.world_size > 1:
+            register_cleanup(self._end_distributed_job)
+
+    def _end_distributed_job(self) -> None:
+        """At process exit: wait for the other ranks, then release the process group completely.
+
+        Dropping the strategy wrappers (e.g. DDP, which holds the group) before interpreter shutdown is
+        what keeps gloo from aborting the process after the work is done (see ``process_exit``).
+        """
+        if getattr(sys, "last_value", None) is None:  # this rank ends normally: the others will too
+            self._strategy.barrier("end of job")
+        for module in list(self._wrapped_modules):
+            module.release_strategy_wrapper()
+        self._strategy.teardown()
+        gc.collect()
+
+    def _check_launched(self) -> None:
+        if self._strategy.needs_launch and not self._launched:
+            raise RuntimeError(
+                f"{type(self._strategy).__name__} runs {self.world_size} processes: call `fabric.launch()` "
+                "before setting up models, dataloaders or calling collectives."
+            )
 
     # --- setup --------------------------------------------------------------------------------------
 
@@ -156,6 +193,7 @@ class Fabric:
 
         Returns the wrapped module, or ``(module, *optimizers)`` when optimizers are given.
         """
+        self._check_launched()
         self._check_not_set_up(module, optimizers)
         module = self._prepare_module(module, move_to_device)
         for optimizer in optimizers:
@@ -167,11 +205,13 @@ class Fabric:
 
     def setup_module(self, module: nn.Module, move_to_device: bool = True) -> FabricModule:
         """Like :meth:`setup` for a module alone (optimizers are set up separately, e.g. for FSDP)."""
+        self._check_launched()
         self._check_not_set_up(module, ())
         return self._wrap_module(self._prepare_module(module, move_to_device))
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Wrap optimizers so their ``step`` goes through the strategy. Returns one or a tuple."""
+        self._check_launched()
         self._check_not_set_up(None, optimizers)
         wrapped = [wrap_optimizer(self._strategy.setup_optimizer(opt), self._strategy) for opt in optimizers]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
@@ -183,7 +223,9 @@ class Fabric:
         return module
 
     def _wrap_module(self, module: nn.Module) -> FabricModule:
-        return FabricModule(self._strategy.setup_module(module), self._strategy, original_module=module)
+        wrapped = FabricModule(self._strategy.setup_module(module), self._strategy, original_module=module)
+        self._wrapped_modules.add(wrapped)
+        return wrapped
 
     @staticmethod
     def _check_not_set_up(module: nn.Module | None, optimizers: Sequence[Optimizer]) -> None:
@@ -199,27 +241,32 @@ class Fabric:
 
     @overload
     def setup_dataloaders(
-        self, dataloader: Iterable[Any], /, *, use_distributed_sampler: bool = True, move_to_device: bool = True
-    ) -> FabricDataLoader: ...
+        self, dataloader: DataLoader[Any], /, *, use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> DataLoader[Any]: ...
 
     @overload
     def setup_dataloaders(
-        self, *dataloaders: Iterable[Any], use_distributed_sampler: bool = True, move_to_device: bool = True
-    ) -> list[FabricDataLoader]: ...
+        self, *dataloaders: DataLoader[Any], use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> list[DataLoader[Any]]: ...
 
     def setup_dataloaders(
-        self, *dataloaders: Iterable[Any], use_distributed_sampler: bool = True, move_to_device: bool = True
-    ) -> FabricDataLoader | list[FabricDataLoader]:
-        """Shard (in distributed strategies) and wrap dataloaders so batches arrive on the device."""
+        self, *dataloaders: DataLoader[Any], use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> DataLoader[Any] | list[DataLoader[Any]]:
+        """Shard (in distributed strategies) and wrap dataloaders so batches arrive on the device.
+
+        Each returned loader is still an instance of the user's ``DataLoader`` class. With
+        ``use_distributed_sampler=False`` the sampler is left alone (the data is then not sharded).
+        """
         if not dataloaders:
             raise ValueError("setup_dataloaders() needs at least one dataloader.")
+        self._check_launched()
         wrapped = []
         for dataloader in dataloaders:
             if isinstance(dataloader, FabricDataLoader):
                 raise ValueError("This dataloader was already set up with Fabric; set up each dataloader once.")
-            if use_distributed_sampler:
+            if use_distributed_sampler and isinstance(dataloader, DataLoader):
                 dataloader = self._strategy.process_dataloader(dataloader)
-            wrapped.append(FabricDataLoader(dataloader, self.device if move_to_device else None))
+            wrapped.append(wrap_dataloader(dataloader, self.device if move_to_device else None))
         return wrapped[0] if len(wrapped) == 1 else wrapped
 
     # --- the training step ------------------------------------------------------------------------
@@ -296,14 +343,20 @@ class Fabric:
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point."""
+        self._check_launched()
         self._strategy.barrier(name=name)
 
     def broadcast(self, obj: T, src: int = 0) -> T:
         """Send ``obj`` (a tensor or any picklable object) from rank ``src`` to every process."""
+        self._check_launched()
         return self._strategy.broadcast(obj, src=src)  # type: ignore[no-any-return]
 
     def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
-        """Gather tensors (or every tensor in a collection) into shape ``(world_size, ...)``."""
+        """Gather tensors (or every tensor in a collection) into shape ``(world_size, ...)``.
+
+        Tensors whose first dimension differs across ranks come back as a list of one tensor per rank.
+        """
+        self._check_launched()
         return apply_to_collection(
             data,
             (torch.Tensor, int, float),
@@ -313,6 +366,7 @@ class Fabric:
     def all_reduce(self, data: Any, reduce_op: ReduceOp = "mean") -> Any:
         """Reduce tensors (or numbers, or every tensor in a collection) across processes."""
         parse_reduce_op(reduce_op)
+        self._check_launched()
         return apply_to_collection(
             data, (torch.Tensor, int, float), lambda t: self._strategy.all_reduce(_as_tensor(t, self.device), reduce_op)
         )
@@ -334,6 +388,7 @@ class Fabric:
 
         The write is atomic: a crash while saving leaves any previous file at ``path`` intact.
         """
+        self._check_launched()
         self._strategy.save_checkpoint(path, _unwrap_objects(state))
         self.barrier("save")
 
@@ -400,6 +455,13 @@ class Fabric:
             f"Fabric(accelerator={resolved.accelerator!r}, strategy={type(self._strategy).__name__}, "
             f"devices={len(resolved.devices)}, num_nodes={resolved.num_nodes}, precision={resolved.precision.name!r})"
         )
+
+
+def _is_interactive() -> bool:
+    """Whether we run in a REPL or notebook, where there is no script file to start again."""
+    import __main__
+
+    return not hasattr(__main__, "__file__") and getattr(__main__, "__spec__", None) is None
 
 
 def _as_list(items: Any) -> list[Any]:

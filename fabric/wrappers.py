@@ -4,7 +4,7 @@
   under the precision plugin and hides itself from ``state_dict`` keys.
 - :func:`wrap_optimizer` returns an object that *is* the user's optimizer (same class, same state,
   so LR schedulers accept it) whose ``step`` goes through the strategy.
-- :class:`FabricDataLoader` moves every batch to the device.
+- :func:`wrap_dataloader` returns a copy of the user's ``DataLoader`` that moves every batch to the device.
 
 Wrappers add as little as possible to each step: with ``"32-true"`` the module wrapper calls straight
 through, and on CPU the dataloader wrapper yields batches untouched.
@@ -13,12 +13,13 @@ through, and on CPU the dataloader wrapper yields batches untouched.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
+from torch.utils.data import DataLoader
 
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_data_to_device
@@ -57,6 +58,10 @@ class FabricModule(nn.Module):
         if precision.requires_fabric_backward and self.training:
             _guard_backward(output, self._strategy)
         return output
+
+    def release_strategy_wrapper(self) -> None:
+        """Forward straight to the original module from now on, dropping e.g. the DDP wrapper (at exit)."""
+        self._forward_module = self._original_module
 
     def mark_forward_method(self, method: str | Callable[..., Any]) -> None:
         """Route calls of another method (e.g. ``generate``) through the same precision path as forward."""
@@ -158,30 +163,48 @@ def is_wrapped_optimizer(obj: object) -> bool:
 
 
 class FabricDataLoader:
-    """Iterates the user's dataloader and moves each batch to ``device``. Other attributes fall through."""
+    """Mixin for the class :func:`wrap_dataloader` builds: a copy of the user's ``DataLoader`` (still an
+    instance of its class) that moves each batch to the device and advances the sampler's epoch."""
 
-    def __init__(self, dataloader: Iterable[Any], device: torch.device | None) -> None:
-        self._dataloader = dataloader
-        # CPU batches are already where they need to be: skip the per-batch traversal entirely.
-        self._device = device if device is not None and device.type != "cpu" else None
-
-    @property
-    def dataloader(self) -> Iterable[Any]:
-        return self._dataloader
+    _fabric_device: torch.device | None
+    _fabric_epoch: int
 
     @property
     def device(self) -> torch.device | None:
-        return self._device
-
-    def __len__(self) -> int:
-        return len(self._dataloader)  # type: ignore[arg-type]
+        """Where batches are moved to; ``None`` when they are yielded as they are."""
+        return self._fabric_device
 
     def __iter__(self) -> Iterator[Any]:
-        if self._device is None:
-            yield from self._dataloader
+        # A new pass over the data: let distributed samplers reshuffle differently (and identically on
+        # every rank) each epoch.
+        for sampler in (getattr(self, "sampler", None), getattr(getattr(self, "batch_sampler", None), "sampler", None)):
+            if callable(getattr(sampler, "set_epoch", None)):
+                sampler.set_epoch(self._fabric_epoch)  # type: ignore[union-attr]
+        self._fabric_epoch += 1
+        batches = super().__iter__()  # type: ignore[misc]
+        device = self._fabric_device
+        if device is None:
+            yield from batches
             return
-        for batch in self._dataloader:
-            yield move_data_to_device(batch, self._device)
+        for batch in batches:
+            yield move_data_to_device(batch, device)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_dataloader"], name)
+
+def wrap_dataloader(dataloader: DataLoader[Any], device: torch.device | None) -> DataLoader[Any]:
+    """A copy of ``dataloader`` of a subclass of its own class whose batches arrive on ``device``.
+
+    CPU batches are already where they need to be, so on CPU the per-batch traversal is skipped.
+    """
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(
+            f"setup_dataloaders() expects torch.utils.data.DataLoader objects, got {type(dataloader).__name__}."
+        )
+    cls = type(dataloader)
+    wrapper_class = type(
+        f"Fabric{cls.__name__}",
+        (FabricDataLoader, cls),
+        {"_fabric_device": device if device is not None and device.type != "cpu" else None},
+    )
+    wrapped: DataLoader[Any] = object.__new__(wrapper_class)
+    object.__setattr__(wrapped, "__dict__", {**dataloader.__dict__, "_fabric_epoch": 0})
+    return wrapped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
 from fabric.accelerators import CUDAAccelerator
@@ -92,7 +93,7 @@ def test_16_mixed_on_cuda_autocasts_cuda_and_scales_with_a_cuda_grad_scaler(one_
 
 def test_dataloader_targets_the_gpu_and_teardown_frees_the_cache(one_gpu: FakeCuda) -> None:
     fabric = Fabric(accelerator="cuda")
-    loader = fabric.setup_dataloaders([torch.ones(1)])
+    loader = fabric.setup_dataloaders(DataLoader(TensorDataset(torch.ones(2))))
     assert loader.device == torch.device("cuda", 0)
     fabric.strategy.teardown()
     assert one_gpu.cache_emptied == 1

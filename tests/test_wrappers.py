@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
-from fabric.wrappers import FabricDataLoader, FabricModule
+from fabric.wrappers import FabricDataLoader, FabricModule, wrap_dataloader
 
 
 class Generator(nn.Module):
@@ -112,29 +113,44 @@ class Batch:
     label: int
 
 
+def _identity(batch: list[Any]) -> Any:
+    return batch[0]
+
+
 def test_dataloader_wrapper_moves_tensors_inside_collections() -> None:
-    batches = [(torch.ones(2), {"mask": torch.zeros(2), "name": "a"}, Batch(torch.ones(1), 3))]
-    loader = FabricDataLoader(batches, torch.device("meta"))
+    samples = [(torch.ones(2), {"mask": torch.zeros(2), "name": "a"}, Batch(torch.ones(1), 3))]
+    loader = wrap_dataloader(DataLoader(samples, batch_size=1, collate_fn=_identity), torch.device("meta"))
     (moved,) = list(loader)
     assert moved[0].device.type == "meta"
     assert moved[1]["mask"].device.type == "meta" and moved[1]["name"] == "a"
     assert moved[2].inputs.device.type == "meta" and moved[2].label == 3
 
 
-def test_cpu_dataloader_yields_batches_untouched_and_keeps_loader_attributes() -> None:
-    dataset = TensorDataset(torch.arange(10.0))
-    loader = Fabric(accelerator="cpu").setup_dataloaders(DataLoader(dataset, batch_size=4))
-    assert len(loader) == 3
-    assert loader.batch_size == 4
+class MyLoader(DataLoader):  # type: ignore[type-arg]
+    """A user subclass with a constructor of its own."""
+
+    def __init__(self, data: TensorDataset, note: str) -> None:
+        super().__init__(data, batch_size=4)
+        self.note = note
+
+
+def test_wrapped_dataloader_is_still_the_users_class_and_leaves_the_original_alone() -> None:
+    original = MyLoader(TensorDataset(torch.arange(10.0)), note="mine")
+    loader = Fabric(accelerator="cpu").setup_dataloaders(original)
+    assert isinstance(loader, MyLoader) and isinstance(loader, DataLoader)
+    assert loader.note == "mine" and loader.batch_size == 4 and len(loader) == 3
     assert [batch[0].tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert not isinstance(original, FabricDataLoader)
 
 
-def test_setup_dataloaders_returns_one_per_input() -> None:
+def test_setup_dataloaders_returns_one_per_input_and_rejects_other_iterables() -> None:
     fabric = Fabric(accelerator="cpu")
-    first, second = fabric.setup_dataloaders([1], [2])
-    assert list(first) == [1] and list(second) == [2]
+    first, second = fabric.setup_dataloaders(DataLoader([1]), DataLoader([2]))
+    assert [int(b) for b in first] == [1] and [int(b) for b in second] == [2]
     with pytest.raises(ValueError, match="already set up"):
         fabric.setup_dataloaders(first)
+    with pytest.raises(TypeError, match=r"expects torch\.utils\.data\.DataLoader objects, got list"):
+        fabric.setup_dataloaders([1, 2])  # type: ignore[arg-type]
 
 
 def test_setting_up_twice_or_with_wrong_types_is_an_error() -> None:

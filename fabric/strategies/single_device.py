@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from fabric.accelerators.accelerator import Accelerator
+from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
@@ -22,22 +23,9 @@ class SingleDeviceStrategy(Strategy):
         super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
         self._device = torch.device(device) if device is not None else None
 
-    def connect(
-        self,
-        *,
-        accelerator: Accelerator,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        devices: list[torch.device],
-        num_nodes: int,
+    def _configure_processes(
+        self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment | None
     ) -> None:
-        super().connect(
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            devices=devices,
-            num_nodes=num_nodes,
-        )
         if len(devices) * num_nodes != 1:
             raise ValueError(
                 f"strategy='single_device' runs one process, but devices={len(devices)} and num_nodes={num_nodes} "

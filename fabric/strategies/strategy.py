@@ -8,33 +8,28 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
+from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
+from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.utilities.checkpoint_state import Stateful, check_module_state, check_optimizer_state
+from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.init import SkipParameterInit
 
-ReduceOp = Literal["mean", "sum", "max", "min"]
-REDUCE_OPS: tuple[ReduceOp, ...] = ("mean", "sum", "max", "min")
 #: Checkpoint entry holding the precision plugin's state (the loss scale of ``16-mixed``), if any.
 PRECISION_STATE_KEY = "fabric_precision_state"
-
-
-def parse_reduce_op(reduce_op: str) -> ReduceOp:
-    if reduce_op not in REDUCE_OPS:
-        raise ValueError(f"reduce_op={reduce_op!r} is not supported. Accepted values: {list(REDUCE_OPS)}.")
-    return reduce_op
 
 
 class Strategy:
@@ -64,11 +59,19 @@ class Strategy:
         checkpoint_io: CheckpointIO | None,
         devices: list[torch.device],
         num_nodes: int,
+        cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
         """Fill in the choices the user did not set on this strategy object themselves."""
         self._accelerator = self._accelerator or accelerator
         self._precision = self._precision or precision
         self._checkpoint_io = self._checkpoint_io or checkpoint_io
+        self._configure_processes(devices, num_nodes, cluster_environment)
+
+    def _configure_processes(
+        self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment | None
+    ) -> None:
+        """Take the devices, node count and cluster environment resolved for this job (subclasses)."""
+        raise NotImplementedError
 
     @property
     def accelerator(self) -> Accelerator:
@@ -87,6 +90,11 @@ class Strategy:
         if self._checkpoint_io is None:
             self._checkpoint_io = TorchCheckpointIO()
         return self._checkpoint_io
+
+    @property
+    def needs_launch(self) -> bool:
+        """Whether ``fabric.launch()`` must start processes before anything else happens."""
+        return False
 
     @property
     def launcher(self) -> Launcher | None:
@@ -138,7 +146,8 @@ class Strategy:
     def module_to_device(self, module: nn.Module) -> None:
         module.to(self.root_device)
 
-    def process_dataloader(self, dataloader: Iterable[Any]) -> Iterable[Any]:
+    def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+        """Adapt a dataloader to the strategy (e.g. shard it across ranks). One process keeps all data."""
         return dataloader
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:

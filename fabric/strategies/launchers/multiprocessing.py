@@ -1,0 +1,131 @@
+"""``ddp_spawn`` / ``ddp_fork`` / ``ddp_notebook``: run a function in N new processes, return rank 0's result.
+
+Every rank is a child; this process only waits. If a rank raises, its traceback is re-raised here
+(naming the rank) and the other ranks are stopped. Rank 0's return value travels back through a
+queue, so it must be picklable; tensors are moved to the CPU first.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any, Literal
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+
+from fabric.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric.strategies.launchers.launcher import Launcher
+from fabric.strategies.launchers.process_exit import exit_process
+from fabric.strategies.launchers.subprocess_script import TERMINATION_GRACE_SECONDS
+
+
+class RankFailedError(RuntimeError):
+    """A launched rank raised; the message carries its traceback."""
+
+
+class MultiProcessLauncher(Launcher):
+    def __init__(
+        self, num_processes: int, cluster_environment: ClusterEnvironment, start_method: Literal["spawn", "fork"]
+    ) -> None:
+        if start_method not in multiprocessing.get_all_start_methods():
+            raise ValueError(
+                f"start_method={start_method!r} is not available on this platform. "
+                f"Available: {multiprocessing.get_all_start_methods()}."
+            )
+        self.num_processes = num_processes
+        self.cluster_environment = cluster_environment
+        self.start_method = start_method
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        return self.start_method == "fork"  # spawn must re-import the function from a file
+
+    def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.start_method == "fork" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            raise RuntimeError(
+                "CUDA was initialised before fabric.launch(), and forked processes cannot use it. Move the "
+                "CUDA calls after launch(), or use strategy='ddp_spawn'."
+            )
+        context: Any = multiprocessing.get_context(self.start_method)
+        rank_variables = {
+            "MASTER_ADDR": self.cluster_environment.main_address,
+            "MASTER_PORT": str(self.cluster_environment.main_port),
+            "WORLD_SIZE": str(self.num_processes),
+            "LOCAL_WORLD_SIZE": str(self.num_processes),
+        }
+        processes, readers = [], []
+        for local_rank in range(self.num_processes):
+            reader, writer = context.Pipe(duplex=False)  # one channel per rank: results never block on a full pipe
+            process = context.Process(
+                target=_run_rank,
+                args=(local_rank, rank_variables, writer, function, args, kwargs),
+                name=f"fabric-rank-{local_rank}",
+            )
+            process.start()
+            writer.close()
+            processes.append(process)
+            readers.append(reader)
+        messages, failed_rank = _collect(processes, readers)
+        errors = [(rank, text) for kind, rank, text in messages if kind == "error"]
+        if errors or failed_rank is not None:
+            details = "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in errors)
+            first = errors[0][0] if errors else failed_rank
+            raise RankFailedError(f"Rank {first} of the launched job failed.\n{details}".rstrip())
+        return next((value for kind, _, value in messages if kind == "result"), None)
+
+
+def _run_rank(
+    local_rank: int,
+    rank_variables: dict[str, str],
+    channel: Connection,
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    os.environ.update(rank_variables)
+    os.environ["LOCAL_RANK"] = os.environ["RANK"] = str(local_rank)
+    try:
+        value = function(*args, **kwargs)
+        if local_rank == 0:
+            channel.send(("result", 0, apply_to_collection(value, torch.Tensor, lambda t: t.detach().cpu())))
+    except BaseException:
+        channel.send(("error", local_rank, traceback.format_exc()))
+        exit_process(1)
+    exit_process(0, run_registered_cleanups=True)
+
+
+def _collect(processes: list[Any], readers: list[Connection]) -> tuple[list[tuple[str, int, Any]], int | None]:
+    """Read every rank's messages until all ranks ended; on the first failure stop the others."""
+    messages: list[tuple[str, int, Any]] = []
+    failed_rank: int | None = None
+    open_readers = set(readers)
+    running = {process.sentinel: rank for rank, process in enumerate(processes)}
+    while open_readers or running:
+        for ready in wait([*open_readers, *running]):
+            if isinstance(ready, Connection):
+                try:
+                    messages.append(ready.recv())
+                except EOFError:
+                    open_readers.discard(ready)
+                continue
+            rank = running.pop(ready)
+            processes[rank].join()
+            if processes[rank].exitcode != 0 and failed_rank is None:
+                failed_rank = rank
+                _stop(processes)
+    return messages, failed_rank
+
+
+def _stop(processes: list[Any]) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(TERMINATION_GRACE_SECONDS)
+        if process.is_alive():
+            process.kill()
+            process.join()

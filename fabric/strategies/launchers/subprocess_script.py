@@ -1,0 +1,147 @@
+"""``strategy="ddp"``: start ranks 1..N-1 by re-running the user's own command, rank 0 stays in this process.
+
+This is what ``python train.py`` with ``Fabric(devices=N).launch()`` does. The children get the rank
+variables (``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``, ...) so their ``Fabric()`` joins instead of
+launching again. A supervisor in rank 0 makes the job behave as one program:
+
+- if a child exits non-zero, the other children are stopped (SIGTERM, then SIGKILL after a grace
+  period) and rank 0 exits with that child's code, after one line naming the rank;
+- if rank 0 raises, the children are stopped the same way;
+- a child whose parent dies is killed by the kernel (``PR_SET_PDEATHSIG`` on Linux), never orphaned;
+- at a normal end, rank 0 waits for the children and fails if any of them failed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fabric.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric.strategies.launchers.launcher import Launcher
+from fabric.strategies.launchers.process_exit import exit_process
+
+#: How long stopped ranks get to exit on SIGTERM (e.g. to write a checkpoint) before SIGKILL.
+TERMINATION_GRACE_SECONDS = 5.0
+
+
+class SubprocessScriptLauncher(Launcher):
+    def __init__(self, cluster_environment: ClusterEnvironment, num_processes: int, num_nodes: int) -> None:
+        self.cluster_environment = cluster_environment
+        self.num_processes = num_processes
+        self.num_nodes = num_nodes
+        self._supervisor: ChildSupervisor | None = None
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        return False
+
+    def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not self.cluster_environment.creates_processes_externally:
+            self._supervisor = ChildSupervisor(self._start_children())
+        return function(*args, **kwargs)
+
+    def _start_children(self) -> dict[int, subprocess.Popen[bytes]]:
+        environment = self.cluster_environment
+        node_rank = environment.node_rank()
+        shared = {
+            **os.environ,
+            "MASTER_ADDR": environment.main_address,
+            "MASTER_PORT": str(environment.main_port),
+            "NODE_RANK": str(node_rank),
+            "WORLD_SIZE": str(self.num_processes * self.num_nodes),
+            "LOCAL_WORLD_SIZE": str(self.num_processes),
+        }
+        if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
+            shared["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.num_processes))
+        command = script_command()
+        children = {}
+        for local_rank in range(1, self.num_processes):
+            child_env = {
+                **shared,
+                "LOCAL_RANK": str(local_rank),
+                "RANK": str(node_rank * self.num_processes + local_rank),
+            }
+            children[local_rank] = subprocess.Popen(command, env=child_env, preexec_fn=_die_with_parent)
+        return children
+
+
+def script_command() -> list[str]:
+    """The command line this interpreter was started with (flags, ``-m module`` and arguments included)."""
+    return [sys.executable, *sys.orig_argv[1:]]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask the kernel to SIGKILL us if the parent dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+class ChildSupervisor:
+    """Watches the child ranks from rank 0 and turns any failure into the failure of the whole job."""
+
+    def __init__(self, children: dict[int, subprocess.Popen[bytes]]) -> None:
+        self.children = children
+        self._lock = threading.Lock()
+        self._stopping = False
+        for local_rank, child in children.items():
+            threading.Thread(
+                target=self._watch, args=(local_rank, child), daemon=True, name=f"fabric-rank-{local_rank}"
+            ).start()
+        atexit.register(self._at_rank_zero_exit)
+
+    def _watch(self, local_rank: int, child: subprocess.Popen[bytes]) -> None:
+        code = child.wait()
+        if code == 0:
+            return
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        print(
+            f"fabric: local rank {local_rank} (pid {child.pid}) exited with code {_describe(code)}; stopping the job.",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.stop_children()
+        exit_process(_exit_code(code))
+
+    def stop_children(self) -> None:
+        """SIGTERM every running child, then SIGKILL whatever is left after the grace period."""
+        running = [child for child in self.children.values() if child.poll() is None]
+        for child in running:
+            child.send_signal(signal.SIGTERM)
+        for child in running:
+            try:
+                child.wait(timeout=TERMINATION_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+    def _at_rank_zero_exit(self) -> None:
+        if getattr(sys, "last_value", None) is not None:  # rank 0 died of an exception
+            with self._lock:
+                self._stopping = True
+            self.stop_children()
+            return
+        for child in self.children.values():
+            child.wait()  # a failure is reported by its watcher thread, which ends the process
+
+
+def _exit_code(returncode: int) -> int:
+    """A child killed by signal N reports -N; a shell would report 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        return f"{_exit_code(returncode)} (killed by {signal.Signals(-returncode).name})"
+    return str(returncode)

@@ -1,0 +1,165 @@
+"""The base of every multi-process strategy: ranks from the cluster environment, a process group,
+and collectives through ``torch.distributed``."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fabric.accelerators.accelerator import Accelerator
+from fabric.plugins.environments import ClusterEnvironment, LocalEnvironment, detect_environment
+from fabric.plugins.io.checkpoint_io import CheckpointIO
+from fabric.plugins.precision.precision import Precision
+from fabric.strategies.strategy import Strategy
+from fabric.utilities import distributed
+from fabric.utilities.distributed import ReduceOp, parse_reduce_op
+
+#: torch's own default for collectives; long, because a first NCCL step can take minutes to compile.
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+class ParallelStrategy(Strategy):
+    """Several processes, one device each, joined in a ``torch.distributed`` process group.
+
+    Args:
+        cluster_environment: where ranks come from; detected (torchrun, SLURM, ...) when not given.
+        process_group_backend: ``"gloo"``, ``"nccl"``, ...; by default NCCL on CUDA and gloo elsewhere.
+        timeout: how long a collective (and ``fabric.barrier()``) waits for the other ranks before it
+            fails, naming the ranks that did not arrive.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        self._cluster_environment = cluster_environment
+        self._parallel_devices = parallel_devices
+        self._num_nodes = 1
+        self._process_group_backend = process_group_backend
+        self._timeout = timeout
+        self._barrier_group: Any = None
+
+    def _configure_processes(
+        self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment | None
+    ) -> None:
+        self._parallel_devices = self._parallel_devices or devices
+        self._num_nodes = num_nodes
+        self._cluster_environment = self._cluster_environment or cluster_environment or detect_environment()
+        self._cluster_environment.validate_settings(len(self.parallel_devices), num_nodes)
+        self._assign_local_ranks()
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment:
+        if self._cluster_environment is None:
+            raise RuntimeError(f"{type(self).__name__} has no cluster environment; it must be set up through Fabric.")
+        return self._cluster_environment
+
+    @property
+    def parallel_devices(self) -> list[torch.device]:
+        if not self._parallel_devices:
+            raise RuntimeError(f"{type(self).__name__} has no devices; it must be set up through Fabric.")
+        return self._parallel_devices
+
+    @property
+    def num_processes(self) -> int:
+        """Processes on this node."""
+        return len(self.parallel_devices)
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @property
+    def needs_launch(self) -> bool:
+        return not self.cluster_environment.creates_processes_externally
+
+    @property
+    def global_rank(self) -> int:
+        return self.cluster_environment.global_rank()
+
+    @property
+    def local_rank(self) -> int:
+        return self.cluster_environment.local_rank()
+
+    @property
+    def node_rank(self) -> int:
+        return self.cluster_environment.node_rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster_environment.world_size()
+
+    @property
+    def root_device(self) -> torch.device:
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def process_group_backend(self) -> str:
+        if self._process_group_backend is not None:
+            return self._process_group_backend
+        return "nccl" if self.parallel_devices[0].type == "cuda" else "gloo"
+
+    def _assign_local_ranks(self) -> None:
+        """Our own launchers number processes node by node; tell the local environment so."""
+        environment = self.cluster_environment
+        if isinstance(environment, LocalEnvironment):
+            environment.set_world_size(self.num_processes * self.num_nodes)
+            environment.set_global_rank(environment.node_rank() * self.num_processes + environment.local_rank())
+
+    def setup_environment(self) -> None:
+        """Join the process group (rank 0 hosts the rendezvous) and claim this rank's device."""
+        self._assign_local_ranks()
+        self.accelerator.setup_device(self.root_device)
+        if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.num_processes))
+        if not dist.is_initialized():
+            environment = self.cluster_environment
+            dist.init_process_group(
+                self.process_group_backend,
+                init_method=f"tcp://{environment.main_address}:{environment.main_port}",
+                world_size=self.world_size,
+                rank=self.global_rank,
+                timeout=self._timeout,
+            )
+        # Barriers run on their own gloo group: it can name missing ranks (monitored_barrier) and never
+        # interleaves with the training collectives of the default group.
+        self._barrier_group = dist.new_group(backend="gloo", timeout=self._timeout)
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._barrier_group = None
+        super().teardown()
+
+    # --- collectives ------------------------------------------------------------------------------
+
+    def _distributed(self) -> bool:
+        return dist.is_initialized() and self.world_size > 1
+
+    def barrier(self, name: str | None = None) -> None:
+        if self._distributed():
+            distributed.monitored_barrier(self._barrier_group, self._timeout, name)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return distributed.broadcast_object(obj, src) if self._distributed() else obj
+
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> Any:
+        return distributed.all_gather(tensor, sync_grads) if self._distributed() else tensor.unsqueeze(0)
+
+    def all_reduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = "mean") -> torch.Tensor:
+        parse_reduce_op(reduce_op)
+        if not self._distributed():
+            return super().all_reduce(tensor, reduce_op)
+        return distributed.all_reduce(tensor, reduce_op)

@@ -1,0 +1,90 @@
+"""Collectives over ``torch.distributed`` with the semantics Fabric documents, for any world size.
+
+- :func:`all_gather` stacks into ``(world_size, ...)``; tensors whose first dimension differs across
+  ranks are padded for the transfer and returned trimmed, as a list (one tensor per rank).
+- :func:`all_reduce` never mutates its input and never truncates an integer mean.
+- :func:`monitored_barrier` names the ranks that did not arrive instead of hanging forever.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+ReduceOp = Literal["mean", "sum", "max", "min"]
+REDUCE_OPS: tuple[ReduceOp, ...] = ("mean", "sum", "max", "min")
+
+
+def parse_reduce_op(reduce_op: str) -> ReduceOp:
+    if reduce_op not in REDUCE_OPS:
+        raise ValueError(f"reduce_op={reduce_op!r} is not supported. Accepted values: {list(REDUCE_OPS)}.")
+    return reduce_op
+
+
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def all_reduce(tensor: torch.Tensor, reduce_op: ReduceOp, group: Any = None) -> torch.Tensor:
+    """Reduce ``tensor`` across ranks into a new tensor (the input is left untouched)."""
+    result = tensor.clone()
+    if reduce_op == "mean" and not torch.is_floating_point(result):
+        result = result.to(torch.get_default_dtype())
+    dist.all_reduce(result, op=_REDUCE_OPS[reduce_op], group=group)
+    if reduce_op == "mean":
+        result /= dist.get_world_size(group)
+    return result
+
+
+def all_gather(tensor: torch.Tensor, sync_grads: bool = False, group: Any = None) -> torch.Tensor | list[torch.Tensor]:
+    """Gather ``tensor`` from every rank: a ``(world_size, ...)`` tensor, or a list if first dims differ.
+
+    With ``sync_grads=True`` gradients flow back to each rank's input through the gather.
+    """
+    tensor = tensor.contiguous()
+    shapes = _gather_shapes(tensor, group)
+    if any(len(shape) != tensor.dim() or shape[1:] != tuple(tensor.shape[1:]) for shape in shapes):
+        raise ValueError(f"all_gather needs tensors that differ at most in their first dimension; got shapes {shapes}.")
+    max_rows = max(shape[0] for shape in shapes) if tensor.dim() else 0
+    uneven = any(shape != shapes[0] for shape in shapes)
+    if uneven:
+        padding = torch.zeros(max_rows - tensor.shape[0], *tensor.shape[1:], dtype=tensor.dtype, device=tensor.device)
+        tensor = torch.cat([tensor, padding])
+    if sync_grads:
+        import torch.distributed.nn.functional as distributed_autograd  # imported on demand: rarely used
+
+        gathered = list(distributed_autograd.all_gather(tensor, group=group or dist.group.WORLD))  # type: ignore[no-untyped-call]
+    else:
+        gathered = [torch.empty_like(tensor) for _ in shapes]
+        dist.all_gather(gathered, tensor, group=group)
+    if uneven:
+        return [piece[: shape[0]] for piece, shape in zip(gathered, shapes, strict=True)]
+    return torch.stack(gathered)
+
+
+def _gather_shapes(tensor: torch.Tensor, group: Any) -> list[tuple[int, ...]]:
+    shapes: list[tuple[int, ...] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shapes, tuple(tensor.shape), group=group)
+    return [shape for shape in shapes if shape is not None]
+
+
+def broadcast_object(obj: Any, src: int, group: Any = None) -> Any:
+    """Send a tensor or any picklable object from rank ``src`` to every rank."""
+    container = [obj]
+    dist.broadcast_object_list(container, src=src, group=group)
+    return container[0]
+
+
+def monitored_barrier(group: Any, timeout: timedelta, name: str | None) -> None:
+    """A barrier that, after ``timeout``, raises naming every rank that did not arrive (gloo groups only)."""
+    try:
+        dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=True)
+    except RuntimeError as error:
+        where = f" at barrier {name!r}" if name else ""
+        raise RuntimeError(
+            f"Rank {dist.get_rank()} waited {timeout} for the others{where}: {error}. A collective, "
+            "`fabric.barrier()` or `fabric.save()` was probably called on some ranks only (e.g. under "
+            "`if fabric.global_rank == 0:`); call it on every rank."
+        ) from error
