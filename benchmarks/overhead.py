@@ -46,6 +46,12 @@ smallest and largest value. When that range is wide the machine was busy and the
 trust; the paired median is then the more robust of the two estimates. The load average before and
 after is printed for the same reason.
 
+``cpu-time ratio`` is a cross-check from ``time.process_time`` taken around the same runs: the
+median CPU time per step of fabric over that of plain. Time spent descheduled while another process
+holds the core does not count as CPU time, so for the single-threaded tiny workload it is far less
+sensitive to a busy machine than wall time. (With several threads it also counts the worker threads'
+spin-waiting, so it is only indicative there.)
+
 The compute-heavy workloads use many short rounds rather than a few long ones: on a shared machine
 load comes in bursts (another job taking both cores for a while), and with short rounds a burst spoils
 a few rounds, which the median discards, instead of a large share of the total time.
@@ -109,6 +115,7 @@ class Result:
     plain_us: float
     fabric_us: float
     ratio: float
+    cpu_ratio: float
     paired_median: float
     paired_min: float
     paired_max: float
@@ -231,13 +238,17 @@ def measure(workload: Workload, rounds: int) -> Result:
 
     plain_times: list[float] = []
     fabric_times: list[float] = []
+    plain_cpu: list[float] = []
+    fabric_cpu: list[float] = []
     for round_index in range(rounds):
-        order = ((plain, plain_times), (fabric, fabric_times))
+        order = ((plain, plain_times, plain_cpu), (fabric, fabric_times, fabric_cpu))
         if round_index % 2:
             order = order[::-1]
-        for loop, times in order:
+        for loop, times, cpu_times in order:
             gc.collect()
+            cpu_start = time.process_time()
             times.append(loop(workload.steps) / workload.steps * 1e6)
+            cpu_times.append((time.process_time() - cpu_start) / workload.steps * 1e6)
 
     paired = [f / p for p, f in zip(plain_times, fabric_times, strict=True)]
     plain_us = statistics.median(plain_times)
@@ -248,6 +259,7 @@ def measure(workload: Workload, rounds: int) -> Result:
         plain_us=plain_us,
         fabric_us=fabric_us,
         ratio=fabric_us / plain_us,
+        cpu_ratio=statistics.median(fabric_cpu) / statistics.median(plain_cpu),
         paired_median=statistics.median(paired),
         paired_min=min(paired),
         paired_max=max(paired),
@@ -258,16 +270,16 @@ def measure(workload: Workload, rounds: int) -> Result:
 def format_table(results: Sequence[Result]) -> str:
     header = (
         "| workload | model | batch | precision | threads | steps x rounds "
-        "| plain us/step | fabric us/step | delta us/step | fabric/plain | paired ratio [min-max] |"
+        "| plain us/step | fabric us/step | delta us/step | fabric/plain | paired ratio [min-max] | cpu-time ratio |"
     )
-    lines = [header, "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [header, "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in results:
         w = r.workload
         lines.append(
             f"| {w.name} | {'-'.join(map(str, w.sizes))} | {w.batch_size} | {w.precision} | {w.threads} "
             f"| {w.steps} x {r.rounds} | {r.plain_us:,.1f} | {r.fabric_us:,.1f} | {r.fabric_us - r.plain_us:+,.1f} "
             f"| {r.ratio:.3f} "
-            f"| {r.paired_median:.3f} [{r.paired_min:.3f}-{r.paired_max:.3f}] |"
+            f"| {r.paired_median:.3f} [{r.paired_min:.3f}-{r.paired_max:.3f}] | {r.cpu_ratio:.3f} |"
         )
     return "\n".join(lines)
 

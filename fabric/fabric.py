@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import sys
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -161,13 +160,13 @@ class Fabric:
             register_cleanup(self._end_distributed_job)
 
     def _end_distributed_job(self) -> None:
-        """At process exit: wait for the other ranks, then release the process group completely.
+        """At process exit: release the process group completely.
 
         Dropping the strategy wrappers (e.g. DDP, which holds the group) before interpreter shutdown is
-        what keeps gloo from aborting the process after the work is done (see ``process_exit``).
+        what keeps gloo from aborting the process after the work is done (see ``process_exit``). No
+        barrier first: a rank that exits early (``sys.exit``) must not wait for the others, and a peer's
+        last collective has already received this rank's data when this rank's copy of it returned.
         """
-        if getattr(sys, "last_value", None) is None:  # this rank ends normally: the others will too
-            self._strategy.barrier("end of job")
         for module in list(self._wrapped_modules):
             module.release_strategy_wrapper()
         self._strategy.teardown()
@@ -448,6 +447,14 @@ class Fabric:
     def seed_everything(seed: int | None = None) -> int:
         """Seed ``random``, NumPy and torch; see :func:`fabric.utilities.seed.seed_everything`."""
         return seed_everything(seed)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawned ranks receive a pickled copy; modules set up here are not theirs to track.
+        return {**self.__dict__, "_wrapped_modules": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._wrapped_modules = weakref.WeakSet()
 
     def __repr__(self) -> str:
         resolved = self._resolved

@@ -59,7 +59,7 @@ def test_unknown_precision_lists_every_accepted_value(bad: object) -> None:
     ("kwargs", "message"),
     [
         ({"accelerator": "tpu"}, "Unknown accelerator 'tpu'. Accepted values: 'auto', 'gpu', 'cuda', 'mps', 'cpu'"),
-        ({"strategy": "magic"}, "Unknown strategy 'magic'. Accepted values: 'auto', 'single_device'"),
+        ({"strategy": "magic"}, "Unknown strategy 'magic'. Accepted values: 'auto', 'single_device', 'ddp'"),
         ({"devices": "two"}, "devices='two' is not valid. Accepted: an int >= 1"),
         ({"devices": 0}, "devices=0 is not valid"),
         ({"devices": -2}, "devices=-2 is not valid"),
@@ -131,13 +131,6 @@ def test_explicit_argument_that_disagrees_with_the_cli_names_both() -> None:
 def test_bad_cli_variable_is_rejected_with_the_choices() -> None:
     with pytest.raises(ValueError, match="Unknown strategy 'magic'"):
         resolve(environ={**CLI, "FABRIC_STRATEGY": "magic"})
-
-
-def test_more_than_one_process_without_a_distributed_strategy_is_explained() -> None:
-    if "ddp" in STRATEGY_REGISTRY:
-        pytest.skip("ddp is registered")
-    with pytest.raises(ValueError, match="2 processes need a distributed strategy"):
-        resolve(devices=2, environ={})
 
 
 def test_plugins_and_strategy_objects_are_used_as_given() -> None:

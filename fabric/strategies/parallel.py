@@ -11,7 +11,12 @@ import torch
 import torch.distributed as dist
 
 from fabric.accelerators.accelerator import Accelerator
-from fabric.plugins.environments import ClusterEnvironment, LocalEnvironment, detect_environment
+from fabric.plugins.environments import (
+    ClusterEnvironment,
+    LocalEnvironment,
+    TorchElasticEnvironment,
+    detect_environment,
+)
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
@@ -125,10 +130,9 @@ class ParallelStrategy(Strategy):
         if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.num_processes))
         if not dist.is_initialized():
-            environment = self.cluster_environment
             dist.init_process_group(
                 self.process_group_backend,
-                init_method=f"tcp://{environment.main_address}:{environment.main_port}",
+                init_method=self._init_method(),
                 world_size=self.world_size,
                 rank=self.global_rank,
                 timeout=self._timeout,
@@ -136,6 +140,12 @@ class ParallelStrategy(Strategy):
         # Barriers run on their own gloo group: it can name missing ranks (monitored_barrier) and never
         # interleaves with the training collectives of the default group.
         self._barrier_group = dist.new_group(backend="gloo", timeout=self._timeout)
+
+    def _init_method(self) -> str:
+        environment = self.cluster_environment
+        if isinstance(environment, TorchElasticEnvironment):
+            return "env://"  # torchrun's agent already hosts the store at MASTER_PORT; join it as a client
+        return f"tcp://{environment.main_address}:{environment.main_port}"
 
     def teardown(self) -> None:
         if dist.is_initialized():

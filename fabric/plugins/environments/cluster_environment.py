@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import Any
 
 
 class ClusterEnvironment(ABC):
@@ -22,6 +23,19 @@ class ClusterEnvironment(ABC):
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The live os.environ cannot be pickled (spawned ranks get a copy of this object); a process
+        # that unpickles it reads its own live environment instead.
+        state = self.__dict__.copy()
+        if state["_environ"] is os.environ:
+            state["_environ"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state["_environ"] is None:
+            state["_environ"] = os.environ
+        self.__dict__.update(state)
 
     @property
     def environ(self) -> Mapping[str, str]:

@@ -1,0 +1,37 @@
+"""Jobs that go wrong on purpose: ``python ddp_failures.py MODE PID_DIR``.
+
+MODE: ``child_raises`` (rank 1 raises), ``child_exits_3`` (rank 1 calls sys.exit(3)), ``rank0_raises``,
+``only_rank0_barrier`` (rank 0 waits at a barrier that rank 1 never reaches).
+"""
+
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from fabric import Fabric
+from fabric.strategies.ddp import DDPStrategy
+
+mode, pid_dir = sys.argv[1], Path(sys.argv[2])
+fabric = Fabric(accelerator="cpu", strategy=DDPStrategy(timeout=timedelta(seconds=5)), devices=2)
+fabric.launch()
+pid_dir.mkdir(parents=True, exist_ok=True)
+(pid_dir / f"rank{fabric.global_rank}.pid").write_text(str(os.getpid()))
+fabric.barrier()  # both ranks are up
+if mode == "child_raises" and fabric.global_rank == 1:
+    raise ValueError("rank 1 fails on purpose")
+if mode == "child_exits_3" and fabric.global_rank == 1:
+    sys.exit(3)
+if mode == "rank0_raises" and fabric.global_rank == 0:
+    raise ValueError("rank 0 fails on purpose")
+if mode == "only_rank0_barrier":
+    if fabric.global_rank == 0:
+        fabric.barrier("only rank 0")
+    else:
+        fabric.all_reduce(torch.ones(1))
+# the surviving ranks keep working until they are stopped
+for _ in range(600):
+    time.sleep(0.1)

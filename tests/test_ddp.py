@@ -1,0 +1,153 @@
+"""DDP really running in several CPU processes over gloo, launched every way a user launches it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fabric.plugins.environments import find_free_port
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _run(args: list[str], timeout: float = 120, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, **kwargs)  # type: ignore[call-overload]
+
+
+def _results(out_dir: Path, world_size: int) -> list[dict]:
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(world_size)]
+
+
+@pytest.fixture(scope="module")
+def single_process_reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out_dir = tmp_path_factory.mktemp("reference")
+    result = _run([sys.executable, str(SCRIPTS / "ddp_train.py"), str(out_dir), "single_device", "1"])
+    assert result.returncode == 0, result.stderr
+    return _results(out_dir, 1)[0]
+
+
+def _assert_matches_reference(ranks: list[dict], reference: dict) -> None:
+    first = ranks[0]["params"]
+    for other in ranks[1:]:
+        for a, b in zip(first, other["params"], strict=True):
+            assert torch.equal(a, b), "parameters differ across ranks"
+    for a, b in zip(first, reference["params"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert ranks[0]["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+    assert ranks[0]["losses"][-1] < ranks[0]["losses"][0]
+
+
+def test_script_launch_trains_like_one_process_on_the_full_batch(
+    tmp_path: Path, single_process_reference: dict
+) -> None:
+    result = _run([sys.executable, str(SCRIPTS / "ddp_train.py"), str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    ranks = _results(tmp_path, 2)
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    _assert_matches_reference(ranks, single_process_reference)
+    # The sampler gave each rank a disjoint half of the data, every epoch.
+    per_epoch = [set(r["seen"][:32]) for r in ranks]
+    assert not per_epoch[0] & per_epoch[1] and per_epoch[0] | per_epoch[1] == set(range(64))
+
+
+def test_the_same_script_under_torchrun_gives_the_same_result(tmp_path: Path, single_process_reference: dict) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={find_free_port()}"]
+    result = _run([*command, str(SCRIPTS / "ddp_train.py"), str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    _assert_matches_reference(_results(tmp_path, 2), single_process_reference)
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
+def test_launch_function_returns_rank_zeros_result_with_tensors(strategy: str) -> None:
+    result = _run([sys.executable, str(SCRIPTS / "spawn_return.py"), strategy])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "rank=0 world=2 total=21.0 type=Tensor"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_collectives_return_the_documented_shapes_and_values(tmp_path: Path, world_size: int) -> None:
+    result = _run([sys.executable, str(SCRIPTS / "ddp_collectives.py"), str(tmp_path), str(world_size)])
+    assert result.returncode == 0, result.stderr
+    for rank, got in enumerate(_results(tmp_path, world_size)):
+        assert got["gather"].shape == (world_size, 2, 3)
+        assert got["gather"][:, 0, 0].tolist() == list(range(world_size))
+        assert got["gather_collection"]["a"].tolist() == list(range(world_size))
+        assert got["gather_collection"]["b"][0].shape == (world_size, 1)
+        assert [t.tolist() for t in got["gather_uneven"]] == [list(range(r + 1)) for r in range(world_size)]
+        assert got["sum"].item() == sum(range(1, world_size + 1))
+        assert got["int_mean"].dtype == torch.float32
+        assert got["int_mean"].item() == pytest.approx(sum(range(world_size)) / world_size)
+        assert got["max"].tolist() == [world_size - 1, 0]
+        assert got["min"].item() == 10
+        assert got["broadcast"]["from"] == world_size - 1
+        # Every rank's loss is the sum of all gathered values, so each input's gradient is summed over ranks.
+        assert got["sync_grads"].tolist() == [(rank + 1.0) * world_size] * 2, "gradients flow back through all_gather"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by a dead parent's init) no longer runs.
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+def _pids(pid_dir: Path) -> list[int]:
+    return [int(path.read_text()) for path in sorted(pid_dir.glob("rank*.pid"))]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected_code", "message"),
+    [
+        ("child_raises", 1, "local rank 1 (pid"),
+        ("child_exits_3", 3, "exited with code 3"),
+        ("rank0_raises", 1, "rank 0 fails on purpose"),
+    ],
+)
+def test_a_failing_rank_ends_the_whole_job_with_its_code(
+    tmp_path: Path, mode: str, expected_code: int, message: str
+) -> None:
+    start = time.monotonic()
+    result = _run([sys.executable, str(SCRIPTS / "ddp_failures.py"), mode, str(tmp_path)], timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode == expected_code, result.stderr
+    assert message in result.stderr
+    assert elapsed < 30, "the job should stop soon after the failure, not run until the surviving ranks finish"
+    assert len(_pids(tmp_path)) == 2
+    assert not any(_alive(pid) for pid in _pids(tmp_path)), "a rank was left running"
+
+
+def test_a_barrier_reached_by_one_rank_only_fails_naming_the_missing_rank(tmp_path: Path) -> None:
+    result = _run([sys.executable, str(SCRIPTS / "ddp_failures.py"), "only_rank0_barrier", str(tmp_path)], timeout=90)
+    assert result.returncode != 0
+    assert "barrier 'only rank 0'" in result.stderr
+    assert "1" in result.stderr.split("barrier 'only rank 0'")[1][:400]
+    assert not any(_alive(pid) for pid in _pids(tmp_path))
+
+
+def test_sigterm_to_rank_zero_stops_the_children(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "ddp_failures.py"), "wait", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while len(_pids(tmp_path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for the ranks to come up, not timing anything
+    assert len(_pids(tmp_path)) == 2
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in _pids(tmp_path)[1:]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in _pids(tmp_path)), "the child outlived a killed rank 0"
