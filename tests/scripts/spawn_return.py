@@ -15,6 +15,5 @@ def work(fabric: Fabric, offset: int) -> dict:
 if __name__ == "__main__":
     fabric = Fabric(accelerator="cpu", strategy=sys.argv[1], devices=2)
     result = fabric.launch(work, 10)
-    print(
-        f"rank={result['rank']} world={result['world']} total={result['total'].item()} type={type(result['total']).__name__}"
-    )
+    total = result["total"]
+    print(f"rank={result['rank']} world={result['world']} total={total.item()} type={type(total).__name__}")
