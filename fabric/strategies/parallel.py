@@ -111,6 +111,11 @@ class ParallelStrategy(Strategy):
         return self.parallel_devices[self.local_rank]
 
     @property
+    def timeout(self) -> timedelta:
+        """How long collectives and barriers wait for the other ranks."""
+        return self._timeout
+
+    @property
     def process_group_backend(self) -> str:
         if self._process_group_backend is not None:
             return self._process_group_backend
