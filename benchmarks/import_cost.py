@@ -21,17 +21,24 @@ the children with the environment as it is instead. Nothing is written inside th
 Each snippet runs once untimed (to warm the OS file cache and the bytecode cache), then all
 snippets run in interleaved rounds (snippet 1, 2, ..., 1, 2, ...), so drifts in machine load affect
 every snippet alike. Time is taken with ``time.perf_counter`` around ``subprocess.run`` and includes
-interpreter start-up and shutdown. The table shows the median and the minimum over the rounds, and
-the difference of the medians to ``import torch``.
+interpreter start-up and shutdown. The table shows the median and the minimum over the rounds, the
+difference of the medians to ``import torch``, and the paired difference: in each round the snippet's
+time minus that round's ``import torch`` time (runs seconds apart, so under the same machine load),
+median over the rounds.
 
-Then one more process runs ``from fabric import Fabric; Fabric(accelerator='cpu')`` and reports
-whether ``torch._dynamo`` (slow to import, and only needed for ``torch.compile``) ended up in
-``sys.modules`` -- it should not -- and how many modules Fabric added beyond ``import torch``.
+A difference of two ~1.4 s process times is noisy, so a second table times the steps inside one
+process: ``repeats`` fresh processes each time ``import torch``, then ``import fabric``, then
+``from fabric import Fabric``, then ``Fabric(accelerator='cpu')``, each step on its own (each row is the
+increment over the rows above it). The same processes report whether ``torch._dynamo`` (slow to
+import, and only needed for ``torch.compile``) ended up in ``sys.modules`` -- it should not -- and
+which modules Fabric added beyond ``import torch``.
 
 How to read it
 --------------
-``vs import torch`` is what a user pays for Fabric at start-up. Differences of a few milliseconds are
-within noise on a busy machine; compare against the spread between median and minimum.
+``vs import torch`` is what a user pays for Fabric at start-up; the in-process table splits it into
+importing the package, importing the core and constructing a ``Fabric``. Differences of a few milliseconds are
+within noise on a busy machine; compare against the spread between median and minimum. When the two
+delta columns disagree, load came in bursts during the run and the paired column is the more robust.
 
 Usage::
 
@@ -65,18 +72,26 @@ SNIPPETS: tuple[tuple[str, str], ...] = (
 )
 BASELINE = "import torch"
 
-MODULES_PROBE = """
-import json, sys
+# One process, each step timed on its own: fabric's increments without the noise of torch's import.
+PROBE = """
+import json, sys, time
+t0 = time.perf_counter()
 import torch
+t1 = time.perf_counter()
 before = set(sys.modules)
+import fabric
+t2 = time.perf_counter()
 from fabric import Fabric
+t3 = time.perf_counter()
 Fabric(accelerator="cpu")
-added = sorted(set(sys.modules) - before)
+t4 = time.perf_counter()
 print(json.dumps({
+    "ms": [(t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3],
     "dynamo": "torch._dynamo" in sys.modules,
-    "added": added,
+    "added": sorted(set(sys.modules) - before),
 }))
 """
+PROBE_STEPS = ("import torch", "import fabric", "from fabric import Fabric", "Fabric(accelerator='cpu')")
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,7 @@ class Timing:
     code: str
     median_ms: float
     min_ms: float
+    paired_delta_ms: float
 
 
 def child_env(pycache_prefix: Path | None) -> dict[str, str]:
@@ -110,26 +126,54 @@ def measure(snippets: Sequence[tuple[str, str]], repeats: int, env: dict[str, st
     for _ in range(repeats):
         for label, code in snippets:
             samples[label].append(run_once(code, env))
-    return [Timing(label, code, statistics.median(samples[label]), min(samples[label])) for label, code in snippets]
+    baseline = samples[BASELINE]
+    return [
+        Timing(
+            label,
+            code,
+            statistics.median(samples[label]),
+            min(samples[label]),
+            statistics.median(t - b for t, b in zip(samples[label], baseline, strict=True)),
+        )
+        for label, code in snippets
+    ]
 
 
-def probe_modules(env: dict[str, str]) -> dict[str, object]:
+@dataclass(frozen=True)
+class Probe:
+    ms: list[float]  # one per PROBE_STEPS entry
+    dynamo: bool
+    added: list[str]
+
+
+def run_probe(env: dict[str, str]) -> Probe:
     completed = subprocess.run(
-        [sys.executable, "-c", MODULES_PROBE], check=True, cwd=REPO_ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-c", PROBE], check=True, cwd=REPO_ROOT, env=env, capture_output=True, text=True
     )
-    result: dict[str, object] = json.loads(completed.stdout.strip().splitlines()[-1])
-    return result
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    return Probe(ms=result["ms"], dynamo=result["dynamo"], added=result["added"])
+
+
+def format_probe_table(probes: Sequence[Probe]) -> str:
+    lines = ["| step, timed inside one process | median ms | min ms |", "|---|---:|---:|"]
+    for index, step in enumerate(PROBE_STEPS):
+        values = [probe.ms[index] for probe in probes]
+        lines.append(f"| `{step}` | {statistics.median(values):.1f} | {min(values):.1f} |")
+    return "\n".join(lines)
 
 
 def format_table(timings: Sequence[Timing]) -> str:
     baseline = next(t.median_ms for t in timings if t.label == BASELINE)
     lines = [
-        "| command | median ms | min ms | vs import torch (median) |",
-        "|---|---:|---:|---:|",
+        "| command | median ms | min ms | vs import torch (medians) | vs import torch (paired) |",
+        "|---|---:|---:|---:|---:|",
     ]
     for t in timings:
-        delta = "baseline" if t.label == BASELINE else f"{t.median_ms - baseline:+.1f} ms"
-        lines.append(f'| `python -c "{t.code}"` | {t.median_ms:.1f} | {t.min_ms:.1f} | {delta} |')
+        if t.label == BASELINE:
+            delta = paired = "baseline"
+        else:
+            delta, paired = f"{t.median_ms - baseline:+.1f} ms", f"{t.paired_delta_ms:+.1f} ms"
+        lines.append(f'| `python -c "{t.code}"` | {t.median_ms:.1f} | {t.min_ms:.1f} | {delta} | {paired} |')
     return "\n".join(lines)
 
 
@@ -162,11 +206,14 @@ def report(repeats: int, env: dict[str, str], private_cache: bool) -> None:
 
     print(format_table(measure(SNIPPETS, repeats, env)))
 
-    probe = probe_modules(env)
-    added = probe["added"]
-    assert isinstance(added, list)
+    probes = [run_probe(env) for _ in range(repeats)]
+    print()
+    print(format_probe_table(probes))
+
+    added = probes[-1].added
     third_party = sorted({name.split(".")[0] for name in added} - {"fabric", "torch"})
-    dynamo = "yes (unexpected)" if probe["dynamo"] else "no (as expected)"
+    dynamo_runs = sum(probe.dynamo for probe in probes)
+    dynamo = f"yes in {dynamo_runs} of {len(probes)} runs (unexpected)" if dynamo_runs else "no (as expected)"
     print()
     print(f"- torch._dynamo in sys.modules after `from fabric import Fabric; Fabric(accelerator='cpu')`: {dynamo}")
     print(

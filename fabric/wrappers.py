@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -37,7 +38,6 @@ class FabricModule(nn.Module):
         self._original_module = original_module if original_module is not None else forward_module
         self._strategy = strategy
         self._forward_methods: set[str] = set()
-        self._fabric_backward_pending = False
 
     @property
     def module(self) -> nn.Module:
@@ -111,10 +111,12 @@ def _guard_backward(output: Any, strategy: Strategy) -> None:
             )
         return grad
 
-    tensors = [output] if isinstance(output, torch.Tensor) else output if isinstance(output, (tuple, list)) else []
-    for tensor in tensors:
-        if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+    def guard(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.requires_grad:
             tensor.register_hook(check)  # type: ignore[no-untyped-call]
+        return tensor
+
+    apply_to_collection(output, torch.Tensor, guard)
 
 
 class FabricOptimizer:
@@ -156,10 +158,6 @@ def wrap_optimizer(optimizer: OptimizerT, strategy: Strategy) -> OptimizerT:
     wrapped: OptimizerT = object.__new__(wrapper_class)
     object.__setattr__(wrapped, "__dict__", optimizer.__dict__)
     return wrapped
-
-
-def is_wrapped_optimizer(obj: object) -> bool:
-    return isinstance(obj, FabricOptimizer)
 
 
 class FabricDataLoader:
