@@ -149,7 +149,7 @@ def plain_loop(model: nn.Module, optimizer: Optimizer, loader: DataLoader[tuple[
             for x, y in loader:
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(model(x), y)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 optimizer.step()
                 step += 1
                 if step == steps:
@@ -171,7 +171,7 @@ def plain_autocast_loop(
                     output = model(x)
                 # Fabric's bf16-mixed plugin hands back float32 outputs; do the same cast here.
                 loss = F.cross_entropy(output.float(), y)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 optimizer.step()
                 step += 1
                 if step == steps:

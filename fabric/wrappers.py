@@ -36,6 +36,9 @@ class FabricModule(nn.Module):
         # ``_forward_module`` may be a strategy wrapper (e.g. DDP) around ``_original_module``.
         self._forward_module = forward_module
         self._original_module = original_module if original_module is not None else forward_module
+        # A plain attribute (submodules live in ``_modules``, behind the slower ``__getattr__``) for the
+        # per-step call.
+        self.__dict__["_forward_call"] = forward_module
         self._strategy = strategy
         self._forward_methods: set[str] = set()
 
@@ -45,7 +48,10 @@ class FabricModule(nn.Module):
         return self._original_module
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._run(self._forward_module, args, kwargs)
+        precision = self._strategy.precision
+        if precision.forward_is_identity:
+            return self._forward_call(*args, **kwargs)
+        return self._run(self._forward_call, args, kwargs)
 
     def _run(self, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         precision = self._strategy.precision
@@ -62,6 +68,7 @@ class FabricModule(nn.Module):
     def release_strategy_wrapper(self) -> None:
         """Forward straight to the original module from now on, dropping e.g. the DDP wrapper (at exit)."""
         self._forward_module = self._original_module
+        self.__dict__["_forward_call"] = self._original_module
 
     def mark_forward_method(self, method: str | Callable[..., Any]) -> None:
         """Route calls of another method (e.g. ``generate``) through the same precision path as forward."""

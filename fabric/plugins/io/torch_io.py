@@ -9,9 +9,7 @@ import uuid
 import zipfile
 from typing import Any
 
-import fsspec
 import torch
-from fsspec.implementations.local import LocalFileSystem
 
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
 from fabric.utilities.exceptions import CheckpointError
@@ -26,13 +24,13 @@ class TorchCheckpointIO(CheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathType) -> None:
-        fs, target = fsspec.core.url_to_fs(os.fspath(path))
+        fs, target = _filesystem(path)
         parent, _, filename = target.rstrip("/").rpartition("/")
         if parent:
             fs.makedirs(parent, exist_ok=True)
         temporary = f"{parent}/.{filename}.tmp-{uuid.uuid4().hex}"
         try:
-            if isinstance(fs, LocalFileSystem):
+            if _is_local(fs):
                 _save_local(checkpoint, temporary, target)
             else:
                 buffer = io.BytesIO()  # remote writers are often not seekable, which torch.save needs
@@ -45,7 +43,7 @@ class TorchCheckpointIO(CheckpointIO):
             raise
 
     def load_checkpoint(self, path: PathType, *, weights_only: bool = True) -> Any:
-        fs, target = fsspec.core.url_to_fs(os.fspath(path))
+        fs, target = _filesystem(path)
         if not fs.exists(target):
             raise FileNotFoundError(f"No checkpoint at {os.fspath(path)!r}.")
         if fs.isdir(target):
@@ -72,7 +70,7 @@ class TorchCheckpointIO(CheckpointIO):
                 ) from error
 
     def remove_checkpoint(self, path: PathType) -> None:
-        fs, target = fsspec.core.url_to_fs(os.fspath(path))
+        fs, target = _filesystem(path)
         if fs.exists(target):
             fs.rm(target, recursive=True)
 
@@ -108,3 +106,16 @@ def _save_local(checkpoint: dict[str, Any], temporary: str, target: str) -> None
         os.fsync(directory)  # make the rename itself durable
     finally:
         os.close(directory)
+
+
+def _filesystem(path: PathType) -> tuple[Any, str]:
+    """The fsspec filesystem holding ``path`` and the path within it (fsspec loads on first use)."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(os.fspath(path))  # type: ignore[no-any-return]
+
+
+def _is_local(fs: Any) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(fs, LocalFileSystem)
