@@ -90,6 +90,10 @@ def test_collectives_return_the_documented_shapes_and_values(tmp_path: Path, wor
         assert got["broadcast"]["from"] == world_size - 1
         # Every rank's loss is the sum of all gathered values, so each input's gradient is summed over ranks.
         assert got["sync_grads"].tolist() == [(rank + 1.0) * world_size] * 2, "gradients flow back through all_gather"
+        assert got["grad_unsynced"].tolist() == [[rank + 1.0] * 3]
+        mean_of_ranks = sum(range(1, world_size + 1)) / world_size
+        assert got["grad_synced"].tolist() == [[pytest.approx(2 * mean_of_ranks)] * 3]  # accumulated, averaged
+        assert got["loaded_from"] == 0
 
 
 def _alive(pid: int) -> bool:

@@ -53,15 +53,30 @@ def all_gather(tensor: torch.Tensor, sync_grads: bool = False, group: Any = None
         padding = torch.zeros(max_rows - tensor.shape[0], *tensor.shape[1:], dtype=tensor.dtype, device=tensor.device)
         tensor = torch.cat([tensor, padding])
     if sync_grads:
-        import torch.distributed.nn.functional as distributed_autograd  # imported on demand: rarely used
-
-        gathered = list(distributed_autograd.all_gather(tensor, group=group or dist.group.WORLD))  # type: ignore[no-untyped-call]
+        gathered = list(_AllGatherWithGrad.apply(tensor, group))  # type: ignore[no-untyped-call]
     else:
         gathered = [torch.empty_like(tensor) for _ in shapes]
         dist.all_gather(gathered, tensor, group=group)
     if uneven:
         return [piece[: shape[0]] for piece, shape in zip(gathered, shapes, strict=True)]
     return torch.stack(gathered)
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """``all_gather`` whose backward sends each rank the sum over ranks of the gradient of its piece."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> tuple[torch.Tensor, ...]:
+        ctx.group = group
+        gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, tensor, group=group)
+        return tuple(gathered)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
+        stacked = torch.stack(grads)
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM, group=ctx.group)
+        return stacked[dist.get_rank(ctx.group)], None
 
 
 def _gather_shapes(tensor: torch.Tensor, group: Any) -> list[tuple[int, ...]]:

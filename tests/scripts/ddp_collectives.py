@@ -25,6 +25,24 @@ grad_input = torch.ones(2, requires_grad=True)
 gathered = fabric.all_gather(grad_input * (rank + 1), sync_grads=True)
 gathered.sum().backward()
 results["sync_grads"] = grad_input.grad
+
+# Gradient accumulation: inside no_backward_sync each rank keeps its own gradient; the next backward
+# outside it averages the accumulated sums across ranks.
+torch.manual_seed(0)
+model = fabric.setup(torch.nn.Linear(3, 1, bias=False))
+inputs = torch.full((1, 3), float(rank + 1))
+with fabric.no_backward_sync(model):
+    model(inputs).sum().backward()
+results["grad_unsynced"] = model.module.weight.grad.clone()
+fabric.backward(model(inputs).sum())
+results["grad_synced"] = model.module.weight.grad.clone()
+
+# Checkpoints: rank 0 writes, every rank reads.
+checkpoint = out_dir / "shared.pt"
+fabric.save(checkpoint, {"model": model, "written_by": rank})
+state = {"model": model, "written_by": -1}
+fabric.load(checkpoint, state)
+results["loaded_from"] = state["written_by"]
 fabric.barrier("done")
 out_dir.mkdir(parents=True, exist_ok=True)
 torch.save(results, out_dir / f"rank{rank}.pt")
