@@ -6,26 +6,14 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fabric.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
     from fabric.utilities.seed import seed_everything
 
 __version__ = "0.1.0"
-
-_LAZY_ATTRIBUTES = {
-    "Fabric": "fabric.fabric",
-    "seed_everything": "fabric.utilities.seed",
-}
-
 __all__ = ["Fabric", "__version__", "seed_everything"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_ATTRIBUTES:
-        value = getattr(importlib.import_module(_LAZY_ATTRIBUTES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fabric' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"Fabric": "fabric.fabric", "seed_everything": "fabric.utilities.seed"})

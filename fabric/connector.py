@@ -20,11 +20,14 @@ from typing import Any
 
 import torch
 
-from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
+from fabric.accelerators.accelerator import Accelerator
+from fabric.accelerators.registry import ACCELERATOR_REGISTRY, SPECIAL_ACCELERATORS, accelerator_choices
 from fabric.plugins.environments import ClusterEnvironment
 from fabric.plugins.io.checkpoint_io import CheckpointIO
-from fabric.plugins.precision import PRECISION_REGISTRY, Precision, parse_precision
-from fabric.strategies import STRATEGY_REGISTRY, Strategy
+from fabric.plugins.precision.precision import Precision
+from fabric.plugins.precision.registry import PRECISION_REGISTRY, parse_precision
+from fabric.strategies.registry import STRATEGY_REGISTRY, strategy_choices
+from fabric.strategies.strategy import Strategy
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS
 from fabric.utilities.device_parser import DeviceRequest, DevicesArg, parse_devices
 
@@ -37,11 +40,11 @@ _GPU_ACCELERATORS = ("cuda", "mps")
 
 
 def _parse_accelerator(value: AcceleratorArg) -> AcceleratorArg:
-    if isinstance(value, Accelerator) or value in ("auto", "gpu"):
+    if isinstance(value, Accelerator) or value in SPECIAL_ACCELERATORS:
         return value
     if not isinstance(value, str) or value not in ACCELERATOR_REGISTRY:
-        accepted = ["auto", "gpu", *ACCELERATOR_REGISTRY.choices()]
-        raise ValueError(f"Unknown accelerator {value!r}. Accepted values: {', '.join(map(repr, accepted))}.")
+        accepted = ", ".join(map(repr, accelerator_choices()))
+        raise ValueError(f"Unknown accelerator {value!r}. Accepted values: {accepted}.")
     return ACCELERATOR_REGISTRY.canonical_name(value)
 
 
@@ -49,8 +52,8 @@ def _parse_strategy(value: StrategyArg) -> StrategyArg:
     if isinstance(value, Strategy) or value == "auto":
         return value
     if not isinstance(value, str) or value not in STRATEGY_REGISTRY:
-        accepted = ["auto", *STRATEGY_REGISTRY.choices()]
-        raise ValueError(f"Unknown strategy {value!r}. Accepted values: {', '.join(map(repr, accepted))}.")
+        accepted = ", ".join(map(repr, strategy_choices()))
+        raise ValueError(f"Unknown strategy {value!r}. Accepted values: {accepted}.")
     return STRATEGY_REGISTRY.canonical_name(value)
 
 

@@ -1,15 +1,25 @@
-"""Accelerators: which device type a process runs on. ``ACCELERATOR_REGISTRY`` maps names to classes."""
+"""Accelerators: which device type a process runs on. Classes load on first use; the registry is light."""
 
-from fabric.accelerators.accelerator import Accelerator
-from fabric.accelerators.cpu import CPUAccelerator
-from fabric.accelerators.cuda import CUDAAccelerator
-from fabric.accelerators.mps import MPSAccelerator
-from fabric.utilities.registry import Registry
+from __future__ import annotations
 
-#: Registration order is the order ``accelerator="auto"`` tries them in.
-ACCELERATOR_REGISTRY: Registry[Accelerator] = Registry("accelerator")
-ACCELERATOR_REGISTRY.register("cuda", CUDAAccelerator, description="NVIDIA/AMD GPUs through CUDA/ROCm")
-ACCELERATOR_REGISTRY.register("mps", MPSAccelerator, description="Apple silicon GPU")
-ACCELERATOR_REGISTRY.register("cpu", CPUAccelerator, description="the CPU; devices count processes")
+from typing import TYPE_CHECKING
+
+from fabric.accelerators.registry import ACCELERATOR_REGISTRY
+from fabric.utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fabric.accelerators.accelerator import Accelerator
+    from fabric.accelerators.cpu import CPUAccelerator
+    from fabric.accelerators.cuda import CUDAAccelerator
+    from fabric.accelerators.mps import MPSAccelerator
 
 __all__ = ["ACCELERATOR_REGISTRY", "Accelerator", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator"]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Accelerator": "fabric.accelerators.accelerator",
+        "CPUAccelerator": "fabric.accelerators.cpu",
+        "CUDAAccelerator": "fabric.accelerators.cuda",
+        "MPSAccelerator": "fabric.accelerators.mps",
+    },
+)

@@ -1,0 +1,302 @@
+"""Cost of Fabric for a 2-process DDP job on CPU (gloo), against the same job in raw PyTorch.
+
+What is measured
+----------------
+One fixed job, three ways to run it on 2 CPU ranks:
+
+* **(a) raw + torchrun**: ``benchmarks/ddp_jobs/raw_ddp_job.py``, plain PyTorch
+  (``init_process_group("gloo")``, ``DistributedDataParallel``, ``DistributedSampler``,
+  ``destroy_process_group()`` at the end), started by ``python -m torch.distributed.run --nproc_per_node=2``.
+  This is the reference for every ratio.
+* **(b) fabric, in-script**: ``benchmarks/ddp_jobs/fabric_ddp_job.py`` started as ``python job.py``;
+  ``Fabric(accelerator="cpu", strategy="ddp", devices=2).launch()`` starts rank 1 itself.
+* **(c) fabric + torchrun**: the same Fabric script started by torchrun (``fabric.launch()`` only joins).
+
+The job: MLP 32-64-10, SGD with momentum, batch 64 per rank, 200 optimizer steps, synthetic data
+made in the script (no downloads), ``torch.set_num_threads(1)`` in each rank. Both scripts use the
+same seed, data, initial weights and batch order, so all three variants end with bitwise identical
+parameters (the notes show a hash of them, and whether the two ranks of every run agreed).
+
+Two numbers per variant:
+
+* **whole job**: wall time of the launching command, from ``subprocess`` start to exit, measured
+  here; it includes interpreter start-up, ``import torch``, the rendezvous, training, and shutdown
+  (for torchrun also its agent process).
+* **steady state**: measured inside the job. After 50 steps (``--warmup``) the ranks meet at a
+  barrier, steps 50..200 are timed with ``time.perf_counter``, and rank 0 prints the slower rank's
+  microseconds per step in a ``DDP_JOB_RESULT {json}`` line that this script parses.
+
+How it is measured
+------------------
+Each variant runs once untimed (file cache, bytecode cache). Then ``--rounds`` rounds each run all
+three variants one after the other, rotating which goes first, so slow drifts of the machine load hit
+them alike. The table shows medians over the rounds and the ratio of medians to (a). ``paired`` is
+the ratio to (a) within each round (runs seconds apart, under the same load): its median and, in
+brackets, its smallest and largest value; a wide range means a busy machine, and the paired median
+is then the more robust estimate. The load average before and after is printed for the same reason.
+
+Bytecode: the jobs get a private, temporary bytecode cache (``PYTHONPYCACHEPREFIX``, with
+``PYTHONDONTWRITEBYTECODE`` removed), filled by the untimed run, as in an ordinary installation.
+Otherwise an environment that sets ``PYTHONDONTWRITEBYTECODE`` would recompile the editable fabric
+checkout in every process but not torch. ``--inherit-env`` passes this environment unchanged.
+Each torchrun run gets a free port (bound to port 0) for ``--master_port``.
+
+How to read it
+--------------
+Targets: steady state of (b) and (c) within 1.03x of (a); whole job of (b) and (c) within 1.05x of
+(a). A step here is ~1-3 ms, dominated by the gloo all-reduce between two processes, so a few
+percent is within noise on a shared 2-core machine: look at the paired range before reading a
+difference into it. Any non-zero exit is listed under the table with the end of its stderr.
+
+Usage::
+
+    python benchmarks/ddp.py                  # 7 rounds, ~2 minutes on 2 cores
+    python benchmarks/ddp.py --quick          # 2 rounds, 60 steps
+    python benchmarks/ddp.py --rounds 11
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+JOBS_DIR = Path(__file__).resolve().parent / "ddp_jobs"
+RAW_JOB = JOBS_DIR / "raw_ddp_job.py"
+FABRIC_JOB = JOBS_DIR / "fabric_ddp_job.py"
+RESULT_PREFIX = "DDP_JOB_RESULT "
+STEADY_TARGET = 1.03
+WHOLE_JOB_TARGET = 1.05
+TIMEOUT_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    key: str
+    name: str
+    script: Path
+    torchrun: bool
+    extra_args: tuple[str, ...] = ()
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("a", "raw DDP + torchrun", RAW_JOB, torchrun=True, extra_args=("--cleanup", "destroy")),
+    Variant("b", "fabric, in-script (python job.py)", FABRIC_JOB, torchrun=False),
+    Variant("c", "fabric + torchrun", FABRIC_JOB, torchrun=True),
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    variant: Variant
+    wall_seconds: float
+    returncode: int | None  # None: timed out
+    result: dict[str, object] | None
+    stderr: str
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def command(variant: Variant, steps: int, warmup: int) -> list[str]:
+    job = [str(variant.script), "--steps", str(steps), "--warmup", str(warmup), *variant.extra_args]
+    if not variant.torchrun:
+        return [sys.executable, *job]
+    launcher = ["-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2"]
+    return [sys.executable, *launcher, "--master_addr=127.0.0.1", f"--master_port={find_free_port()}", *job]
+
+
+def child_env(pycache_prefix: Path | None) -> dict[str, str]:
+    """The jobs' environment: ours, with a private bytecode cache unless ``pycache_prefix`` is None."""
+    env = dict(os.environ)
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS"):
+        env.pop(name, None)  # a clean start: no rank variables or thread settings leak into the jobs
+    if pycache_prefix is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache_prefix)
+    return env
+
+
+def run_job(variant: Variant, steps: int, warmup: int, env: dict[str, str]) -> Run:
+    cmd = command(variant, steps, warmup)
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=TIMEOUT_SECONDS)
+        returncode: int | None = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)  # the job's own process group (start_new_session): its ranks too
+        stdout, stderr = process.communicate()
+        returncode = None
+    wall = time.perf_counter() - start
+    result = None
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX) :])
+    return Run(variant, wall, returncode, result, stderr)
+
+
+def _load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def _us(run: Run) -> float | None:
+    value = run.result.get("us_per_step") if run.result else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _ok(run: Run) -> bool:
+    return run.returncode == 0 and _us(run) is not None
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _paired(rounds: Sequence[dict[str, Run]], key: str, metric: str) -> list[float]:
+    ratios = []
+    for runs in rounds:
+        reference, run = runs["a"], runs[key]
+        if not (_ok(reference) and _ok(run)):
+            continue
+        if metric == "wall":
+            ratios.append(run.wall_seconds / reference.wall_seconds)
+        else:
+            ratios.append((_us(run) or 0.0) / (_us(reference) or 1.0))
+    return ratios
+
+
+def _range(values: Sequence[float]) -> str:
+    if not values:
+        return "n/a"
+    return f"{_median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def format_table(rounds: Sequence[dict[str, Run]]) -> str:
+    lines = [
+        "| variant | ok runs | whole job s (median) | vs (a) | paired [min-max] "
+        "| steady us/step (median) | vs (a) | paired [min-max] |",
+        "|---|---:|---:|---:|---|---:|---:|---|",
+    ]
+    reference_wall = _median([r["a"].wall_seconds for r in rounds if _ok(r["a"])])
+    reference_us = _median([_us(r["a"]) or 0.0 for r in rounds if _ok(r["a"])])
+    for variant in VARIANTS:
+        runs = [r[variant.key] for r in rounds]
+        ok = [run for run in runs if _ok(run)]
+        wall = _median([run.wall_seconds for run in ok])
+        us = _median([_us(run) or 0.0 for run in ok])
+        is_reference = variant.key == "a"
+        lines.append(
+            f"| ({variant.key}) {variant.name} | {len(ok)}/{len(runs)} | {wall:.3f} "
+            f"| {'1.000' if is_reference else f'{wall / reference_wall:.3f}'} "
+            f"| {'-' if is_reference else _range(_paired(rounds, variant.key, 'wall'))} "
+            f"| {us:,.0f} | {'1.000' if is_reference else f'{us / reference_us:.3f}'} "
+            f"| {'-' if is_reference else _range(_paired(rounds, variant.key, 'us'))} |"
+        )
+    return "\n".join(lines)
+
+
+def notes(rounds: Sequence[dict[str, Run]]) -> list[str]:
+    lines: list[str] = []
+    reference_wall = _median([r["a"].wall_seconds for r in rounds if _ok(r["a"])])
+    reference_us = _median([_us(r["a"]) or 0.0 for r in rounds if _ok(r["a"])])
+    hashes: set[str] = set()
+    for variant in VARIANTS:
+        runs = [r[variant.key] for r in rounds]
+        results = [run.result for run in runs if run.result is not None]
+        identical = sum(1 for res in results if res.get("replicas_identical") is True)
+        hashes.update(str(res.get("param_hash")) for res in results)
+        threads = sorted({str(res.get("threads")) for res in results})
+        lines.append(
+            f"- ({variant.key}) {variant.name}: both ranks ended with identical parameters in "
+            f"{identical}/{len(runs)} runs; threads per rank: {', '.join(threads) or 'n/a'}"
+        )
+    lines.append(
+        f"- final-parameter hash over all runs of all variants: {', '.join(sorted(hashes))} "
+        f"({'one value: every run did identical work' if len(hashes) == 1 else 'DIFFERENT values'})"
+    )
+    for variant in VARIANTS[1:]:
+        ok = [r[variant.key] for r in rounds if _ok(r[variant.key])]
+        steady = _median([_us(run) or 0.0 for run in ok]) / reference_us
+        whole = _median([run.wall_seconds for run in ok]) / reference_wall
+        lines.append(
+            f"- ({variant.key}) steady state {steady:.3f}x raw DDP (target <= {STEADY_TARGET:.2f}): "
+            f"{'PASS' if steady <= STEADY_TARGET else 'FAIL'}; whole job {whole:.3f}x raw torchrun "
+            f"(target <= {WHOLE_JOB_TARGET:.2f}): {'PASS' if whole <= WHOLE_JOB_TARGET else 'FAIL'}"
+        )
+    failures = [run for runs in rounds for run in runs.values() if not _ok(run)]
+    if not failures:
+        lines.append("- every timed run exited 0 and reported its result")
+    for run in failures:
+        code = "timeout" if run.returncode is None else f"exit {run.returncode}"
+        tail = "\n".join(run.stderr.strip().splitlines()[-15:])
+        lines.append(f"- FAILED run of ({run.variant.key}) {run.variant.name}: {code}; end of stderr:\n```\n{tail}\n```")
+    return lines
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps per job (default 200)")
+    parser.add_argument("--warmup", type=int, default=50, help="untimed steps before the timed ones (default 50)")
+    parser.add_argument("--inherit-env", action="store_true", help="no private bytecode cache for the jobs")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 60 steps")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.steps, args.warmup = 2, 60, 20
+    if not 0 <= args.warmup < args.steps:
+        parser.error("--warmup must be at least 0 and smaller than --steps")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    import torch  # only for the header; the jobs import it themselves
+
+    print(
+        f"# Fabric DDP job vs raw DDP | torch {torch.__version__} | 2 ranks, gloo, CPU | {os.cpu_count()} cores "
+        f"| MLP 32-64-10, batch 64/rank, {args.steps} steps, steps {args.warmup}..{args.steps} timed, 1 thread/rank"
+    )
+    print(f"# medians over {args.rounds} interleaved rounds; ratios vs (a) raw DDP + torchrun")
+    print(f"# load average before: {_load()}\n", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="fabric-ddp-bench-pycache-") as cache:
+        env = child_env(None if args.inherit_env else Path(cache))
+        for variant in VARIANTS:  # untimed: fills the file and bytecode caches
+            warm = run_job(variant, args.steps, args.warmup, env)
+            print(f"  warm-up ({variant.key}): exit {warm.returncode}, {warm.wall_seconds:.2f} s", flush=True)
+        rounds: list[dict[str, Run]] = []
+        for index in range(args.rounds):
+            order = VARIANTS[index % len(VARIANTS) :] + VARIANTS[: index % len(VARIANTS)]
+            runs = {variant.key: run_job(variant, args.steps, args.warmup, env) for variant in order}
+            rounds.append(runs)
+            summary = ", ".join(
+                f"({v.key}) {runs[v.key].wall_seconds:.2f} s / {_us(runs[v.key]) or float('nan'):,.0f} us"
+                for v in VARIANTS
+            )
+            print(f"  round {index + 1}/{args.rounds}: {summary}", flush=True)
+
+    print(f"\n# load average after: {_load()}\n")
+    print(format_table(rounds))
+    print()
+    for line in notes(rounds):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""Lazy package exports (PEP 562), so that importing a package does not import torch or heavy backends."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` that imports ``name`` from the module ``exports[name]`` on first use."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(exports[name]), name)
+        setattr(sys.modules[package], name, value)  # later lookups skip this function
+        return value
+
+    return __getattr__
