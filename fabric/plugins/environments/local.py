@@ -56,6 +56,9 @@ class LocalEnvironment(ClusterEnvironment):
         return True
 
     def world_size(self) -> int:
+        """The launcher's ``WORLD_SIZE`` in a process it started (nodes may be uneven), else the strategy's."""
+        if self.creates_processes_externally and "WORLD_SIZE" in self._environ:
+            return self._int("WORLD_SIZE")
         return self._world_size
 
     def set_world_size(self, size: int) -> None:
@@ -65,6 +68,9 @@ class LocalEnvironment(ClusterEnvironment):
         self._world_size = size
 
     def global_rank(self) -> int:
+        """The launcher's ``RANK`` in a process it started, else the rank the strategy assigned."""
+        if self.creates_processes_externally and "RANK" in self._environ:
+            return self._int("RANK")
         return self._global_rank
 
     def set_global_rank(self, rank: int) -> None:
@@ -75,6 +81,18 @@ class LocalEnvironment(ClusterEnvironment):
 
     def local_rank(self) -> int:
         return self._int("LOCAL_RANK", default=0)
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """In a launched process, the processes per node must be what ``devices`` asks for: else the
+        rendezvous would wait forever for ranks that were never started."""
+        if self.creates_processes_externally and "LOCAL_WORLD_SIZE" in self._environ:
+            started = self._int("LOCAL_WORLD_SIZE")
+            if started != num_devices:
+                raise ValueError(
+                    f"The launcher started {started} processes on this node (LOCAL_WORLD_SIZE={started}), but "
+                    f"Fabric(devices=...) resolved to {num_devices}. Make them agree, e.g. pass the same --devices "
+                    "to the launcher and to Fabric, or leave devices out of one of them."
+                )
 
     def node_rank(self) -> int:
         """``NODE_RANK``, else ``GROUP_RANK`` (torchrun's name for it), else 0."""

@@ -20,7 +20,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.process_exit import exit_process
-from fabric.strategies.launchers.subprocess_script import TERMINATION_GRACE_SECONDS
+from fabric.strategies.launchers.processes import TERMINATION_GRACE_SECONDS
 
 
 class RankFailedError(RuntimeError):

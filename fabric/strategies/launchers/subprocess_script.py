@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -25,9 +24,7 @@ from typing import Any
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.process_exit import exit_process
-
-#: How long stopped ranks get to exit on SIGTERM (e.g. to write a checkpoint) before SIGKILL.
-TERMINATION_GRACE_SECONDS = 5.0
+from fabric.strategies.launchers.processes import describe_exit, die_with_parent, exit_code, stop_processes
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -67,22 +64,13 @@ class SubprocessScriptLauncher(Launcher):
                 "LOCAL_RANK": str(local_rank),
                 "RANK": str(node_rank * self.num_processes + local_rank),
             }
-            children[local_rank] = subprocess.Popen(command, env=child_env, preexec_fn=_die_with_parent)
+            children[local_rank] = subprocess.Popen(command, env=child_env, preexec_fn=die_with_parent)
         return children
 
 
 def script_command() -> list[str]:
     """The command line this interpreter was started with (flags, ``-m module`` and arguments included)."""
     return [sys.executable, *sys.orig_argv[1:]]
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask the kernel to SIGKILL us if the parent dies (Linux only)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class ChildSupervisor:
@@ -107,24 +95,16 @@ class ChildSupervisor:
                 return
             self._stopping = True
         print(
-            f"fabric: local rank {local_rank} (pid {child.pid}) exited with code {_describe(code)}; stopping the job.",
+            f"fabric: local rank {local_rank} (pid {child.pid}) exited with code {describe_exit(code)}; "
+            "stopping the job.",
             file=sys.stderr,
             flush=True,
         )
         self.stop_children()
-        exit_process(_exit_code(code))
+        exit_process(exit_code(code))
 
     def stop_children(self) -> None:
-        """SIGTERM every running child, then SIGKILL whatever is left after the grace period."""
-        running = [child for child in self.children.values() if child.poll() is None]
-        for child in running:
-            child.send_signal(signal.SIGTERM)
-        for child in running:
-            try:
-                child.wait(timeout=TERMINATION_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        stop_processes(self.children.values())
 
     def _at_rank_zero_exit(self) -> None:
         if getattr(sys, "last_value", None) is not None:  # rank 0 died of an exception
@@ -134,14 +114,3 @@ class ChildSupervisor:
             return
         for child in self.children.values():
             child.wait()  # a failure is reported by its watcher thread, which ends the process
-
-
-def _exit_code(returncode: int) -> int:
-    """A child killed by signal N reports -N; a shell would report 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _describe(returncode: int) -> str:
-    if returncode < 0:
-        return f"{_exit_code(returncode)} (killed by {signal.Signals(-returncode).name})"
-    return str(returncode)
