@@ -155,29 +155,36 @@ def _load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def _us(run: Run) -> float | None:
-    value = run.result.get("us_per_step") if run.result else None
+def _metric(run: Run, metric: str) -> float | None:
+    """``wall``: whole-job seconds; ``us`` / ``median_us``: the job's own steady-state figures."""
+    if metric == "wall":
+        return run.wall_seconds
+    key = {"us": "us_per_step", "median_us": "median_step_us"}[metric]
+    value = run.result.get(key) if run.result else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
 def _ok(run: Run) -> bool:
-    return run.returncode == 0 and _us(run) is not None
+    return run.returncode == 0 and _metric(run, "us") is not None
 
 
 def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _medians(rounds: Sequence[dict[str, Run]], key: str, metric: str) -> float:
+    """Median of ``metric`` over the successful runs of variant ``key``."""
+    return _median([value for r in rounds if _ok(r[key]) and (value := _metric(r[key], metric)) is not None])
+
+
 def _paired(rounds: Sequence[dict[str, Run]], key: str, metric: str) -> list[float]:
+    """Per round, ``metric`` of variant ``key`` over that of (a), for rounds where both succeeded."""
     ratios = []
     for runs in rounds:
-        reference, run = runs["a"], runs[key]
-        if not (_ok(reference) and _ok(run)):
-            continue
-        if metric == "wall":
-            ratios.append(run.wall_seconds / reference.wall_seconds)
-        else:
-            ratios.append((_us(run) or 0.0) / (_us(reference) or 1.0))
+        if _ok(runs["a"]) and _ok(runs[key]):
+            value, reference = _metric(runs[key], metric), _metric(runs["a"], metric)
+            if value is not None and reference:
+                ratios.append(value / reference)
     return ratios
 
 
@@ -187,34 +194,32 @@ def _range(values: Sequence[float]) -> str:
     return f"{_median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("wall", "whole job s", "{:.3f}"),
+    ("us", "steady us/step", "{:,.0f}"),
+    ("median_us", "median step us", "{:,.0f}"),
+)
+
+
 def format_table(rounds: Sequence[dict[str, Run]]) -> str:
-    lines = [
-        "| variant | ok runs | whole job s (median) | vs (a) | paired [min-max] "
-        "| steady us/step (median) | vs (a) | paired [min-max] |",
-        "|---|---:|---:|---:|---|---:|---:|---|",
-    ]
-    reference_wall = _median([r["a"].wall_seconds for r in rounds if _ok(r["a"])])
-    reference_us = _median([_us(r["a"]) or 0.0 for r in rounds if _ok(r["a"])])
+    header = "| variant | ok runs |" + "".join(f" {title} | vs (a) | paired [min-max] |" for _, title, _ in METRICS)
+    lines = [header, "|---|---:|" + "---:|---:|---|" * len(METRICS)]
     for variant in VARIANTS:
-        runs = [r[variant.key] for r in rounds]
-        ok = [run for run in runs if _ok(run)]
-        wall = _median([run.wall_seconds for run in ok])
-        us = _median([_us(run) or 0.0 for run in ok])
-        is_reference = variant.key == "a"
-        lines.append(
-            f"| ({variant.key}) {variant.name} | {len(ok)}/{len(runs)} | {wall:.3f} "
-            f"| {'1.000' if is_reference else f'{wall / reference_wall:.3f}'} "
-            f"| {'-' if is_reference else _range(_paired(rounds, variant.key, 'wall'))} "
-            f"| {us:,.0f} | {'1.000' if is_reference else f'{us / reference_us:.3f}'} "
-            f"| {'-' if is_reference else _range(_paired(rounds, variant.key, 'us'))} |"
-        )
+        ok = sum(1 for r in rounds if _ok(r[variant.key]))
+        cells = [f"({variant.key}) {variant.name}", f"{ok}/{len(rounds)}"]
+        for metric, _, fmt in METRICS:
+            value = _medians(rounds, variant.key, metric)
+            if variant.key == "a":
+                cells += [fmt.format(value), "1.000", "-"]
+            else:
+                ratio = value / _medians(rounds, "a", metric)
+                cells += [fmt.format(value), f"{ratio:.3f}", _range(_paired(rounds, variant.key, metric))]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def notes(rounds: Sequence[dict[str, Run]]) -> list[str]:
     lines: list[str] = []
-    reference_wall = _median([r["a"].wall_seconds for r in rounds if _ok(r["a"])])
-    reference_us = _median([_us(r["a"]) or 0.0 for r in rounds if _ok(r["a"])])
     hashes: set[str] = set()
     for variant in VARIANTS:
         runs = [r[variant.key] for r in rounds]
@@ -231,13 +236,15 @@ def notes(rounds: Sequence[dict[str, Run]]) -> list[str]:
         f"({'one value: every run did identical work' if len(hashes) == 1 else 'DIFFERENT values'})"
     )
     for variant in VARIANTS[1:]:
-        ok = [r[variant.key] for r in rounds if _ok(r[variant.key])]
-        steady = _median([_us(run) or 0.0 for run in ok]) / reference_us
-        whole = _median([run.wall_seconds for run in ok]) / reference_wall
+        steady, median_step, whole = (
+            _medians(rounds, variant.key, metric) / _medians(rounds, "a", metric)
+            for metric in ("us", "median_us", "wall")
+        )
         lines.append(
-            f"- ({variant.key}) steady state {steady:.3f}x raw DDP (target <= {STEADY_TARGET:.2f}): "
-            f"{'PASS' if steady <= STEADY_TARGET else 'FAIL'}; whole job {whole:.3f}x raw torchrun "
-            f"(target <= {WHOLE_JOB_TARGET:.2f}): {'PASS' if whole <= WHOLE_JOB_TARGET else 'FAIL'}"
+            f"- ({variant.key}) steady state {steady:.3f}x raw DDP (median step {median_step:.3f}x; "
+            f"target <= {STEADY_TARGET:.2f}): {'PASS' if steady <= STEADY_TARGET else 'FAIL'}; "
+            f"whole job {whole:.3f}x raw torchrun (target <= {WHOLE_JOB_TARGET:.2f}): "
+            f"{'PASS' if whole <= WHOLE_JOB_TARGET else 'FAIL'}"
         )
     failures = [run for runs in rounds for run in runs.values() if not _ok(run)]
     if not failures:
@@ -245,7 +252,9 @@ def notes(rounds: Sequence[dict[str, Run]]) -> list[str]:
     for run in failures:
         code = "timeout" if run.returncode is None else f"exit {run.returncode}"
         tail = "\n".join(run.stderr.strip().splitlines()[-15:])
-        lines.append(f"- FAILED run of ({run.variant.key}) {run.variant.name}: {code}; end of stderr:\n```\n{tail}\n```")
+        lines.append(
+            f"- FAILED run of ({run.variant.key}) {run.variant.name}: {code}; end of stderr:\n```\n{tail}\n```"
+        )
     return lines
 
 
@@ -286,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             runs = {variant.key: run_job(variant, args.steps, args.warmup, env) for variant in order}
             rounds.append(runs)
             summary = ", ".join(
-                f"({v.key}) {runs[v.key].wall_seconds:.2f} s / {_us(runs[v.key]) or float('nan'):,.0f} us"
+                f"({v.key}) {runs[v.key].wall_seconds:.2f} s / {_metric(runs[v.key], 'us') or float('nan'):,.0f} us"
                 for v in VARIANTS
             )
             print(f"  round {index + 1}/{args.rounds}: {summary}", flush=True)

@@ -1,1 +1,1 @@
-"""The ``fabric`` command line (``fabric run model ...``): filled in by the CLI work."""
+"""The ``fabric`` command line: ``fabric run model ...`` starts a Fabric script on several processes."""

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -56,20 +58,26 @@ def train(fabric: Fabric, steps: int, warmup: int) -> tuple[nn.Module, dict[str,
     model = make_model()
     model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
 
-    step, start = 0, 0.0
+    step, start, stamps = 0, 0.0, [0.0]
     while step < steps:
         for x, y in loader:
             if step == warmup:
                 fabric.barrier()
                 start = time.perf_counter()
+                stamps = [start]
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
             fabric.backward(loss)
             optimizer.step()
             step += 1
+            if step > warmup:
+                stamps.append(time.perf_counter())
             if step == steps:
                 break
-    elapsed = fabric.all_reduce(torch.tensor([time.perf_counter() - start], dtype=torch.float64), reduce_op="max")
+    # Total time of the timed steps and the median step, each the larger of the two ranks'.
+    durations = [later - earlier for earlier, later in itertools.pairwise(stamps)]
+    timings = torch.tensor([stamps[-1] - start, statistics.median(durations or [0.0])], dtype=torch.float64)
+    timings = fabric.all_reduce(timings, reduce_op="max")
 
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     replicas = fabric.all_gather(flat)
@@ -78,7 +86,8 @@ def train(fabric: Fabric, steps: int, warmup: int) -> tuple[nn.Module, dict[str,
         "world_size": fabric.world_size,
         "steps": steps,
         "timed_steps": steps - warmup,
-        "us_per_step": elapsed.item() / max(1, steps - warmup) * 1e6,
+        "us_per_step": timings[0].item() / max(1, steps - warmup) * 1e6,
+        "median_step_us": timings[1].item() * 1e6,
         "replicas_identical": all(torch.equal(replicas[0], r) for r in replicas),
         "param_hash": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16],
         "final_loss": loss.item(),

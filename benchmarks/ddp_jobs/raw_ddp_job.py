@@ -6,8 +6,9 @@
 Each rank trains a tiny MLP (32-64-10, SGD with momentum) on synthetic data made here (batch 64 per
 rank) for ``--steps`` optimizer steps. After ``--warmup`` steps the ranks meet at a barrier and the
 remaining steps are timed; rank 0 then prints one line ``DDP_JOB_RESULT {json}`` with the steady-state
-microseconds per step (the slower rank's), whether both ranks ended with bitwise identical parameters
-and a hash of those parameters (identical across the raw and Fabric jobs: same seed, data and order).
+microseconds per step and the median single step (each the slower rank's), whether both ranks ended
+with bitwise identical parameters, and a hash of those parameters (identical across the raw and
+Fabric jobs: same seed, data and batch order).
 
 ``--cleanup none`` ends the script with the process group and the DDP model still alive (what most
 user scripts do); ``--cleanup destroy`` calls ``destroy_process_group()`` at the end (the tutorials'
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -56,29 +59,35 @@ def train(steps: int, warmup: int) -> tuple[nn.Module, dict[str, object]]:
 
     torch.manual_seed(SEED)
     dataset = make_dataset(world_size)
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED
+    )
     loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler, drop_last=True)
     model = DistributedDataParallel(make_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    step, epoch, start = 0, 0, 0.0
+    step, epoch, start, stamps = 0, 0, 0.0, [0.0]
     while step < steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
             if step == warmup:
                 dist.barrier()
                 start = time.perf_counter()
+                stamps = [start]
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             step += 1
+            if step > warmup:
+                stamps.append(time.perf_counter())
             if step == steps:
                 break
         epoch += 1
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    # Total time of the timed steps and the median step, each the larger of the two ranks'.
+    durations = [later - earlier for earlier, later in itertools.pairwise(stamps)]
+    timings = torch.tensor([stamps[-1] - start, statistics.median(durations or [0.0])], dtype=torch.float64)
+    dist.all_reduce(timings, op=dist.ReduceOp.MAX)
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     replicas = [torch.empty_like(flat) for _ in range(world_size)]
     dist.all_gather(replicas, flat)
@@ -87,7 +96,8 @@ def train(steps: int, warmup: int) -> tuple[nn.Module, dict[str, object]]:
         "world_size": world_size,
         "steps": steps,
         "timed_steps": steps - warmup,
-        "us_per_step": elapsed.item() / max(1, steps - warmup) * 1e6,
+        "us_per_step": timings[0].item() / max(1, steps - warmup) * 1e6,
+        "median_step_us": timings[1].item() * 1e6,
         "replicas_identical": all(torch.equal(replicas[0], r) for r in replicas),
         "param_hash": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16],
         "final_loss": loss.item(),

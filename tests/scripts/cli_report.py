@@ -1,0 +1,30 @@
+"""Reports what a plain ``Fabric()`` resolved under the CLI: ``cli_report.py OUT_DIR [ARGS...]``."""
+
+import json
+import sys
+from pathlib import Path
+
+from fabric import Fabric
+
+fabric = Fabric()
+fabric.launch()
+report = {
+    "rank": fabric.global_rank,
+    "local_rank": fabric.local_rank,
+    "node_rank": fabric.node_rank,
+    "world_size": fabric.world_size,
+    "strategy": type(fabric.strategy).__name__,
+    "precision": fabric.precision.name,
+    "args": sys.argv[2:],
+    "sum": fabric.all_reduce(fabric.global_rank + 1, reduce_op="sum").item(),
+}
+print(f"rank {fabric.global_rank} reporting", flush=True)
+Path(sys.argv[1], f"rank{fabric.global_rank}.json").write_text(json.dumps(report))
+if "--fail-rank" in sys.argv and str(fabric.global_rank) == sys.argv[sys.argv.index("--fail-rank") + 1]:
+    print("failing on purpose", file=sys.stderr)
+    sys.exit(7)
+if "--hang" in sys.argv:
+    import time
+
+    for _ in range(600):
+        time.sleep(0.1)

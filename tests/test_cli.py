@@ -1,0 +1,214 @@
+"""The ``fabric run model`` CLI: option parsing, every bad input, and real 2-rank launches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fabric.plugins.environments import find_free_port
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPORT = str(SCRIPTS / "cli_report.py")
+FABRIC = [sys.executable, "-m", "fabric_cli"]
+
+
+def _clean_env() -> dict[str, str]:
+    launcher_variables = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR")
+    return {key: value for key, value in os.environ.items() if key not in launcher_variables}
+
+
+def _fabric(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*FABRIC, *args], capture_output=True, text=True, timeout=timeout, env=_clean_env(), cwd=cwd, check=False
+    )
+
+
+def _reports(out_dir: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(out_dir.glob("rank*.json"))]
+
+
+def test_help_and_version_answer_without_importing_torch() -> None:
+    code = (
+        "import sys\nfrom fabric_cli.cli import main\nsys.argv = ['fabric', 'run', 'model', '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().endswith("False")
+    assert "--precision [32-true|64-true|16-mixed|bf16-mixed|16-true|bf16-true" in result.stdout
+    assert _fabric("--version").stdout.strip() == "fabric, version 0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strategy", "magic", REPORT], "'magic' is not one of 'auto', 'single_device', 'ddp'"),
+        (["--precision", "17", REPORT], "'17' is not one of '32-true'"),
+        (["--accelerator", "tpu", REPORT], "'tpu' is not one of 'auto', 'gpu', 'cuda', 'mps', 'cpu'"),
+        (["--devices", "two", REPORT], "devices='two' is not valid. Accepted: an int >= 1"),
+        (["--accelerator", "cpu", "--devices", "0,1", REPORT], "on CPU pass a process count"),
+        (["--accelerator", "cuda", "--devices", "2", REPORT], "accelerator='cuda' is not available"),
+        (["--num-nodes", "2", "--node-rank", "2", "--main-address", "h", REPORT], "--node-rank=2 is outside [0, 2)"),
+        (["--num-nodes", "2", REPORT], "--num-nodes=2 needs --main-address"),
+        (["missing_script.py"], "SCRIPT 'missing_script.py' is not a file"),
+        (["--main-port", "70000", REPORT], "70000 is not in the range 1<=x<=65535"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
+    result = _fabric("run", "model", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_dry_run_shows_the_plan_and_hands_on_only_the_options_given() -> None:
+    result = _fabric("run", "model", "--devices", "2", "--dry-run", REPORT, "--devices", "8")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"{REPORT} --devices 8" in out
+    assert "world size:    2 (1 node(s))" in out
+    assert "strategy:      (script decides)" in out
+    assert "FABRIC_DEVICES=2" in out and "FABRIC_STRATEGY" not in out and "FABRIC_PRECISION" not in out
+    assert "LOCAL_RANK=1" in out and "RANK=1" in out
+
+
+def test_script_fabric_obeys_the_cli_and_script_args_pass_untouched(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = _fabric(
+        "run", "model", "--accelerator", "cpu", "--devices", "2", "--precision", "bf16", "--run-dir", str(run_dir),
+        REPORT, str(tmp_path), "--devices", "4", "-x",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    reports = _reports(tmp_path)
+    assert [r["rank"] for r in reports] == [0, 1]
+    for report in reports:
+        assert report["world_size"] == 2 and report["strategy"] == "DDPStrategy"
+        assert report["precision"] == "bf16-mixed" and report["sum"] == 3
+        assert report["args"] == ["--devices", "4", "-x"]
+    assert "rank 0 reporting" in result.stdout  # local rank 0 keeps the terminal
+    assert (run_dir / "rank1" / "stdout.log").read_text() == "rank 1 reporting\n"
+
+
+def test_module_mode_runs_python_dash_m(tmp_path: Path) -> None:
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(Path(REPORT).read_text())
+    (tmp_path / "out").mkdir()
+    result = _fabric("run", "model", "--devices", "2", "-m", "mypkg.train", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [r["rank"] for r in _reports(tmp_path / "out")] == [0, 1]
+
+
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+def _children_of(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in children.read_text().split()] if children.exists() else []
+
+
+def test_a_failing_rank_ends_the_job_with_its_code_and_its_log_tail(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    result = _fabric(
+        "run", "model", "--devices", "2", "--run-dir", str(run_dir), REPORT, str(tmp_path), "--fail-rank", "1", "--hang",
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert result.returncode == 7
+    _first, *_tail = result.stderr.strip().splitlines()[-2:]
+    assert f"fabric: rank 1 exited with code 7; log: {run_dir / 'rank1' / 'stderr.log'}" in result.stderr
+    assert "[rank 1] failing on purpose" in result.stderr
+    assert elapsed < 30  # rank 0 was hanging; it was stopped instead of waited for
+
+
+def test_sigint_stops_every_rank_and_exits_130(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [
+            *FABRIC,
+            "run",
+            "model",
+            "--devices",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            REPORT,
+            str(tmp_path),
+            "--hang",
+        ],
+        env=_clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank*.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # waiting for both ranks to come up
+    ranks = _children_of(process.pid)
+    assert len(ranks) == 2
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) == 130
+    assert not any(_alive(pid) for pid in ranks)
+
+
+def test_two_nodes_on_localhost(tmp_path: Path) -> None:
+    port = str(find_free_port())
+    common = ["--devices", "1", "--num-nodes", "2", "--main-address", "127.0.0.1", "--main-port", port]
+    nodes = [
+        subprocess.Popen(
+            [*FABRIC, "run", "model", *common, "--node-rank", str(rank), REPORT, str(tmp_path)],
+            env=_clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    reports = _reports(tmp_path)
+    assert [(r["rank"], r["node_rank"], r["local_rank"], r["world_size"]) for r in reports] == [
+        (0, 0, 0, 2),
+        (1, 1, 0, 2),
+    ]
+    assert all(r["sum"] == 3 for r in reports)
+
+
+def test_ddp_training_through_the_cli_matches_the_in_script_launch(tmp_path: Path) -> None:
+    in_script = subprocess.run(
+        [sys.executable, str(SCRIPTS / "ddp_train.py"), str(tmp_path / "a")], capture_output=True, env=_clean_env()
+    )
+    assert in_script.returncode == 0, in_script.stderr
+    through_cli = _fabric(
+        "run", "model", "--devices", "2", "--run-dir", str(tmp_path / "run"), str(SCRIPTS / "ddp_train.py"),
+        str(tmp_path / "b"),
+    )  # fmt: skip
+    assert through_cli.returncode == 0, through_cli.stderr
+    for rank in range(2):
+        a = torch.load(tmp_path / "a" / f"rank{rank}.pt", weights_only=True)
+        b = torch.load(tmp_path / "b" / f"rank{rank}.pt", weights_only=True)
+        assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"], strict=True))
+
+
+def test_devices_the_script_disagrees_with_fail_fast_instead_of_hanging(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    script = str(SCRIPTS / "ddp_train.py")
+    result = _fabric("run", "model", "--run-dir", str(run_dir), script, str(tmp_path), "ddp", "2")
+    assert result.returncode == 1
+    assert "started 1 processes on this node (LOCAL_WORLD_SIZE=1), but Fabric(devices=...) resolved to 2" in (
+        result.stderr
+    )
+    conflicting = _fabric(
+        "run", "model", "--devices", "2", "--run-dir", str(run_dir), script, str(tmp_path), "ddp", "3"
+    )
+    assert conflicting.returncode == 1
+    assert "Fabric(devices=3) conflicts with the CLI's --devices=2 (FABRIC_DEVICES)" in conflicting.stderr
