@@ -122,7 +122,8 @@ def test_a_failing_rank_ends_the_job_with_its_code_and_its_log_tail(tmp_path: Pa
     run_dir = tmp_path / "run"
     start = time.monotonic()
     result = _fabric(
-        "run", "model", "--devices", "2", "--run-dir", str(run_dir), REPORT, str(tmp_path), "--fail-rank", "1", "--hang",
+        "run", "model", "--devices", "2", "--run-dir", str(run_dir),
+        REPORT, str(tmp_path), "--fail-rank", "1", "--hang",
     )  # fmt: skip
     elapsed = time.monotonic() - start
     assert result.returncode == 7
