@@ -1,6 +1,7 @@
 """Reports what a plain ``Fabric()`` resolved under the CLI: ``cli_report.py OUT_DIR [ARGS...]``."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ report = {
     "strategy": type(fabric.strategy).__name__,
     "precision": fabric.precision.name,
     "args": sys.argv[2:],
+    "pid": os.getpid(),
     "sum": fabric.all_reduce(fabric.global_rank + 1, reduce_op="sum").item(),
 }
 print(f"rank {fabric.global_rank} reporting", flush=True)
