@@ -1,0 +1,82 @@
+"""The import graph: imports flow down the layers, and no module imports itself back through others."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Lower numbers are lower layers; a module may import its own layer and the ones below.
+LAYERS = {
+    "fabric.utilities": 0,
+    "fabric.accelerators": 1,
+    "fabric.plugins": 1,
+    "fabric.loggers": 1,
+    "fabric.strategies": 2,
+    "fabric.wrappers": 3,
+    "fabric.connector": 3,
+    "fabric.fabric": 4,
+    "fabric_cli": 6,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> int | None:
+    matches = [prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")]
+    return LAYERS[max(matches, key=len)] if matches else None
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Modules imported when ``path`` is imported: not those under ``if TYPE_CHECKING`` or in functions."""
+    imported = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module)
+            imported |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in imported if name.split(".")[0] in ("fabric", "fabric_cli")}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [*ROOT.joinpath("fabric").rglob("*.py"), *ROOT.joinpath("fabric_cli").rglob("*.py")]
+    modules = {_module_name(path): path for path in files}
+    return {name: {m for m in _top_level_imports(path) if m in modules} for name, path in modules.items()}
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    violations = []
+    for module, imports in _graph().items():
+        own = _layer(module)
+        for imported in imports:
+            theirs = _layer(imported)
+            if own is not None and theirs is not None and theirs > own:
+                violations.append(f"{module} (layer {own}) imports {imported} (layer {theirs})")
+    assert not violations, "\n".join(violations)
+
+
+def test_there_are_no_import_cycles() -> None:
+    graph = _graph()
+    state: dict[str, str] = {}
+    cycles: list[list[str]] = []
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                cycles.append([*trail[trail.index(imported) :], imported] if imported in trail else [module, imported])
+            elif imported not in state:
+                visit(imported, [*trail, imported])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    # A package importing its own submodules is not a cycle unless a submodule imports the package back.
+    real = [cycle for cycle in cycles if not all(step.startswith(cycle[0]) for step in cycle)]
+    assert not real, "\n".join(" -> ".join(cycle) for cycle in real)
