@@ -133,7 +133,8 @@ def test_a_failing_rank_ends_the_job_with_its_code_and_its_log_tail(tmp_path: Pa
     assert not any(_alive(report["pid"]) for report in _reports(tmp_path)), "a rank was left running"
 
 
-def test_sigint_stops_every_rank_and_exits_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "expected_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_the_cli_stops_every_rank(tmp_path: Path, signum: int, expected_code: int) -> None:
     process = subprocess.Popen(
         [
             *FABRIC,
@@ -156,8 +157,8 @@ def test_sigint_stops_every_rank_and_exits_130(tmp_path: Path) -> None:
         time.sleep(0.05)  # waiting for both ranks to come up
     ranks = _children_of(process.pid)
     assert len(ranks) == 2
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=30) == 130
+    process.send_signal(signum)
+    assert process.wait(timeout=30) == expected_code
     assert not any(_alive(pid) for pid in ranks)
 
 
