@@ -1,0 +1,1 @@
+"""A Composer-style Trainer built on Fabric."""

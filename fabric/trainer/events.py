@@ -1,0 +1,96 @@
+"""The Trainer's events: named points around every line of the training, evaluation and predict loops.
+
+Algorithms and callbacks hook these. Where each fires (``fit`` over E epochs of B batches, each split
+into M microbatches)::
+
+    INIT                                    once, at the end of Trainer construction
+    BEFORE_LOAD, AFTER_LOAD                 once each, around loading a checkpoint (if any)
+    FIT_START                               once per ``fit()`` call
+      EPOCH_START                           per epoch
+        BEFORE_DATALOADER, AFTER_DATALOADER per batch, around fetching it
+        BATCH_START                         per batch
+        BEFORE_TRAIN_BATCH                  per batch
+          BEFORE_FORWARD .. AFTER_BACKWARD  per microbatch (M times per batch):
+            BEFORE_FORWARD, AFTER_FORWARD, BEFORE_LOSS, AFTER_LOSS, BEFORE_BACKWARD, AFTER_BACKWARD
+        AFTER_TRAIN_BATCH                   per batch, after the optimizer step
+        BATCH_END                           per batch, after the timestamp advanced
+        BATCH_CHECKPOINT                    per batch, after BATCH_END
+      EPOCH_END, EPOCH_CHECKPOINT           per epoch
+    FIT_END                                 once per ``fit()`` call
+
+    EVAL_BEFORE_ALL                         once per evaluation round
+      EVAL_START                            per evaluation dataloader
+        EVAL_BATCH_START, EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END   per batch
+      EVAL_END                              per evaluation dataloader
+    EVAL_AFTER_ALL                          once per evaluation round
+
+    PREDICT_START; PREDICT_BATCH_START, PREDICT_BEFORE_FORWARD, PREDICT_AFTER_FORWARD,
+    PREDICT_BATCH_END per batch; PREDICT_END
+
+A callback method for an event has the event's value as its name: ``batch_end(self, state, logger)``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Event(Enum):
+    INIT = "init"
+    BEFORE_LOAD = "before_load"
+    AFTER_LOAD = "after_load"
+    FIT_START = "fit_start"
+    EPOCH_START = "epoch_start"
+    BEFORE_DATALOADER = "before_dataloader"
+    AFTER_DATALOADER = "after_dataloader"
+    BATCH_START = "batch_start"
+    BEFORE_TRAIN_BATCH = "before_train_batch"
+    BEFORE_FORWARD = "before_forward"
+    AFTER_FORWARD = "after_forward"
+    BEFORE_LOSS = "before_loss"
+    AFTER_LOSS = "after_loss"
+    BEFORE_BACKWARD = "before_backward"
+    AFTER_BACKWARD = "after_backward"
+    AFTER_TRAIN_BATCH = "after_train_batch"
+    BATCH_END = "batch_end"
+    BATCH_CHECKPOINT = "batch_checkpoint"
+    EPOCH_END = "epoch_end"
+    EPOCH_CHECKPOINT = "epoch_checkpoint"
+    FIT_END = "fit_end"
+
+    EVAL_BEFORE_ALL = "eval_before_all"
+    EVAL_START = "eval_start"
+    EVAL_BATCH_START = "eval_batch_start"
+    EVAL_BEFORE_FORWARD = "eval_before_forward"
+    EVAL_AFTER_FORWARD = "eval_after_forward"
+    EVAL_BATCH_END = "eval_batch_end"
+    EVAL_END = "eval_end"
+    EVAL_AFTER_ALL = "eval_after_all"
+
+    PREDICT_START = "predict_start"
+    PREDICT_BATCH_START = "predict_batch_start"
+    PREDICT_BEFORE_FORWARD = "predict_before_forward"
+    PREDICT_AFTER_FORWARD = "predict_after_forward"
+    PREDICT_BATCH_END = "predict_batch_end"
+    PREDICT_END = "predict_end"
+
+    @property
+    def is_after(self) -> bool:
+        """The closing half of a pair (``AFTER_*``, ``*_END``). Algorithms run in reverse order here, so
+        one that changed something at the opening half undoes it after those applied later have."""
+        return self in _CLOSING_EVENTS
+
+    @property
+    def is_eval(self) -> bool:
+        return self.value.startswith("eval_")
+
+    @property
+    def is_predict(self) -> bool:
+        return self.value.startswith("predict_")
+
+
+_CLOSING_EVENTS = frozenset(
+    event
+    for event in Event
+    if event.value.startswith("after_") or event.value.endswith("_end") or "_after_" in event.value
+)

@@ -1,0 +1,616 @@
+"""Training time: amounts of training (:class:`Time`) and the trainer's clock (:class:`Timestamp`).
+
+Durations such as ``max_duration``, evaluation intervals or scheduler warmups are written as time
+strings: ``"10ep"``, ``"500ba"``, ``"2048sp"``, ``"1000tok"`` or ``"0.3dur"`` (30% of ``max_duration``).
+Keeping the unit with the number means a warmup of ``"100ba"`` can never be mistaken for 100 epochs,
+and mixing units is an error instead of a silent miscount.
+
+Samples and tokens are global counts: the trainer adds the global batch size (summed over all
+ranks), so the clock reads the same on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from decimal import Decimal
+from enum import Enum
+from typing import Any, Generic, NoReturn, SupportsIndex, TypeVar, cast, overload
+
+__all__ = ["Time", "TimeUnit", "Timestamp", "elapsed_fraction"]
+
+
+class TimeUnit(Enum):
+    """The unit of a :class:`Time`; the value is its suffix in a time string."""
+
+    EPOCH = "ep"
+    BATCH = "ba"
+    SAMPLE = "sp"
+    TOKEN = "tok"
+    DURATION = "dur"  # a fraction of max_duration
+
+    @property
+    def is_integer(self) -> bool:
+        """Whether values in this unit are whole counts (everything but ``dur``)."""
+        return self is not TimeUnit.DURATION
+
+
+TValue = TypeVar("TValue", int, float)
+
+_INTEGER_UNITS = "ep|ba|sp|tok"
+_TIMESTRING = re.compile(rf"(?P<count>[0-9]+)(?P<unit>{_INTEGER_UNITS})|(?P<fraction>[0-9]+(?:\.[0-9]+)?)dur")
+_ACCEPTED = (
+    "Accepted: an integer followed by ep, ba, sp or tok (e.g. '10ep', '500ba'), "
+    "or a number followed by dur (e.g. '0.3dur')."
+)
+_UNIT_NAMES = ", ".join(repr(unit.value) for unit in TimeUnit)
+# A float product or quotient this close to a whole number is that number (0.29 * 100 == 28.999999999999996).
+_WHOLE_TOLERANCE = 1e-9
+
+
+def _to_unit(unit: TimeUnit | str) -> TimeUnit:
+    if isinstance(unit, TimeUnit):
+        return unit
+    try:
+        return TimeUnit(unit)
+    except ValueError:
+        raise ValueError(f"Unknown time unit {unit!r}; expected one of {_UNIT_NAMES}.") from None
+
+
+class Time(Generic[TValue]):
+    """An amount of training in one unit, e.g. ``Time(10, TimeUnit.EPOCH)`` or ``Time.from_timestring("10ep")``.
+
+    ``ep``, ``ba``, ``sp`` and ``tok`` hold non-negative integers; ``dur`` holds a non-negative finite
+    float, the fraction of ``max_duration``. ``dur`` may exceed 1 (past the end of training), which
+    schedulers whose period outlasts training and :func:`elapsed_fraction` need. No value is ever
+    negative, so ``a - b`` with ``b > a`` raises instead of producing a time that cannot be written.
+
+    Times are immutable and hashable. Arithmetic and ordering need both sides in the same unit
+    (``TypeError`` otherwise). ``==`` is ``True`` only for another Time with the same unit and value:
+    never for ints or strings (``Time(3, "ep") == 3`` is ``False``), so equal objects hash equally;
+    convert with :meth:`from_input` first.
+    """
+
+    __slots__ = ("_unit", "_value")
+    _value: TValue
+    _unit: TimeUnit
+
+    def __init__(self, value: TValue, unit: TimeUnit | str) -> None:
+        unit = _to_unit(unit)
+        number: int | float
+        if isinstance(value, bool) or not isinstance(value, numbers.Real | SupportsIndex):
+            raise TypeError(f"A Time value must be a number, got {value!r} ({type(value).__name__}).")
+        if unit.is_integer:
+            try:
+                number = operator.index(value)  # ints, numpy ints and 0-d integer tensors; never floats
+            except TypeError:
+                raise TypeError(f"A Time in {unit.value!r} needs an integer, got {value!r}.") from None
+        else:
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError(f"A Time in 'dur' must be finite, got {number!r}.")
+        if number < 0:
+            raise ValueError(f"A Time cannot be negative, got {number!r} ({unit.value!r}).")
+        object.__setattr__(self, "_value", number)
+        object.__setattr__(self, "_unit", unit)
+
+    # --- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_timestring(cls, timestring: str) -> Time[Any]:
+        """Parse ``"10ep"``, ``"500ba"``, ``"2048sp"``, ``"1000tok"`` or ``"0.3dur"``.
+
+        Surrounding whitespace is ignored; anything else (signs, exponents, ``_``, inner spaces,
+        upper case, a fraction of an integer unit) is a ``ValueError`` that lists the accepted forms.
+        """
+        if not isinstance(timestring, str):
+            raise TypeError(f"Expected a time string such as '10ep', got {type(timestring).__name__}.")
+        match = _TIMESTRING.fullmatch(timestring.strip())
+        if match is None:
+            raise ValueError(f"Time string {timestring!r} is not valid. {_ACCEPTED}")
+        if match["fraction"] is not None:
+            return Time(float(match["fraction"]), TimeUnit.DURATION)
+        return Time(int(match["count"]), TimeUnit(match["unit"]))
+
+    @classmethod
+    def from_input(
+        cls, value: Time[Any] | str | int | float, default_unit: TimeUnit | str = TimeUnit.EPOCH
+    ) -> Time[Any]:
+        """Accept what users write for a duration: a Time (as is), a time string, or a number in ``default_unit``."""
+        if isinstance(value, Time):
+            return value
+        if isinstance(value, str):
+            return cls.from_timestring(value)
+        if isinstance(value, numbers.Real | SupportsIndex) and not isinstance(value, bool):
+            return Time(cast(Any, value), default_unit)
+        raise TypeError(
+            f"Expected a Time, a time string such as '10ep' or a number, got {value!r} ({type(value).__name__})."
+        )
+
+    @classmethod
+    def from_epoch(cls, epoch: int) -> Time[int]:
+        return Time(epoch, TimeUnit.EPOCH)
+
+    @classmethod
+    def from_batch(cls, batch: int) -> Time[int]:
+        return Time(batch, TimeUnit.BATCH)
+
+    @classmethod
+    def from_sample(cls, sample: int) -> Time[int]:
+        return Time(sample, TimeUnit.SAMPLE)
+
+    @classmethod
+    def from_token(cls, token: int) -> Time[int]:
+        return Time(token, TimeUnit.TOKEN)
+
+    @classmethod
+    def from_duration(cls, duration: float) -> Time[float]:
+        return Time(float(duration), TimeUnit.DURATION)
+
+    # --- access -------------------------------------------------------------------------------
+
+    @property
+    def value(self) -> TValue:
+        return self._value
+
+    @property
+    def unit(self) -> TimeUnit:
+        return self._unit
+
+    def __int__(self) -> int:
+        if not self._unit.is_integer:
+            raise TypeError(f"int() of {self} would drop the fraction; use float().")
+        return int(self._value)
+
+    def __float__(self) -> float:
+        return float(self._value)
+
+    def __str__(self) -> str:
+        if self._unit.is_integer:
+            return f"{self._value}{self._unit.value}"
+        digits = format(Decimal(repr(self._value)), "f")  # shortest round-tripping digits, never an exponent
+        return f"{digits if '.' in digits else digits + '.0'}dur"
+
+    def __repr__(self) -> str:
+        return f"Time({self._value!r}, TimeUnit.{self._unit.name})"
+
+    def __hash__(self) -> int:
+        return hash((self._unit, self._value))
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(f"Time is immutable; cannot set {name!r}.")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"Time is immutable; cannot delete {name!r}.")
+
+    def __reduce__(self) -> tuple[type[Time[Any]], tuple[TValue, TimeUnit]]:
+        return (Time, (self._value, self._unit))
+
+    # --- arithmetic ---------------------------------------------------------------------------
+
+    def _same_unit(self, other: Time[Any], verb: str) -> None:
+        if other._unit is not self._unit:
+            raise TypeError(
+                f"Cannot {verb} {self} and {other}: the units differ ({self._unit.value!r} and {other._unit.value!r})."
+            )
+
+    def _scaled(self, result: float, expression: str) -> Time[TValue]:
+        """A Time from a scaled value; integer units insist on a whole count rather than silently rounding."""
+        if self._unit.is_integer and not isinstance(result, int):
+            whole = round(result) if math.isfinite(result) else None
+            if whole is None or abs(result - whole) > _WHOLE_TOLERANCE * max(1.0, abs(result)):
+                raise self._not_whole(expression, result)
+            result = whole
+        return Time(cast(Any, result), self._unit)
+
+    def _not_whole(self, expression: str, result: float) -> ValueError:
+        return ValueError(
+            f"{expression} = {result!r} is not a whole number of {self._unit.value!r}; "
+            f"round it explicitly, e.g. Time(round(...), {self._unit.value!r})."
+        )
+
+    def __add__(self, other: Time[TValue]) -> Time[TValue]:
+        if not isinstance(other, Time):
+            return NotImplemented
+        self._same_unit(other, "add")
+        return Time(self._value + other._value, self._unit)
+
+    def __sub__(self, other: Time[TValue]) -> Time[TValue]:
+        if not isinstance(other, Time):
+            return NotImplemented
+        self._same_unit(other, "subtract")
+        if other._value > self._value:
+            raise ValueError(f"{self} - {other} would be negative; a Time cannot be negative.")
+        return Time(self._value - other._value, self._unit)
+
+    def __mul__(self, factor: int | float) -> Time[TValue]:
+        if isinstance(factor, bool) or not isinstance(factor, int | float):
+            return NotImplemented
+        return self._scaled(self._value * factor, f"{self} * {factor!r}")
+
+    __rmul__ = __mul__
+
+    @overload
+    def __truediv__(self, other: Time[Any]) -> float: ...
+
+    @overload
+    def __truediv__(self, other: int | float) -> Time[TValue]: ...
+
+    def __truediv__(self, other: Time[Any] | int | float) -> float | Time[TValue]:
+        """``Time / Time`` (same unit) is their ratio; ``Time / number`` is a Time in the same unit."""
+        if isinstance(other, Time):
+            self._same_unit(other, "divide")
+            return float(self._value / other._value)
+        if isinstance(other, bool) or not isinstance(other, int | float):
+            return NotImplemented
+        expression = f"{self} / {other!r}"
+        if isinstance(self._value, int) and isinstance(other, int):  # exact, even beyond float precision
+            whole, remainder = divmod(self._value, other)
+            if remainder:
+                raise self._not_whole(expression, self._value / other)
+            return Time(cast(Any, whole), self._unit)
+        return self._scaled(self._value / other, expression)
+
+    # --- comparison ---------------------------------------------------------------------------
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Time):
+            return NotImplemented
+        return self._unit is other._unit and self._value == other._value
+
+    def _ordered(self, other: object) -> Time[Any] | None:
+        if not isinstance(other, Time):
+            return None
+        self._same_unit(other, "compare")
+        return other
+
+    def __lt__(self, other: Time[Any]) -> bool:
+        checked = self._ordered(other)
+        return NotImplemented if checked is None else self._value < checked._value
+
+    def __le__(self, other: Time[Any]) -> bool:
+        checked = self._ordered(other)
+        return NotImplemented if checked is None else self._value <= checked._value
+
+    def __gt__(self, other: Time[Any]) -> bool:
+        checked = self._ordered(other)
+        return NotImplemented if checked is None else self._value > checked._value
+
+    def __ge__(self, other: Time[Any]) -> bool:
+        checked = self._ordered(other)
+        return NotImplemented if checked is None else self._value >= checked._value
+
+
+_COUNTERS: dict[str, TimeUnit] = {
+    "epoch": TimeUnit.EPOCH,
+    "batch": TimeUnit.BATCH,
+    "sample": TimeUnit.SAMPLE,
+    "token": TimeUnit.TOKEN,
+    "batch_in_epoch": TimeUnit.BATCH,
+    "sample_in_epoch": TimeUnit.SAMPLE,
+    "token_in_epoch": TimeUnit.TOKEN,
+}
+_CLOCKS = ("total_wct", "epoch_wct", "batch_wct")
+_ZERO = timedelta(0)
+
+
+def _counter(name: str, value: int | Time[int], unit: TimeUnit) -> Time[int]:
+    if isinstance(value, Time):
+        if value.unit is not unit:
+            raise ValueError(f"{name} is counted in {unit.value!r}, got {value}.")
+        return value
+    try:
+        return Time(value, unit)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{name}: {error}") from None
+
+
+def _clock(name: str, value: timedelta) -> timedelta:
+    if not isinstance(value, timedelta):
+        raise TypeError(f"{name} must be a datetime.timedelta, got {type(value).__name__}.")
+    if value < _ZERO:
+        raise ValueError(f"{name} cannot be negative, got {value!r}.")
+    return value
+
+
+class Timestamp:
+    """The trainer's clock: how much training has happened, in every unit, plus wall-clock time.
+
+    Counters are :class:`Time` values (``int(timestamp.batch)`` is a plain int); ``*_in_epoch`` restart
+    at every epoch. ``sample`` and ``token`` are global counts across ranks. ``total_wct``, ``epoch_wct``
+    and ``batch_wct`` are the wall-clock time of the whole run, the current epoch and the last batch.
+
+    Immutable: :meth:`to_next_batch`, :meth:`to_next_epoch` and :meth:`copy` return new Timestamps, so a
+    reference held by a callback or logger never changes under it. ``timestamp >= Time.from_timestring("3ba")``
+    compares the matching counter; ``==`` compares whole Timestamps (use ``timestamp.batch == time`` for one
+    counter). For checkpoints, :meth:`state_dict` holds only ints and float seconds and
+    :meth:`from_state_dict` rebuilds the Timestamp; the owner (the trainer's state) replaces its reference.
+    """
+
+    __slots__ = (
+        "_batch",
+        "_batch_in_epoch",
+        "_batch_wct",
+        "_epoch",
+        "_epoch_wct",
+        "_sample",
+        "_sample_in_epoch",
+        "_token",
+        "_token_in_epoch",
+        "_total_wct",
+    )
+    _epoch: Time[int]
+    _batch: Time[int]
+    _sample: Time[int]
+    _token: Time[int]
+    _batch_in_epoch: Time[int]
+    _sample_in_epoch: Time[int]
+    _token_in_epoch: Time[int]
+    _total_wct: timedelta
+    _epoch_wct: timedelta
+    _batch_wct: timedelta
+
+    def __init__(
+        self,
+        *,
+        epoch: int | Time[int] = 0,
+        batch: int | Time[int] = 0,
+        sample: int | Time[int] = 0,
+        token: int | Time[int] = 0,
+        batch_in_epoch: int | Time[int] = 0,
+        sample_in_epoch: int | Time[int] = 0,
+        token_in_epoch: int | Time[int] = 0,
+        total_wct: timedelta = _ZERO,
+        epoch_wct: timedelta = _ZERO,
+        batch_wct: timedelta = _ZERO,
+    ) -> None:
+        counts = {
+            "epoch": epoch,
+            "batch": batch,
+            "sample": sample,
+            "token": token,
+            "batch_in_epoch": batch_in_epoch,
+            "sample_in_epoch": sample_in_epoch,
+            "token_in_epoch": token_in_epoch,
+        }
+        for name, value in counts.items():
+            object.__setattr__(self, f"_{name}", _counter(f"Timestamp {name}", value, _COUNTERS[name]))
+        for name, clock in zip(_CLOCKS, (total_wct, epoch_wct, batch_wct), strict=True):
+            object.__setattr__(self, f"_{name}", _clock(f"Timestamp {name}", clock))
+        for total in ("batch", "sample", "token"):
+            if getattr(self, f"_{total}_in_epoch") > getattr(self, f"_{total}"):
+                raise ValueError(
+                    f"Timestamp {total}_in_epoch ({getattr(self, f'_{total}_in_epoch')}) cannot exceed "
+                    f"{total} ({getattr(self, f'_{total}')})."
+                )
+
+    # --- counters -----------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> Time[int]:
+        """Completed epochs."""
+        return self._epoch
+
+    @property
+    def batch(self) -> Time[int]:
+        """Completed batches (optimizer steps) over the whole run."""
+        return self._batch
+
+    @property
+    def sample(self) -> Time[int]:
+        """Samples trained on over the whole run, summed over all ranks."""
+        return self._sample
+
+    @property
+    def token(self) -> Time[int]:
+        """Tokens trained on over the whole run, summed over all ranks."""
+        return self._token
+
+    @property
+    def batch_in_epoch(self) -> Time[int]:
+        return self._batch_in_epoch
+
+    @property
+    def sample_in_epoch(self) -> Time[int]:
+        return self._sample_in_epoch
+
+    @property
+    def token_in_epoch(self) -> Time[int]:
+        return self._token_in_epoch
+
+    @property
+    def total_wct(self) -> timedelta:
+        return self._total_wct
+
+    @property
+    def epoch_wct(self) -> timedelta:
+        return self._epoch_wct
+
+    @property
+    def batch_wct(self) -> timedelta:
+        return self._batch_wct
+
+    def get(self, unit: TimeUnit | str) -> Time[int]:
+        """The total count in ``unit``; ``dur`` is an error because a fraction needs ``max_duration``."""
+        unit = _to_unit(unit)
+        if unit is TimeUnit.DURATION:
+            raise ValueError(
+                "A Timestamp counts ep, ba, sp and tok; 'dur' is a fraction of max_duration, "
+                "so use elapsed_fraction(timestamp, max_duration) or convert the Time to max_duration's unit."
+            )
+        return {
+            TimeUnit.EPOCH: self._epoch,
+            TimeUnit.BATCH: self._batch,
+            TimeUnit.SAMPLE: self._sample,
+            TimeUnit.TOKEN: self._token,
+        }[unit]
+
+    # --- advancing ----------------------------------------------------------------------------
+
+    def to_next_batch(self, samples: int, tokens: int = 0, duration: timedelta = _ZERO) -> Timestamp:
+        """The clock after one more batch of ``samples`` samples and ``tokens`` tokens (global counts).
+
+        ``duration`` is the batch's wall-clock time: it becomes ``batch_wct`` and adds to the other clocks.
+        """
+        samples_time = _counter("to_next_batch samples", samples, TimeUnit.SAMPLE)
+        tokens_time = _counter("to_next_batch tokens", tokens, TimeUnit.TOKEN)
+        duration = _clock("to_next_batch duration", duration)
+        return self.copy(
+            batch=self._batch.value + 1,
+            sample=self._sample + samples_time,
+            token=self._token + tokens_time,
+            batch_in_epoch=self._batch_in_epoch.value + 1,
+            sample_in_epoch=self._sample_in_epoch + samples_time,
+            token_in_epoch=self._token_in_epoch + tokens_time,
+            total_wct=self._total_wct + duration,
+            epoch_wct=self._epoch_wct + duration,
+            batch_wct=duration,
+        )
+
+    def to_next_epoch(self, duration: timedelta = _ZERO) -> Timestamp:
+        """The clock after the epoch ends: ``epoch + 1``, in-epoch counters and epoch/batch clocks reset.
+
+        ``duration`` is time spent since the last batch (e.g. end-of-epoch evaluation); it adds to ``total_wct``.
+        """
+        duration = _clock("to_next_epoch duration", duration)
+        return self.copy(
+            epoch=self._epoch.value + 1,
+            batch_in_epoch=0,
+            sample_in_epoch=0,
+            token_in_epoch=0,
+            total_wct=self._total_wct + duration,
+            epoch_wct=_ZERO,
+            batch_wct=_ZERO,
+        )
+
+    def copy(
+        self,
+        *,
+        epoch: int | Time[int] | None = None,
+        batch: int | Time[int] | None = None,
+        sample: int | Time[int] | None = None,
+        token: int | Time[int] | None = None,
+        batch_in_epoch: int | Time[int] | None = None,
+        sample_in_epoch: int | Time[int] | None = None,
+        token_in_epoch: int | Time[int] | None = None,
+        total_wct: timedelta | None = None,
+        epoch_wct: timedelta | None = None,
+        batch_wct: timedelta | None = None,
+    ) -> Timestamp:
+        """A new Timestamp with the given fields replaced (validated like the constructor)."""
+        return Timestamp(
+            epoch=self._epoch if epoch is None else epoch,
+            batch=self._batch if batch is None else batch,
+            sample=self._sample if sample is None else sample,
+            token=self._token if token is None else token,
+            batch_in_epoch=self._batch_in_epoch if batch_in_epoch is None else batch_in_epoch,
+            sample_in_epoch=self._sample_in_epoch if sample_in_epoch is None else sample_in_epoch,
+            token_in_epoch=self._token_in_epoch if token_in_epoch is None else token_in_epoch,
+            total_wct=self._total_wct if total_wct is None else total_wct,
+            epoch_wct=self._epoch_wct if epoch_wct is None else epoch_wct,
+            batch_wct=self._batch_wct if batch_wct is None else batch_wct,
+        )
+
+    # --- checkpointing ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, int | float]:
+        """Counters as ints and clocks as float seconds: safe for ``torch.load(weights_only=True)``."""
+        state: dict[str, int | float] = {name: getattr(self, f"_{name}").value for name in _COUNTERS}
+        state.update({name: getattr(self, f"_{name}").total_seconds() for name in _CLOCKS})
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state_dict: Mapping[str, Any]) -> Timestamp:
+        """Rebuild a Timestamp from :meth:`state_dict`; missing, unknown or invalid entries raise ``ValueError``."""
+        expected = {*_COUNTERS, *_CLOCKS}
+        missing = sorted(expected - set(state_dict))
+        unexpected = sorted(set(state_dict) - expected)
+        if missing or unexpected:
+            raise ValueError(f"Not a Timestamp state dict: missing keys {missing}, unexpected keys {unexpected}.")
+        clocks: dict[str, Any] = {}
+        for name in _CLOCKS:
+            seconds = state_dict[name]
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+                raise ValueError(f"Timestamp state {name!r} must be a finite number of seconds, got {seconds!r}.")
+            clocks[name] = timedelta(seconds=seconds)
+        try:
+            return cls(**{name: state_dict[name] for name in _COUNTERS}, **clocks)
+        except TypeError as error:
+            raise ValueError(str(error)) from None
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> NoReturn:
+        """Always raises: a Timestamp is immutable. Use ``timestamp = Timestamp.from_state_dict(state_dict)``.
+
+        This exists so that a Timestamp handed straight to ``fabric.load`` fails loudly instead of
+        being "loaded" by a method that returns a new object nobody keeps.
+        """
+        raise TypeError(
+            "Timestamp is immutable and cannot load state in place; "
+            "use `timestamp = Timestamp.from_state_dict(state_dict)` and keep the result."
+        )
+
+    # --- value-object protocol ----------------------------------------------------------------
+
+    def _fields(self) -> tuple[Time[int] | timedelta, ...]:
+        return tuple(getattr(self, slot) for slot in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Timestamp):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __lt__(self, other: Time[Any]) -> bool:
+        return NotImplemented if not isinstance(other, Time) else self.get(other.unit) < other
+
+    def __le__(self, other: Time[Any]) -> bool:
+        return NotImplemented if not isinstance(other, Time) else self.get(other.unit) <= other
+
+    def __gt__(self, other: Time[Any]) -> bool:
+        return NotImplemented if not isinstance(other, Time) else self.get(other.unit) > other
+
+    def __ge__(self, other: Time[Any]) -> bool:
+        return NotImplemented if not isinstance(other, Time) else self.get(other.unit) >= other
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(
+            f"Timestamp is immutable; cannot set {name!r}. Use copy(), to_next_batch() or to_next_epoch()."
+        )
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"Timestamp is immutable; cannot delete {name!r}.")
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        fields = {slot[1:]: getattr(self, slot) for slot in self.__slots__}
+        return (_rebuild_timestamp, (fields,))
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{name}={getattr(self, f'_{name}').value}" for name in _COUNTERS)
+        clocks = ", ".join(f"{name}={getattr(self, f'_{name}')!r}" for name in _CLOCKS)
+        return f"Timestamp({counts}, {clocks})"
+
+
+def _rebuild_timestamp(fields: dict[str, Any]) -> Timestamp:
+    """Unpickle a Timestamp exactly (timedeltas kept, not converted to float seconds)."""
+    return Timestamp(**fields)
+
+
+def elapsed_fraction(timestamp: Timestamp, max_duration: Time[Any]) -> float:
+    """How far through training ``timestamp`` is, measured in ``max_duration``'s unit: 0 at the start, 1 at the end.
+
+    May exceed 1 after the end. In ``ep`` only completed epochs count, so the fraction moves once per
+    epoch. ``max_duration`` must be positive and not in ``dur`` (a fraction of itself is meaningless).
+    """
+    if not isinstance(max_duration, Time):
+        raise TypeError(f"max_duration must be a Time, got {type(max_duration).__name__}; use Time.from_input().")
+    if max_duration.unit is TimeUnit.DURATION:
+        raise ValueError(f"max_duration must be in ep, ba, sp or tok, not {max_duration}.")
+    if max_duration.value == 0:
+        raise ValueError(f"max_duration must be positive, got {max_duration}.")
+    return timestamp.get(max_duration.unit) / max_duration
