@@ -1,0 +1,585 @@
+"""Learning-rate schedules as functions of training time.
+
+A scheduler maps the trainer's state to an LR *multiplier*: ``scheduler(state, ssr) -> float``. It reads only
+``state.timestamp`` and ``state.max_duration`` (:class:`SchedulerState`), so the same schedule gives the same
+multiplier after a resume. :class:`LRSchedule` sets ``lr = initial_lr * product(multipliers)`` on every param group
+at the start of every batch, before its forward pass: batch ``k`` (when ``timestamp.batch == k``) trains with the
+multiplier for ``t = k``, with no one-batch lag.
+
+Time arguments are :class:`~fabric.trainer.time.Time` objects or time strings (``"10ba"``, ``"2ep"``, ``"0.3dur"``),
+parsed when the scheduler is built. A bare number is refused because it has no unit. At call time:
+
+* an ``ep``/``ba``/``sp``/``tok`` argument is compared with ``state.timestamp.get(unit)``, the count in that unit;
+* a ``dur`` argument is a fraction of ``state.max_duration`` and is compared with
+  ``elapsed_fraction(timestamp, max_duration)``. When ``max_duration`` is in epochs, that fraction changes once per
+  epoch, so the schedule moves once per epoch. Use a batch-based ``max_duration`` for per-batch curves;
+* when a formula uses two arguments (a warmup and ``t_max``) and one is ``dur``, both are measured as fractions of
+  ``max_duration``, so the other one must be in ``max_duration``'s unit.
+
+Every time argument is measured from the start of training. In the ``*WithWarmup`` schedulers, the warmup runs
+over ``[0, t_warmup)``. The main schedule takes over at ``t_warmup``, and its decay runs from ``t_warmup`` to
+``t_max``, so the default ``t_max="1dur"`` still ends exactly when training does. Milestones and ``ConstantScheduler``'s
+``t_max`` are on the same absolute clock. This matches Composer.
+
+``ssr`` (scale schedule ratio) stretches or compresses the schedule. Every ``ep``/``ba``/``sp``/``tok`` argument is
+multiplied by ``ssr`` before the comparison (``ssr=0.5`` halves them), with no rounding. A scaled boundary between two
+counts takes effect at the first count at or past it, and a product within float rounding of a whole count is
+snapped to that count. ``dur`` arguments are *not* scaled. They are fractions of ``max_duration``, which the trainer
+itself scales by ``ssr`` (as Composer's does), so scaling them here too would apply the ratio twice.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from fabric.trainer.time import Time, Timestamp, TimeUnit, elapsed_fraction
+
+__all__ = [
+    "ConstantScheduler",
+    "ConstantWithWarmupScheduler",
+    "CosineAnnealingScheduler",
+    "CosineAnnealingWarmRestartsScheduler",
+    "CosineAnnealingWithWarmupScheduler",
+    "ExponentialScheduler",
+    "LRSchedule",
+    "LinearScheduler",
+    "LinearWithWarmupScheduler",
+    "MultiStepScheduler",
+    "MultiStepWithWarmupScheduler",
+    "PolynomialScheduler",
+    "PolynomialWithWarmupScheduler",
+    "Scheduler",
+    "SchedulerState",
+    "StepScheduler",
+]
+
+TimeInput = Time[Any] | str
+# Float products and quotients this close (relative) to a boundary count as on it: (9 / 30) / 0.1 == 2.9999999999999996.
+_REL_TOL = 1e-12
+
+
+class SchedulerState(Protocol):
+    """What a scheduler reads from the trainer's state."""
+
+    @property
+    def timestamp(self) -> Timestamp: ...
+
+    @property
+    def max_duration(self) -> Time[Any]: ...
+
+
+class Scheduler(Protocol):
+    """A function of training time returning an LR multiplier. ``ssr`` scales the schedule's time arguments."""
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float: ...
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _parse_time(owner: str, name: str, value: object) -> Time[Any]:
+    """A time argument parsed once, with errors that name the scheduler and argument."""
+    if not isinstance(value, Time | str):
+        raise TypeError(
+            f"{owner}: {name} must be a Time or a time string such as '10ba', '2ep' or '0.3dur', "
+            f"got {value!r} ({type(value).__name__}); a bare number has no unit."
+        )
+    try:
+        return Time.from_input(value)
+    except ValueError as error:
+        raise ValueError(f"{owner}: {name}: {error}") from None
+
+
+def _positive_time(owner: str, name: str, value: object) -> Time[Any]:
+    time = _parse_time(owner, name, value)
+    if time.value == 0:
+        raise ValueError(f"{owner}: {name} must be positive, got {time}.")
+    return time
+
+
+def _number(owner: str, name: str, value: object, minimum: float = 0.0) -> float:
+    """A finite real number that is at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {name} must be a number, got {value!r} ({type(value).__name__}).")
+    number = float(value)
+    if not math.isfinite(number) or number < minimum:
+        raise ValueError(f"{owner}: {name} must be a finite number >= {minimum:g}, got {number!r}.")
+    return number
+
+
+def _check_ssr(ssr: float) -> None:
+    if isinstance(ssr, bool) or not isinstance(ssr, numbers.Real) or not math.isfinite(ssr) or ssr <= 0:
+        raise ValueError(f"The scale schedule ratio (ssr) must be a positive finite number, got {ssr!r}.")
+
+
+def _scaled(time: Time[Any], ssr: float) -> float:
+    """An integer-unit time times ``ssr``, snapped to a whole count if it is one up to float rounding."""
+    value = float(time.value) * ssr
+    whole = round(value)
+    return float(whole) if math.isclose(value, whole, rel_tol=_REL_TOL) else value
+
+
+def _reached(now: float, mark: float) -> bool:
+    """``now >= mark``, counting float noise around ``mark`` as on it."""
+    return now >= mark or math.isclose(now, mark, rel_tol=_REL_TOL)
+
+
+def _floor(x: float) -> int:
+    """``floor(x)``, counting an ``x`` within float noise below a whole number as that number."""
+    whole = math.floor(x)
+    return whole + 1 if math.isclose(x, whole + 1, rel_tol=_REL_TOL) else whole
+
+
+def _progress(now: float, start: float, end: float) -> float:
+    """How far ``now`` is from ``start`` to ``end``, clamped to [0, 1]. An empty span is already complete."""
+    if end <= start or _reached(now, end):
+        return 1.0
+    return min(1.0, max(0.0, (now - start) / (end - start)))
+
+
+def _cosine(tau: float, alpha_f: float) -> float:
+    return alpha_f + (1.0 - alpha_f) * 0.5 * (1.0 + math.cos(math.pi * tau))
+
+
+def _polynomial(tau: float, power: float, alpha_f: float) -> float:
+    return alpha_f + (1.0 - alpha_f) * math.pow(1.0 - tau, power)
+
+
+# --- base ---------------------------------------------------------------------------------------
+
+
+class _TimeScheduler(Scheduler):
+    """Shared machinery: putting the current time and time arguments on one axis, and a readable repr."""
+
+    def _place(self, state: SchedulerState, ssr: float, **times: Time[Any]) -> tuple[float, list[float]]:
+        """The current time and ``times`` as floats on one axis, with ``ssr`` applied.
+
+        The axis is the count in the arguments' unit when none is ``dur``. Otherwise it is the fraction of
+        ``max_duration``, and any non-``dur`` argument must then be in ``max_duration``'s unit.
+        """
+        _check_ssr(ssr)
+        counted = [time for time in times.values() if time.unit is not TimeUnit.DURATION]
+        if len(counted) == len(times):
+            unit = counted[0].unit  # the constructor checked that the counted arguments share a unit
+            return float(state.timestamp.get(unit).value), [_scaled(time, ssr) for time in counted]
+        max_duration = state.max_duration
+        now = elapsed_fraction(state.timestamp, max_duration)
+        positions = []
+        for name, time in times.items():
+            if time.unit is TimeUnit.DURATION:
+                positions.append(float(time.value))
+            elif time.unit is max_duration.unit:
+                positions.append(_scaled(time, ssr) / float(max_duration.value))
+            else:
+                arguments = ", ".join(f"{key}={str(value)!r}" for key, value in times.items())
+                raise ValueError(
+                    f"{type(self).__name__}: cannot compare {arguments} while max_duration is {max_duration}: "
+                    f"{name} must be in {max_duration.unit.value!r} like max_duration, or in 'dur'."
+                )
+        return now, positions
+
+    def _warmup(self, state: SchedulerState, ssr: float, t_warmup: Time[Any]) -> float | None:
+        """``t / t_warmup`` while warming up; ``None`` once the warmup is over."""
+        _check_warmup_axis(type(self).__name__, t_warmup, state.max_duration)
+        now, (end,) = self._place(state, ssr, t_warmup=t_warmup)
+        return None if _reached(now, end) else now / end
+
+    def __repr__(self) -> str:
+        def show(value: object) -> str:
+            if isinstance(value, Time):
+                return repr(str(value))
+            if isinstance(value, list):
+                return "[" + ", ".join(show(item) for item in value) + "]"
+            return repr(value)
+
+        names = list(inspect.signature(type(self).__init__).parameters)[1:]
+        return f"{type(self).__name__}({', '.join(f'{name}={show(getattr(self, name))}' for name in names)})"
+
+
+def _same_unit(owner: str, **times: Time[Any]) -> None:
+    """Arguments used in one formula must share a unit, except ``dur``, which is resolved at call time."""
+    units = {time.unit for time in times.values() if time.unit is not TimeUnit.DURATION}
+    if len(units) > 1:
+        arguments = ", ".join(f"{name}={str(time)!r}" for name, time in times.items())
+        raise ValueError(f"{owner}: {arguments} must be in the same unit (or in 'dur').")
+
+
+def _check_warmup(owner: str, t_warmup: Time[Any]) -> None:
+    if t_warmup.unit is TimeUnit.EPOCH:
+        raise ValueError(
+            f"{owner}: t_warmup={str(t_warmup)!r} is in epochs, which only advance at the end of an epoch, "
+            "so the whole first epoch would train with a multiplier of 0. Give it in 'ba', 'sp', 'tok' or 'dur'."
+        )
+
+
+def _check_warmup_axis(owner: str, t_warmup: Time[Any], max_duration: Time[Any]) -> None:
+    """A ``dur`` warmup of an epoch-based run would move once per epoch: refused like a warmup in epochs."""
+    if t_warmup.unit is TimeUnit.DURATION and max_duration.unit is TimeUnit.EPOCH:
+        raise ValueError(
+            f"{owner}: t_warmup={str(t_warmup)!r} is a fraction of max_duration={max_duration}, which only advances "
+            "at the end of an epoch, so the whole first epoch would train with a multiplier of 0. "
+            "Give t_warmup in 'ba', 'sp' or 'tok', or max_duration in batches."
+        )
+
+
+# --- schedulers ---------------------------------------------------------------------------------
+
+
+class StepScheduler(_TimeScheduler):
+    """Decay by ``gamma`` every ``step_size``: ``m(t) = gamma ** floor(t / step_size)``."""
+
+    def __init__(self, step_size: TimeInput, gamma: float = 0.1) -> None:
+        self.step_size = _positive_time(type(self).__name__, "step_size", step_size)
+        self.gamma = _number(type(self).__name__, "gamma", gamma)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        now, (step_size,) = self._place(state, ssr, step_size=self.step_size)
+        return self.gamma ** _floor(now / step_size)
+
+
+class MultiStepScheduler(_TimeScheduler):
+    """Decay by ``gamma`` at each milestone: ``m(t) = gamma ** (number of milestones m with t >= m)``.
+
+    Milestones may be in different units; each one is compared on its own.
+    """
+
+    def __init__(self, milestones: Sequence[TimeInput], gamma: float = 0.1) -> None:
+        owner = type(self).__name__
+        if isinstance(milestones, str | Time) or not isinstance(milestones, Sequence):
+            raise TypeError(
+                f"{owner}: milestones must be a list of times such as ['30ep', '60ep'], got {milestones!r}."
+            )
+        if not milestones:
+            raise ValueError(f"{owner}: milestones is empty; give at least one time.")
+        self.milestones = [_parse_time(owner, f"milestones[{index}]", value) for index, value in enumerate(milestones)]
+        self.gamma = _number(owner, "gamma", gamma)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        reached = 0
+        for milestone in self.milestones:
+            now, (mark,) = self._place(state, ssr, milestone=milestone)
+            reached += _reached(now, mark)
+        return self.gamma**reached
+
+
+class ConstantScheduler(_TimeScheduler):
+    """Hold ``alpha`` until ``t_max``, then 1: ``m(t) = alpha if t < t_max else 1``."""
+
+    def __init__(self, alpha: float = 1.0, t_max: TimeInput = "1dur") -> None:
+        self.alpha = _number(type(self).__name__, "alpha", alpha)
+        self.t_max = _parse_time(type(self).__name__, "t_max", t_max)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        now, (t_max,) = self._place(state, ssr, t_max=self.t_max)
+        return 1.0 if _reached(now, t_max) else self.alpha
+
+
+class LinearScheduler(_TimeScheduler):
+    """Go linearly from ``alpha_i`` to ``alpha_f`` by ``t_max``, then hold it.
+
+    ``m(t) = alpha_i + (alpha_f - alpha_i) * tau`` with ``tau = min(1, t / t_max)`` (``tau = 1`` when ``t_max`` is 0).
+    """
+
+    def __init__(self, alpha_i: float = 1.0, alpha_f: float = 0.0, t_max: TimeInput = "1dur") -> None:
+        self.alpha_i = _number(type(self).__name__, "alpha_i", alpha_i)
+        self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
+        self.t_max = _parse_time(type(self).__name__, "t_max", t_max)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        now, (t_max,) = self._place(state, ssr, t_max=self.t_max)
+        return self.alpha_i + (self.alpha_f - self.alpha_i) * _progress(now, 0.0, t_max)
+
+
+class ExponentialScheduler(_TimeScheduler):
+    """Decay smoothly by ``gamma`` per ``decay_period``, with no end: ``m(t) = gamma ** (t / decay_period)``."""
+
+    def __init__(self, gamma: float, decay_period: TimeInput = "1ep") -> None:
+        self.gamma = _number(type(self).__name__, "gamma", gamma)
+        self.decay_period = _positive_time(type(self).__name__, "decay_period", decay_period)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        now, (decay_period,) = self._place(state, ssr, decay_period=self.decay_period)
+        return math.pow(self.gamma, now / decay_period)
+
+
+class CosineAnnealingScheduler(_TimeScheduler):
+    """Half a cosine from 1 down to ``alpha_f`` by ``t_max``, then hold it.
+
+    ``m(t) = alpha_f + (1 - alpha_f) * (1 + cos(pi * tau)) / 2`` with ``tau = min(1, t / t_max)``.
+    """
+
+    def __init__(self, t_max: TimeInput = "1dur", alpha_f: float = 0.0) -> None:
+        self.t_max = _parse_time(type(self).__name__, "t_max", t_max)
+        self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        now, (t_max,) = self._place(state, ssr, t_max=self.t_max)
+        return _cosine(_progress(now, 0.0, t_max), self.alpha_f)
+
+
+class CosineAnnealingWarmRestartsScheduler(_TimeScheduler):
+    """Cosine annealing that restarts at 1. Interval ``i`` lasts ``t_0 * t_mult ** i``.
+
+    ``m(t) = alpha_f + (1 - alpha_f) * (1 + cos(pi * tau_i)) / 2`` with ``tau_i = (t - t_i) / (t_0 * t_mult ** i)``,
+    where ``t_i`` is the start of the interval containing ``t``. Interval lengths are not rounded, and ``t_mult``
+    must be at least 1 so that the intervals never shrink to nothing.
+    """
+
+    def __init__(self, t_0: TimeInput, t_mult: float = 1.0, alpha_f: float = 0.0) -> None:
+        self.t_0 = _positive_time(type(self).__name__, "t_0", t_0)
+        self.t_mult = _number(type(self).__name__, "t_mult", t_mult, minimum=1.0)
+        self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        now, (t_0,) = self._place(state, ssr, t_0=self.t_0)
+        x = now / t_0  # time in units of the first interval
+        if self.t_mult == 1.0:
+            tau = x - _floor(x)
+        else:  # interval lengths grow geometrically, so this loops O(log x) times
+            start, length = 0.0, 1.0
+            while _reached(x, start + length):
+                start += length
+                length *= self.t_mult
+            tau = (x - start) / length
+        return _cosine(min(1.0, max(0.0, tau)), self.alpha_f)
+
+
+class PolynomialScheduler(_TimeScheduler):
+    """Polynomial decay from 1 to ``alpha_f`` by ``t_max``, then hold it.
+
+    ``m(t) = alpha_f + (1 - alpha_f) * (1 - tau) ** power`` with ``tau = min(1, t / t_max)``.
+    """
+
+    def __init__(self, power: float, t_max: TimeInput = "1dur", alpha_f: float = 0.0) -> None:
+        self.power = _number(type(self).__name__, "power", power)
+        self.t_max = _parse_time(type(self).__name__, "t_max", t_max)
+        self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        now, (t_max,) = self._place(state, ssr, t_max=self.t_max)
+        return _polynomial(_progress(now, 0.0, t_max), self.power, self.alpha_f)
+
+
+# --- with warmup --------------------------------------------------------------------------------
+#
+# Warmup is linear from 0 at t = 0 to the main schedule's starting value at t_warmup: m(t) = (t / t_warmup) * start.
+# Like Composer (and Hugging Face's warmup schedules), batch 0 therefore trains with a multiplier of 0. Optimizers
+# still record that batch's gradients in their running moments, and the multiplier reaches `start` at t_warmup
+# itself. Warmups in epochs, or in dur when max_duration is in epochs, are refused because the epoch count would
+# hold them at 0 for the whole first epoch.
+# In the decaying variants, tau_w = min(1, (t - t_warmup) / (t_max - t_warmup)), and tau_w = 1 when t_max <= t_warmup.
+
+
+class _WarmupDecay(_TimeScheduler):
+    """Linear warmup to 1 over ``[0, t_warmup)``, then a decay over ``[t_warmup, t_max]`` on the same axis."""
+
+    def __init__(self, t_warmup: TimeInput, t_max: TimeInput) -> None:
+        owner = type(self).__name__
+        self.t_warmup = _parse_time(owner, "t_warmup", t_warmup)
+        self.t_max = _parse_time(owner, "t_max", t_max)
+        _check_warmup(owner, self.t_warmup)
+        _same_unit(owner, t_warmup=self.t_warmup, t_max=self.t_max)
+
+    def _phase(self, state: SchedulerState, ssr: float) -> tuple[bool, float]:
+        """``(True, t / t_warmup)`` while warming up, then ``(False, tau_w)``."""
+        _check_warmup_axis(type(self).__name__, self.t_warmup, state.max_duration)
+        now, (t_warmup, t_max) = self._place(state, ssr, t_warmup=self.t_warmup, t_max=self.t_max)
+        if not _reached(now, t_warmup):
+            return True, now / t_warmup
+        return False, _progress(now, t_warmup, t_max)
+
+
+class MultiStepWithWarmupScheduler(_TimeScheduler):
+    """Linear warmup to 1, then :class:`MultiStepScheduler`. Milestones are measured from the start of training.
+
+    ``m(t) = t / t_warmup`` if ``t < t_warmup``, else ``gamma ** (number of milestones m with t >= m)``.
+    """
+
+    def __init__(self, t_warmup: TimeInput, milestones: Sequence[TimeInput], gamma: float = 0.1) -> None:
+        self.t_warmup = _parse_time(type(self).__name__, "t_warmup", t_warmup)
+        _check_warmup(type(self).__name__, self.t_warmup)
+        self._steps = MultiStepScheduler(milestones, gamma)
+        self.milestones = self._steps.milestones
+        self.gamma = self._steps.gamma
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        warming = self._warmup(state, ssr, self.t_warmup)
+        return self._steps(state, ssr) if warming is None else warming
+
+
+class ConstantWithWarmupScheduler(_TimeScheduler):
+    """Linear warmup to ``alpha``, then :class:`ConstantScheduler` (``alpha`` until ``t_max``, then 1).
+
+    ``m(t) = (t / t_warmup) * alpha`` if ``t < t_warmup``, else ``alpha`` if ``t < t_max``, else 1.
+    """
+
+    def __init__(self, t_warmup: TimeInput, alpha: float = 1.0, t_max: TimeInput = "1dur") -> None:
+        self.t_warmup = _parse_time(type(self).__name__, "t_warmup", t_warmup)
+        _check_warmup(type(self).__name__, self.t_warmup)
+        self._constant = ConstantScheduler(alpha, t_max)
+        self.alpha = self._constant.alpha
+        self.t_max = self._constant.t_max
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        warming = self._warmup(state, ssr, self.t_warmup)
+        return self._constant(state, ssr) if warming is None else warming * self.alpha
+
+
+class LinearWithWarmupScheduler(_WarmupDecay):
+    """Linear warmup to ``alpha_i``, then linear from ``alpha_i`` at ``t_warmup`` to ``alpha_f`` at ``t_max``.
+
+    ``m(t) = (t / t_warmup) * alpha_i`` if ``t < t_warmup``, else ``alpha_i + (alpha_f - alpha_i) * tau_w``.
+    """
+
+    def __init__(
+        self, t_warmup: TimeInput, alpha_i: float = 1.0, alpha_f: float = 0.0, t_max: TimeInput = "1dur"
+    ) -> None:
+        super().__init__(t_warmup, t_max)
+        self.alpha_i = _number(type(self).__name__, "alpha_i", alpha_i)
+        self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        warming, x = self._phase(state, ssr)
+        return x * self.alpha_i if warming else self.alpha_i + (self.alpha_f - self.alpha_i) * x
+
+
+class CosineAnnealingWithWarmupScheduler(_WarmupDecay):
+    """Linear warmup to 1, then half a cosine from 1 at ``t_warmup`` to ``alpha_f`` at ``t_max``.
+
+    ``m(t) = t / t_warmup`` if ``t < t_warmup``, else ``alpha_f + (1 - alpha_f) * (1 + cos(pi * tau_w)) / 2``.
+    """
+
+    def __init__(self, t_warmup: TimeInput, t_max: TimeInput = "1dur", alpha_f: float = 0.0) -> None:
+        super().__init__(t_warmup, t_max)
+        self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        warming, x = self._phase(state, ssr)
+        return x if warming else _cosine(x, self.alpha_f)
+
+
+class PolynomialWithWarmupScheduler(_WarmupDecay):
+    """Linear warmup to 1, then polynomial decay from 1 at ``t_warmup`` to ``alpha_f`` at ``t_max``.
+
+    ``m(t) = t / t_warmup`` if ``t < t_warmup``, else ``alpha_f + (1 - alpha_f) * (1 - tau_w) ** power``.
+    """
+
+    def __init__(
+        self, t_warmup: TimeInput, power: float = 2.0, t_max: TimeInput = "1dur", alpha_f: float = 0.0
+    ) -> None:
+        super().__init__(t_warmup, t_max)
+        self.power = _number(type(self).__name__, "power", power)
+        self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
+
+    def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
+        warming, x = self._phase(state, ssr)
+        return x if warming else _polynomial(x, self.power, self.alpha_f)
+
+
+# --- applying schedules to optimizers -----------------------------------------------------------
+
+
+class LRSchedule:
+    """Applies our schedulers to optimizers: ``lr = initial_lr * product(scheduler(state, ssr))`` per param group.
+
+    The trainer calls :meth:`apply` at the start of every batch, before its forward pass, so batch ``k`` trains
+    with the multiplier for ``timestamp.batch == k``. Several schedulers multiply. ``initial_lr`` is recorded per
+    param group the first time the group is seen, at construction or, for groups added later with
+    ``add_param_group``, at the next :meth:`apply`. Its lr at that moment is the base lr. :meth:`state_dict` holds
+    these base lrs, so a resume (where the optimizer's saved lr is already scaled) continues exactly.
+
+    Only the schedulers defined here, or any callable matching :class:`Scheduler`, are handled. PyTorch
+    ``LRScheduler`` objects are stepped by the trainer separately and are refused here.
+    """
+
+    def __init__(
+        self,
+        schedulers: Scheduler | Sequence[Scheduler],
+        optimizers: Optimizer | Sequence[Optimizer],
+        *,
+        scale_schedule_ratio: float = 1.0,
+    ) -> None:
+        self.schedulers: list[Scheduler] = list(schedulers) if isinstance(schedulers, Sequence) else [schedulers]
+        for scheduler in self.schedulers:
+            if isinstance(scheduler, LRScheduler):
+                raise TypeError(
+                    f"LRSchedule handles fabric.trainer.schedulers, not PyTorch's {type(scheduler).__name__}; "
+                    "the trainer steps PyTorch LR schedulers itself."
+                )
+            if not callable(scheduler):
+                raise TypeError(f"A scheduler must be callable as scheduler(state, ssr), got {scheduler!r}.")
+        self.optimizers: list[Optimizer] = list(optimizers) if isinstance(optimizers, Sequence) else [optimizers]
+        for optimizer in self.optimizers:
+            if not isinstance(optimizer, Optimizer):
+                raise TypeError(f"Expected torch.optim.Optimizer objects, got {type(optimizer).__name__}.")
+        _check_ssr(scale_schedule_ratio)
+        self.scale_schedule_ratio = float(scale_schedule_ratio)
+        self._initial_lrs: list[list[float]] = [[] for _ in self.optimizers]
+        self._record_new_groups()
+
+    @property
+    def initial_lrs(self) -> list[list[float]]:
+        """The base lr of every param group, per optimizer (a copy)."""
+        return [list(lrs) for lrs in self._initial_lrs]
+
+    def _record_new_groups(self) -> None:
+        for optimizer, lrs in zip(self.optimizers, self._initial_lrs, strict=True):
+            lrs.extend(float(group["lr"]) for group in optimizer.param_groups[len(lrs) :])
+
+    def multiplier(self, state: SchedulerState) -> float:
+        """The product of every scheduler's multiplier at ``state``; it must be finite and non-negative."""
+        product = 1.0
+        for scheduler in self.schedulers:
+            value = float(scheduler(state, self.scale_schedule_ratio))
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{scheduler!r} returned the LR multiplier {value!r}; it must be finite and >= 0.")
+            product *= value
+        return product
+
+    def apply(self, state: SchedulerState) -> float:
+        """Set every param group's lr for the batch about to run; returns the multiplier used."""
+        self._record_new_groups()
+        factor = self.multiplier(state)
+        for optimizer, lrs in zip(self.optimizers, self._initial_lrs, strict=True):
+            for group, initial_lr in zip(optimizer.param_groups, lrs, strict=True):
+                lr = initial_lr * factor
+                if isinstance(group["lr"], torch.Tensor):
+                    group["lr"].fill_(lr)  # tensor lrs (e.g. capturable optimizers) must change in place
+                else:
+                    group["lr"] = lr
+        return factor
+
+    def state_dict(self) -> dict[str, list[list[float]]]:
+        """The base lrs as plain floats, safe for ``torch.load(weights_only=True)``."""
+        return {"initial_lrs": self.initial_lrs}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore the base lrs from :meth:`state_dict`; the optimizers must have at least that many groups."""
+        saved = state_dict.get("initial_lrs") if isinstance(state_dict, Mapping) else None
+        if not isinstance(saved, Sequence) or len(saved) != len(self.optimizers):
+            raise ValueError(
+                f"Not an LRSchedule state dict for {len(self.optimizers)} optimizer(s): expected "
+                f"{{'initial_lrs': [[float, ...] per optimizer]}}, got {state_dict!r}."
+            )
+        restored: list[list[float]] = []
+        for index, (optimizer, lrs) in enumerate(zip(self.optimizers, saved, strict=True)):
+            if not isinstance(lrs, Sequence) or len(lrs) > len(optimizer.param_groups):
+                raise ValueError(
+                    f"LRSchedule state for optimizer {index} has {lrs!r}, which does not fit its "
+                    f"{len(optimizer.param_groups)} param group(s)."
+                )
+            values = []
+            for lr in lrs:
+                if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not math.isfinite(lr):
+                    raise ValueError(f"LRSchedule state for optimizer {index}: {lr!r} is not a finite lr.")
+                values.append(float(lr))
+            restored.append(values)
+        self._initial_lrs = restored
