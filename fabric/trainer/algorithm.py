@@ -1,0 +1,41 @@
+"""``Algorithm``: a training method that changes the State at the events it matches.
+
+An algorithm says *when* it acts (``match``) and *what* it does (``apply``). The engine runs every
+algorithm whose ``match`` is true, in an order decided by passes (:mod:`fabric.trainer.passes`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from fabric.trainer.events import Event
+    from fabric.trainer.state import State
+
+
+class Algorithm(ABC):
+    """Base class of training methods (MixUp, LabelSmoothing, EMA, ...)."""
+
+    #: Whether two instances may run in one Trainer (two MixUps would mix twice: usually not).
+    allow_multiple_instances: ClassVar[bool] = False
+    #: Algorithm classes this one cannot run together with (the class docstring says why).
+    incompatible_with: ClassVar[tuple[type[Algorithm], ...]] = ()
+
+    @abstractmethod
+    def match(self, event: Event, state: State) -> bool:
+        """Whether to act at this event."""
+
+    @abstractmethod
+    def apply(self, event: Event, state: State, logger: Any) -> None:
+        """Act: read and change ``state``; ``logger`` records what it did."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What to checkpoint so a resumed run continues exactly (default: nothing)."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Restore :meth:`state_dict`."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,50 @@
+"""Algorithm passes: plain functions that decide the order algorithms run in at an event.
+
+A pass takes the algorithms (in their current order) and the event, and returns them reordered. The
+engine applies :data:`DEFAULT_PASSES` in sequence; users may pass their own list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from fabric.trainer.algorithm import Algorithm
+from fabric.trainer.events import Event
+
+AlgorithmPass = Callable[[Sequence[Algorithm], Event], list[Algorithm]]
+
+
+def reverse_on_closing_events(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
+    """First in, last out: at ``AFTER_*``/``*_END`` events run algorithms in reverse, so an algorithm
+    that changed something at the opening event undoes it after the ones applied on top of it."""
+    return list(reversed(algorithms)) if event.is_after else list(algorithms)
+
+
+def sort_to_front(*types: type[Algorithm]) -> AlgorithmPass:
+    """A pass that moves instances of ``types`` to the front (in the given order), keeping the rest."""
+
+    def apply(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
+        front = [a for kind in types for a in algorithms if type(a) is kind]
+        return front + [a for a in algorithms if a not in front]
+
+    return apply
+
+
+DEFAULT_PASSES: tuple[AlgorithmPass, ...] = (reverse_on_closing_events,)
+
+
+def check_compatibility(algorithms: Sequence[Algorithm]) -> None:
+    """Raise for combinations that cannot work, at construction rather than mid-training."""
+    seen: dict[type[Algorithm], Algorithm] = {}
+    for algorithm in algorithms:
+        kind = type(algorithm)
+        if kind in seen and not kind.allow_multiple_instances:
+            raise ValueError(f"Two {kind.__name__} instances were given; {kind.__name__} can run only once.")
+        seen[kind] = algorithm
+    for algorithm in algorithms:
+        clashes = [other for other in algorithms if isinstance(other, type(algorithm).incompatible_with)]
+        if clashes:
+            raise ValueError(
+                f"{type(algorithm).__name__} cannot run together with {type(clashes[0]).__name__} "
+                f"(see {type(algorithm).__name__}'s documentation); remove one of them."
+            )

@@ -1,0 +1,56 @@
+"""``State``: everything the training loop knows, in one place, under the names algorithms expect.
+
+Algorithms and callbacks receive the State at every event and may read or change it: swap the batch
+before the forward, scale the loss, stop training. Names follow Composer (``model``, ``optimizers``,
+``batch``, ``outputs``, ``loss``, ``timestamp``, ``max_duration``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+from fabric.trainer.time import Time, Timestamp, TimeUnit, elapsed_fraction
+
+
+@dataclass
+class State:
+    """The mutable training state shared by the loop, algorithms and callbacks."""
+
+    model: nn.Module
+    max_duration: Time[Any]
+    optimizers: list[Optimizer] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    timestamp: Timestamp = field(default_factory=Timestamp)
+    #: The current batch (train, eval or predict) and what the model made of it.
+    batch: Any = None
+    outputs: Any = None
+    loss: Any = None
+    dataloader: Iterable[Any] | None = None
+    #: Batches per epoch of ``dataloader``, when it has a length.
+    dataloader_len: int | None = None
+    #: The latest value of every metric, by name (``"eval/accuracy"``).
+    metrics: dict[str, Any] = field(default_factory=dict)
+    algorithms: list[Any] = field(default_factory=list)
+    callbacks: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.max_duration.unit == TimeUnit.DURATION:
+            raise ValueError(f"max_duration={self.max_duration} cannot be in 'dur': it is what 'dur' is a fraction of.")
+
+    def get_elapsed_duration(self) -> float:
+        """How far through ``max_duration`` training is, as a fraction (1.0 at the end)."""
+        return elapsed_fraction(self.timestamp, self.max_duration)
+
+    def stop_training(self) -> None:
+        """End training after the current batch: ``max_duration`` becomes the current batch count."""
+        self.max_duration = Time.from_batch(int(self.timestamp.batch))
+
+    @property
+    def finished(self) -> bool:
+        """Whether ``max_duration`` has been reached."""
+        return bool(self.timestamp >= self.max_duration)
