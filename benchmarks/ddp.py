@@ -17,14 +17,18 @@ made in the script (no downloads), ``torch.set_num_threads(1)`` in each rank. Bo
 same seed, data, initial weights and batch order, so all three variants end with bitwise identical
 parameters (the notes show a hash of them, and whether the two ranks of every run agreed).
 
-Two numbers per variant:
+Per variant:
 
 * **whole job**: wall time of the launching command, from ``subprocess`` start to exit, measured
   here; it includes interpreter start-up, ``import torch``, the rendezvous, training, and shutdown
-  (for torchrun also its agent process).
+  (for torchrun also its agent process). It is split at the moment rank 0's result line arrives
+  (training and the final checks are done then): ``start+train`` before it, ``shutdown`` after it
+  (the ranks' exit handling and interpreter shutdown, and for torchrun the agent noticing and exiting).
 * **steady state**: measured inside the job. After 50 steps (``--warmup``) the ranks meet at a
   barrier, steps 50..200 are timed with ``time.perf_counter``, and rank 0 prints the slower rank's
-  microseconds per step in a ``DDP_JOB_RESULT {json}`` line that this script parses.
+  mean microseconds per step (``steady us/step``, the headline) and median single step (``median
+  step us``, insensitive to a few steps lost to preemption) in a ``DDP_JOB_RESULT {json}`` line
+  that this script parses.
 
 How it is measured
 ------------------
@@ -34,6 +38,9 @@ them alike. The table shows medians over the rounds and the ratio of medians to 
 the ratio to (a) within each round (runs seconds apart, under the same load): its median and, in
 brackets, its smallest and largest value; a wide range means a busy machine, and the paired median
 is then the more robust estimate. The load average before and after is printed for the same reason.
+A run that exits non-zero (or prints no result) is left out of the medians and listed under the
+table with an excerpt of its stderr; ``ok runs`` counts the others. A job still running after
+120 s is killed with its process group.
 
 Bytecode: the jobs get a private, temporary bytecode cache (``PYTHONPYCACHEPREFIX``, with
 ``PYTHONDONTWRITEBYTECODE`` removed), filled by the untimed run, as in an ordinary installation.
@@ -43,14 +50,14 @@ Each torchrun run gets a free port (bound to port 0) for ``--master_port``.
 
 How to read it
 --------------
-Targets: steady state of (b) and (c) within 1.03x of (a); whole job of (b) and (c) within 1.05x of
+Targets (from the issue): steady state of (b) and (c) within 1.03x of (a); whole job of (b) and (c) within 1.05x of
 (a). A step here is ~1-3 ms, dominated by the gloo all-reduce between two processes, so a few
 percent is within noise on a shared 2-core machine: look at the paired range before reading a
-difference into it. Any non-zero exit is listed under the table with the end of its stderr.
+difference into it.
 
 Usage::
 
-    python benchmarks/ddp.py                  # 7 rounds, ~2 minutes on 2 cores
+    python benchmarks/ddp.py                  # 9 rounds, ~3 minutes on 2 cores
     python benchmarks/ddp.py --quick          # 2 rounds, 60 steps
     python benchmarks/ddp.py --rounds 11
 """
@@ -58,13 +65,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,6 +88,7 @@ RESULT_PREFIX = "DDP_JOB_RESULT "
 STEADY_TARGET = 1.03
 WHOLE_JOB_TARGET = 1.05
 TIMEOUT_SECONDS = 120.0
+KEY_LINES = re.compile(r"terminate called|exitcode|closing signal|fabric:|Error|error:|Killed|Abort")
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,7 @@ VARIANTS: tuple[Variant, ...] = (
 class Run:
     variant: Variant
     wall_seconds: float
+    result_seconds: float | None  # launch to rank 0's result line: start-up and training
     returncode: int | None  # None: timed out
     result: dict[str, object] | None
     stderr: str
@@ -130,25 +143,44 @@ def child_env(pycache_prefix: Path | None) -> dict[str, str]:
     return env
 
 
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def excerpt(stderr: str, tail: int = 20) -> str:
+    """The lines of a failed job's stderr that say what happened, then its end."""
+    lines = stderr.strip().splitlines()
+    head = [line for line in lines[:-tail] if KEY_LINES.search(line)]
+    return "\n".join([*head, "[...]", *lines[-tail:]] if head else lines[-tail:])
+
+
 def run_job(variant: Variant, steps: int, warmup: int, env: dict[str, str]) -> Run:
+    """Run one job; time it whole, and until rank 0's result line arrives (training is over then)."""
     cmd = command(variant, steps, warmup)
-    start = time.perf_counter()
-    process = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=TIMEOUT_SECONDS)
-        returncode: int | None = process.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)  # the job's own process group (start_new_session): its ranks too
-        stdout, stderr = process.communicate()
-        returncode = None
-    wall = time.perf_counter() - start
-    result = None
-    for line in stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            result = json.loads(line[len(RESULT_PREFIX) :])
-    return Run(variant, wall, returncode, result, stderr)
+    with tempfile.TemporaryFile(mode="w+") as stderr_file:
+        start = time.perf_counter()
+        process = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=stderr_file, text=True, start_new_session=True
+        )
+        # A timeout kills the job's own process group (start_new_session): its ranks too.
+        timer = threading.Timer(TIMEOUT_SECONDS, _kill_group, (process.pid,))
+        timer.start()
+        result, result_seconds = None, None
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith(RESULT_PREFIX):
+                result_seconds = time.perf_counter() - start
+                result = json.loads(line[len(RESULT_PREFIX) :])
+        returncode: int | None = process.wait()
+        wall = time.perf_counter() - start
+        timed_out = not timer.is_alive()
+        timer.cancel()
+        if timed_out:
+            returncode = None
+        stderr_file.seek(0)
+        stderr = stderr_file.read()
+    return Run(variant, wall, result_seconds, returncode, result, stderr)
 
 
 def _load() -> str:
@@ -156,9 +188,14 @@ def _load() -> str:
 
 
 def _metric(run: Run, metric: str) -> float | None:
-    """``wall``: whole-job seconds; ``us`` / ``median_us``: the job's own steady-state figures."""
+    """``wall``: whole-job seconds, ``to_result``: launch to the result line, ``shutdown``: from there to the
+    exit; ``us`` / ``median_us``: the job's own steady-state figures."""
     if metric == "wall":
         return run.wall_seconds
+    if metric in ("to_result", "shutdown"):
+        if run.result_seconds is None:
+            return None
+        return run.result_seconds if metric == "to_result" else run.wall_seconds - run.result_seconds
     key = {"us": "us_per_step", "median_us": "median_step_us"}[metric]
     value = run.result.get(key) if run.result else None
     return float(value) if isinstance(value, (int, float)) else None
@@ -194,26 +231,33 @@ def _range(values: Sequence[float]) -> str:
     return f"{_median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
-METRICS: tuple[tuple[str, str, str], ...] = (
-    ("wall", "whole job s", "{:.3f}"),
-    ("us", "steady us/step", "{:,.0f}"),
-    ("median_us", "median step us", "{:,.0f}"),
+# (metric, column title, format, shown as ratio to (a) with paired range, or as value and difference to (a))
+METRICS: tuple[tuple[str, str, str, bool], ...] = (
+    ("wall", "whole job s", "{:.3f}", True),
+    ("to_result", "start+train s", "{:.3f}", False),
+    ("shutdown", "shutdown s", "{:.3f}", False),
+    ("us", "steady us/step", "{:,.0f}", True),
+    ("median_us", "median step us", "{:,.0f}", True),
 )
 
 
 def format_table(rounds: Sequence[dict[str, Run]]) -> str:
-    header = "| variant | ok runs |" + "".join(f" {title} | vs (a) | paired [min-max] |" for _, title, _ in METRICS)
-    lines = [header, "|---|---:|" + "---:|---:|---|" * len(METRICS)]
+    header, align = "| variant | ok runs |", "|---|---:|"
+    for _, title, _, as_ratio in METRICS:
+        header += f" {title} | vs (a) | paired [min-max] |" if as_ratio else f" {title} (vs (a)) |"
+        align += "---:|---:|---|" if as_ratio else "---:|"
+    lines = [header, align]
     for variant in VARIANTS:
         ok = sum(1 for r in rounds if _ok(r[variant.key]))
         cells = [f"({variant.key}) {variant.name}", f"{ok}/{len(rounds)}"]
-        for metric, _, fmt in METRICS:
-            value = _medians(rounds, variant.key, metric)
-            if variant.key == "a":
+        for metric, _, fmt, as_ratio in METRICS:
+            value, reference = _medians(rounds, variant.key, metric), _medians(rounds, "a", metric)
+            if not as_ratio:
+                cells.append(fmt.format(value) + ("" if variant.key == "a" else f" ({value - reference:+.3f})"))
+            elif variant.key == "a":
                 cells += [fmt.format(value), "1.000", "-"]
             else:
-                ratio = value / _medians(rounds, "a", metric)
-                cells += [fmt.format(value), f"{ratio:.3f}", _range(_paired(rounds, variant.key, metric))]
+                cells += [fmt.format(value), f"{value / reference:.3f}", _range(_paired(rounds, variant.key, metric))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -251,16 +295,16 @@ def notes(rounds: Sequence[dict[str, Run]]) -> list[str]:
         lines.append("- every timed run exited 0 and reported its result")
     for run in failures:
         code = "timeout" if run.returncode is None else f"exit {run.returncode}"
-        tail = "\n".join(run.stderr.strip().splitlines()[-15:])
         lines.append(
-            f"- FAILED run of ({run.variant.key}) {run.variant.name}: {code}; end of stderr:\n```\n{tail}\n```"
+            f"- FAILED run of ({run.variant.key}) {run.variant.name} (left out of the table): {code}; "
+            f"stderr excerpt:\n```\n{excerpt(run.stderr)}\n```"
         )
     return lines
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps per job (default 200)")
     parser.add_argument("--warmup", type=int, default=50, help="untimed steps before the timed ones (default 50)")
     parser.add_argument("--inherit-env", action="store_true", help="no private bytecode cache for the jobs")
@@ -282,6 +326,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"| MLP 32-64-10, batch 64/rank, {args.steps} steps, steps {args.warmup}..{args.steps} timed, 1 thread/rank"
     )
     print(f"# medians over {args.rounds} interleaved rounds; ratios vs (a) raw DDP + torchrun")
+    print(
+        f"# targets (from the issue): steady state within {STEADY_TARGET:.2f}x of raw DDP, "
+        f"whole job within {WHOLE_JOB_TARGET:.2f}x of torchrun"
+    )
     print(f"# load average before: {_load()}\n", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="fabric-ddp-bench-pycache-") as cache:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import math
 import os
 import re
@@ -70,8 +71,11 @@ RAW_JOB = JOBS_DIR / "raw_ddp_job.py"
 FABRIC_JOB = JOBS_DIR / "fabric_ddp_job.py"
 RESULT_PREFIX = "DDP_JOB_RESULT "
 TERMINATE_MESSAGE = "terminate called without an active exception"
-TORCHRUN_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
-FABRIC_RANK_FAILURE = re.compile(r"fabric: local rank \d+ \(pid \d+\) exited with code (-?\d+)")
+# torchrun's error summary: one "rank : R (local_rank: L)" line followed by "exitcode : C" per failed worker.
+TORCHRUN_EXITCODE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+FABRIC_RANK_FAILURE = re.compile(r"fabric: local rank (\d+) \(pid \d+\) exited with code (-?\d+)")
+# Lines worth showing from a failed run's stderr besides its end.
+KEY_LINES = re.compile(r"terminate called|exitcode|closing signal|fabric:|Error|error:|Killed|Abort")
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ class Run:
     returncode: int | None  # None: timed out
     seconds: float
     terminate_messages: int
-    worker_codes: tuple[int, ...]  # from torchrun's error summary or Fabric's failure line
+    worker_codes: tuple[int, ...]  # one per failed rank, from torchrun's summary or Fabric's failure line
     finished_work: bool
     replicas_identical: bool
     stderr: str
@@ -148,12 +152,13 @@ def run_job(variant: Variant, index: int, steps: int, timeout: float, env: dict[
         stdout, stderr = process.communicate(timeout=timeout)
         returncode: int | None = process.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # the group may have ended meanwhile
+            os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
         returncode = None
     seconds = time.perf_counter() - start
-    worker_codes = [int(code) for code in TORCHRUN_EXITCODE.findall(stderr)]
-    worker_codes += [int(code) for code in FABRIC_RANK_FAILURE.findall(stderr)]
+    by_rank = {int(rank): int(code) for rank, code in TORCHRUN_EXITCODE.findall(stderr)}
+    by_rank.update({int(rank): int(code) for rank, code in FABRIC_RANK_FAILURE.findall(stderr)})
     result_lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     return Run(
         variant=variant,
@@ -161,7 +166,7 @@ def run_job(variant: Variant, index: int, steps: int, timeout: float, env: dict[
         returncode=returncode,
         seconds=seconds,
         terminate_messages=stderr.count(TERMINATE_MESSAGE),
-        worker_codes=tuple(worker_codes),
+        worker_codes=tuple(code for _, code in sorted(by_rank.items())),
         finished_work=bool(result_lines),
         replicas_identical=any('"replicas_identical": true' in line for line in result_lines),
         stderr=stderr,
@@ -206,7 +211,7 @@ def _counts(values: Sequence[str]) -> str:
 def format_table(runs: Sequence[Run], variants: Sequence[Variant]) -> str:
     lines = [
         '| variant | launch | runs | exit 0 | non-zero | exit codes (non-zero) | "terminate called" runs '
-        "| worker exit codes reported | timeouts | work unfinished | replicas differ | median s/run |",
+        "| rank exit codes reported | timeouts | work unfinished | replicas differ | median s/run |",
         "|---|---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|",
     ]
     for variant in variants:
@@ -253,14 +258,20 @@ def failure_reports(runs: Sequence[Run], variants: Sequence[Variant]) -> list[st
             continue
         run = failed[0]
         text = run.stderr.strip()
-        if not variant.key.startswith("fabric"):  # raw failures are expected: the end of stderr suffices
-            text = "\n".join(text.splitlines()[-25:])
-        what = "full stderr" if variant.key.startswith("fabric") else "end of stderr"
+        what = "full stderr"
+        if not variant.key.startswith("fabric"):  # raw failures are expected: an excerpt suffices
+            text, what = excerpt(text), "stderr excerpt (key lines, then the end)"
         lines.append(
             f"\n## first failure of {variant.key} (run {run.index + 1}, exit {describe_code(run.returncode)}): "
             f"{what}\n```\n{text}\n```"
         )
     return lines
+
+
+def excerpt(stderr: str, tail: int = 20) -> str:
+    lines = stderr.splitlines()
+    head = [line for line in lines[:-tail] if KEY_LINES.search(line)]
+    return "\n".join([*head, "[...]", *lines[-tail:]] if head else lines[-tail:])
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
