@@ -214,3 +214,14 @@ def test_devices_the_script_disagrees_with_fail_fast_instead_of_hanging(tmp_path
     )
     assert conflicting.returncode == 1
     assert "Fabric(devices=3) conflicts with the CLI's --devices=2 (FABRIC_DEVICES)" in conflicting.stderr
+
+
+def test_uneven_nodes_take_world_size_and_base_rank() -> None:
+    result = _fabric(
+        "run", "model", "--devices", "3", "--num-nodes", "2", "--node-rank", "1", "--main-address", "10.0.0.1",
+        "--world-size", "5", "--base-rank", "2", "--dry-run", REPORT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "world size:    5 (2 node(s)); this node: rank 1, global ranks 2..4" in result.stdout
+    assert "main address:  10.0.0.1:29500" in result.stdout
+    assert "LOCAL_RANK=2" in result.stdout and "RANK=4" in result.stdout and "WORLD_SIZE=5" in result.stdout
