@@ -26,27 +26,11 @@ import time
 
 import torch
 import torch.nn.functional as F
+from job_data import BATCH_SIZE, SEED, make_dataset, make_model
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from fabric import Fabric
-
-SEED = 1234
-SIZES = (32, 64, 10)
-BATCH_SIZE = 64
-BATCHES_PER_EPOCH = 50  # per rank
-
-
-def make_dataset(world_size: int) -> TensorDataset:
-    generator = torch.Generator().manual_seed(SEED)
-    samples = BATCH_SIZE * BATCHES_PER_EPOCH * world_size
-    features = torch.randn(samples, SIZES[0], generator=generator)
-    targets = torch.randint(0, SIZES[-1], (samples,), generator=generator)
-    return TensorDataset(features, targets)
-
-
-def make_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(SIZES[0], SIZES[1]), nn.ReLU(), nn.Linear(SIZES[1], SIZES[2]))
 
 
 def train(fabric: Fabric, steps: int, warmup: int) -> tuple[nn.Module, dict[str, object]]:

@@ -29,26 +29,10 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from job_data import BATCH_SIZE, SEED, make_dataset, make_model
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-SEED = 1234
-SIZES = (32, 64, 10)
-BATCH_SIZE = 64
-BATCHES_PER_EPOCH = 50  # per rank
-
-
-def make_dataset(world_size: int) -> TensorDataset:
-    generator = torch.Generator().manual_seed(SEED)
-    samples = BATCH_SIZE * BATCHES_PER_EPOCH * world_size
-    features = torch.randn(samples, SIZES[0], generator=generator)
-    targets = torch.randint(0, SIZES[-1], (samples,), generator=generator)
-    return TensorDataset(features, targets)
-
-
-def make_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(SIZES[0], SIZES[1]), nn.ReLU(), nn.Linear(SIZES[1], SIZES[2]))
+from torch.utils.data import DataLoader, DistributedSampler
 
 
 def train(steps: int, warmup: int) -> tuple[nn.Module, dict[str, object]]:
