@@ -413,6 +413,11 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_intact(tmp_path: 
         assert loaded["step"] in (completed[-1], completed[-1] + 1)
         _assert_identical(loaded["tensors"], [torch.full((4 << 20,), 2.0) for _ in range(10)])
 
+    # The killed save left its temporary file; the next save of the same checkpoint removes it.
+    assert _partial_temporary_file(tmp_path)
+    Fabric(accelerator="cpu").save(path, {"step": 3})
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["ckpt.pt"]
+
 
 def _partial_temporary_file(directory: Path) -> bool:
     for entry in directory.iterdir():

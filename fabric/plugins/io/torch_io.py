@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
+import time
 import uuid
 import zipfile
 from typing import Any
@@ -28,10 +30,12 @@ class TorchCheckpointIO(CheckpointIO):
         parent, _, filename = target.rstrip("/").rpartition("/")
         if parent:
             fs.makedirs(parent, exist_ok=True)
-        temporary = f"{parent}/.{filename}.tmp-{uuid.uuid4().hex}"
+        temporary = f"{parent}/{_temporary_prefix(filename)}{uuid.uuid4().hex}"
+        started = time.time()
         try:
             if _is_local(fs):
                 _save_local(checkpoint, temporary, target)
+                _remove_stale_temporaries(parent or ".", filename, older_than=started)
             else:
                 buffer = io.BytesIO()  # remote writers are often not seekable, which torch.save needs
                 torch.save(checkpoint, buffer)
@@ -93,6 +97,24 @@ def _unpickler_detail(error: BaseException) -> str:
             detail = line.split("WeightsUnpickler error:", 1)[1].strip()
             return detail or (lines[index + 1] if index + 1 < len(lines) else line)
     return lines[0] if lines else type(error).__name__
+
+
+def _temporary_prefix(filename: str) -> str:
+    return f".{filename}.tmp-"
+
+
+def _remove_stale_temporaries(directory: str, filename: str, older_than: float) -> None:
+    """Delete what saves of the same file that were killed half way left behind.
+
+    Only files last written before this save began are removed, so a save still running elsewhere
+    keeps its temporary file.
+    """
+    prefix = _temporary_prefix(filename)
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith(prefix) and entry.stat().st_mtime < older_than:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(entry.path)
 
 
 def _save_local(checkpoint: dict[str, Any], temporary: str, target: str) -> None:
