@@ -17,6 +17,7 @@ LAYERS = {
     "fabric.wrappers": 3,
     "fabric.connector": 3,
     "fabric.fabric": 4,
+    "fabric.trainer": 5,
     "fabric_cli": 6,
 }
 

@@ -1,1 +1,33 @@
-"""A Composer-style Trainer built on Fabric."""
+"""A Composer-style Trainer built on Fabric: events, algorithms, callbacks, time units and schedules.
+
+Names load on first use, so ``import fabric.trainer`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fabric.utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fabric.trainer.algorithm import Algorithm
+    from fabric.trainer.callback import Callback
+    from fabric.trainer.engine import Engine
+    from fabric.trainer.events import Event
+    from fabric.trainer.state import State
+    from fabric.trainer.time import Time, Timestamp, TimeUnit
+
+__all__ = ["Algorithm", "Callback", "Engine", "Event", "State", "Time", "TimeUnit", "Timestamp"]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Algorithm": "fabric.trainer.algorithm",
+        "Callback": "fabric.trainer.callback",
+        "Engine": "fabric.trainer.engine",
+        "Event": "fabric.trainer.events",
+        "State": "fabric.trainer.state",
+        "Time": "fabric.trainer.time",
+        "TimeUnit": "fabric.trainer.time",
+        "Timestamp": "fabric.trainer.time",
+    },
+)
