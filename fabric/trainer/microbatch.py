@@ -1,0 +1,67 @@
+"""Split a batch into microbatches for gradient accumulation, and weigh their losses.
+
+With ``device_train_microbatch_size=m``, a batch of ``n`` samples runs as ``ceil(n / m)`` forward and
+backward passes. Each microbatch's (mean) loss is multiplied by its share of the samples, so the summed
+gradients equal the gradient of the mean loss over the whole batch, also when the last microbatch is
+smaller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+
+def batch_size(batch: Any) -> int:
+    """Samples in ``batch``: the first dimension of its first tensor (tensors, sequences, mappings, dataclasses)."""
+    for value in _tensors(batch):
+        return int(value.shape[0])
+    raise TypeError(f"Cannot tell the batch size of a {type(batch).__name__}: it holds no tensor.")
+
+
+def split_batch(batch: Any, microbatch_size: int) -> list[Any]:
+    """``batch`` as a list of microbatches of at most ``microbatch_size`` samples, in order.
+
+    Tensors are sliced along their first dimension (views, no copies); other values are repeated.
+    """
+    if microbatch_size < 1:
+        raise ValueError(f"microbatch_size={microbatch_size} must be at least 1.")
+    size = batch_size(batch)
+    return [_slice(batch, start, min(start + microbatch_size, size)) for start in range(0, size, microbatch_size)]
+
+
+def loss_weight(microbatch: Any, total_samples: int) -> float:
+    """The factor for a microbatch's mean loss so that the microbatches' gradients add up to the batch's."""
+    return batch_size(microbatch) / total_samples
+
+
+def _slice(value: Any, start: int, stop: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value[start:stop]
+    if isinstance(value, Mapping):
+        return type(value)({key: _slice(item, start, stop) for key, item in value.items()})  # type: ignore[call-arg]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {field.name: _slice(getattr(value, field.name), start, stop) for field in dataclasses.fields(value)}
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(_slice(item, start, stop) for item in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_slice(item, start, stop) for item in value)
+    return value
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from _tensors(getattr(value, field.name))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)

@@ -1,0 +1,51 @@
+"""Microbatches: how batches split, and that weighted microbatch gradients equal the full-batch gradient."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fabric.trainer.microbatch import batch_size, loss_weight, split_batch
+
+Pair = namedtuple("Pair", ["x", "y"])
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor
+    name: str
+
+
+def test_splits_every_container_along_the_first_dimension() -> None:
+    batch = {"pair": Pair(torch.arange(5), torch.arange(5) * 10), "data": Batch(torch.ones(5, 2), "b"), "n": 3}
+    pieces = split_batch(batch, 2)
+    assert [batch_size(piece) for piece in pieces] == [2, 2, 1]
+    assert pieces[2]["pair"].y.tolist() == [40]
+    assert isinstance(pieces[0]["pair"], Pair) and isinstance(pieces[0]["data"], Batch)
+    assert pieces[1]["data"].inputs.shape == (2, 2) and pieces[1]["data"].name == "b" and pieces[1]["n"] == 3
+
+
+def test_bad_sizes_and_tensorless_batches_are_errors() -> None:
+    with pytest.raises(ValueError, match="microbatch_size=0 must be at least 1"):
+        split_batch(torch.ones(3), 0)
+    with pytest.raises(TypeError, match="holds no tensor"):
+        batch_size({"a": 1})
+
+
+@pytest.mark.parametrize("microbatch_size", [1, 3, 4, 7, 10])
+def test_weighted_microbatch_gradients_equal_the_full_batch_gradient(microbatch_size: int) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    x, y = torch.randn(10, 4), torch.randint(0, 3, (10,))
+    F.cross_entropy(model(x), y).backward()
+    full = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    for piece_x, piece_y in split_batch((x, y), microbatch_size):
+        (F.cross_entropy(model(piece_x), piece_y) * loss_weight(piece_x, total_samples=10)).backward()
+    for expected, parameter in zip(full, model.parameters(), strict=True):
+        torch.testing.assert_close(parameter.grad, expected)
