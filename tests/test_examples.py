@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -39,3 +40,18 @@ def test_demo_prints_a_falling_loss(tmp_path: Path) -> None:
     assert len(losses) >= 3
     assert losses[-1] < 0.5 * losses[0]
     assert (tmp_path / "runs" / "demo" / "spiral.pt").is_file()
+
+
+def test_ddp_example_trains_on_two_ranks_with_identical_replicas(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "ddp_train.py"), "--devices", "2", "--epochs", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert "2 ranks, replicas identical: True" in result.stdout
+    losses = [float(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("epoch")]
+    assert len(losses) == 2 and losses[1] < losses[0]
