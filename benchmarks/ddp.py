@@ -68,12 +68,9 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -81,23 +78,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-JOBS_DIR = Path(__file__).resolve().parent / "ddp_jobs"
-RAW_JOB = JOBS_DIR / "raw_ddp_job.py"
-FABRIC_JOB = JOBS_DIR / "fabric_ddp_job.py"
-RESULT_PREFIX = "DDP_JOB_RESULT "
+from ddp_launching import (
+    FABRIC_JOB,
+    RAW_JOB,
+    RESULT_PREFIX,
+    Variant,
+    child_env,
+    command,
+    excerpt,
+    load_average,
+)
+
 STEADY_TARGET = 1.03
 WHOLE_JOB_TARGET = 1.05
 TIMEOUT_SECONDS = 120.0
-KEY_LINES = re.compile(r"terminate called|exitcode|closing signal|fabric:|Error|error:|Killed|Abort")
-
-
-@dataclass(frozen=True)
-class Variant:
-    key: str
-    name: str
-    script: Path
-    torchrun: bool
-    extra_args: tuple[str, ...] = ()
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -117,42 +111,9 @@ class Run:
     stderr: str
 
 
-def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def command(variant: Variant, steps: int, warmup: int) -> list[str]:
-    job = [str(variant.script), "--steps", str(steps), "--warmup", str(warmup), *variant.extra_args]
-    if not variant.torchrun:
-        return [sys.executable, *job]
-    launcher = ["-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2"]
-    return [sys.executable, *launcher, "--master_addr=127.0.0.1", f"--master_port={find_free_port()}", *job]
-
-
-def child_env(pycache_prefix: Path | None) -> dict[str, str]:
-    """The jobs' environment: ours, with a private bytecode cache unless ``pycache_prefix`` is None."""
-    env = dict(os.environ)
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS"):
-        env.pop(name, None)  # a clean start: no rank variables or thread settings leak into the jobs
-    if pycache_prefix is not None:
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = str(pycache_prefix)
-    return env
-
-
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-
-
-def excerpt(stderr: str, tail: int = 20) -> str:
-    """The lines of a failed job's stderr that say what happened, then its end."""
-    lines = stderr.strip().splitlines()
-    head = [line for line in lines[:-tail] if KEY_LINES.search(line)]
-    return "\n".join([*head, "[...]", *lines[-tail:]] if head else lines[-tail:])
 
 
 def run_job(variant: Variant, steps: int, warmup: int, env: dict[str, str]) -> Run:
@@ -181,10 +142,6 @@ def run_job(variant: Variant, steps: int, warmup: int, env: dict[str, str]) -> R
         stderr_file.seek(0)
         stderr = stderr_file.read()
     return Run(variant, wall, result_seconds, returncode, result, stderr)
-
-
-def _load() -> str:
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def _metric(run: Run, metric: str) -> float | None:
@@ -249,7 +206,7 @@ def format_table(rounds: Sequence[dict[str, Run]]) -> str:
     lines = [header, align]
     for variant in VARIANTS:
         ok = sum(1 for r in rounds if _ok(r[variant.key]))
-        cells = [f"({variant.key}) {variant.name}", f"{ok}/{len(rounds)}"]
+        cells = [f"({variant.key}) {variant.description}", f"{ok}/{len(rounds)}"]
         for metric, _, fmt, as_ratio in METRICS:
             value, reference = _medians(rounds, variant.key, metric), _medians(rounds, "a", metric)
             if not as_ratio:
@@ -272,7 +229,7 @@ def notes(rounds: Sequence[dict[str, Run]]) -> list[str]:
         hashes.update(str(res.get("param_hash")) for res in results)
         threads = sorted({str(res.get("threads")) for res in results})
         lines.append(
-            f"- ({variant.key}) {variant.name}: both ranks ended with identical parameters in "
+            f"- ({variant.key}) {variant.description}: both ranks ended with identical parameters in "
             f"{identical}/{len(runs)} runs; threads per rank: {', '.join(threads) or 'n/a'}"
         )
     lines.append(
@@ -296,7 +253,7 @@ def notes(rounds: Sequence[dict[str, Run]]) -> list[str]:
     for run in failures:
         code = "timeout" if run.returncode is None else f"exit {run.returncode}"
         lines.append(
-            f"- FAILED run of ({run.variant.key}) {run.variant.name} (left out of the table): {code}; "
+            f"- FAILED run of ({run.variant.key}) {run.variant.description} (left out of the table): {code}; "
             f"stderr excerpt:\n```\n{excerpt(run.stderr)}\n```"
         )
     return lines
@@ -330,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"# targets (from the issue): steady state within {STEADY_TARGET:.2f}x of raw DDP, "
         f"whole job within {WHOLE_JOB_TARGET:.2f}x of torchrun"
     )
-    print(f"# load average before: {_load()}\n", flush=True)
+    print(f"# load average before: {load_average()}\n", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="fabric-ddp-bench-pycache-") as cache:
         env = child_env(None if args.inherit_env else Path(cache))
@@ -348,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             print(f"  round {index + 1}/{args.rounds}: {summary}", flush=True)
 
-    print(f"\n# load average after: {_load()}\n")
+    print(f"\n# load average after: {load_average()}\n")
     print(format_table(rounds))
     print()
     for line in notes(rounds):

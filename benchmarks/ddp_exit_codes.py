@@ -57,34 +57,28 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-JOBS_DIR = Path(__file__).resolve().parent / "ddp_jobs"
-RAW_JOB = JOBS_DIR / "raw_ddp_job.py"
-FABRIC_JOB = JOBS_DIR / "fabric_ddp_job.py"
-RESULT_PREFIX = "DDP_JOB_RESULT "
+from ddp_launching import (
+    FABRIC_JOB,
+    RAW_JOB,
+    RESULT_PREFIX,
+    Variant,
+    child_env,
+    command,
+    excerpt,
+    load_average,
+)
+
 TERMINATE_MESSAGE = "terminate called without an active exception"
 # torchrun's error summary: one "rank : R (local_rank: L)" line followed by "exitcode : C" per failed worker.
 TORCHRUN_EXITCODE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 FABRIC_RANK_FAILURE = re.compile(r"fabric: local rank (\d+) \(pid \d+\) exited with code (-?\d+)")
-# Lines worth showing from a failed run's stderr besides its end.
-KEY_LINES = re.compile(r"terminate called|exitcode|closing signal|fabric:|Error|error:|Killed|Abort")
-
-
-@dataclass(frozen=True)
-class Variant:
-    key: str
-    description: str
-    script: Path
-    torchrun: bool
-    extra_args: tuple[str, ...] = ()
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -112,36 +106,10 @@ class Run:
         return self.returncode != 0
 
 
-def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def command(variant: Variant, steps: int) -> list[str]:
-    job = [str(variant.script), "--steps", str(steps), "--warmup", str(steps // 4), *variant.extra_args]
-    if not variant.torchrun:
-        return [sys.executable, *job]
-    launcher = ["-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2"]
-    return [sys.executable, *launcher, "--master_addr=127.0.0.1", f"--master_port={find_free_port()}", *job]
-
-
-def child_env(pycache_prefix: Path | None) -> dict[str, str]:
-    """The jobs' environment: ours, with a private bytecode cache unless ``pycache_prefix`` is None."""
-    env = dict(os.environ)
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS"):
-        env.pop(name, None)
-    if pycache_prefix is not None:
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = str(pycache_prefix)
-    return env
-
-
 def run_job(variant: Variant, index: int, steps: int, timeout: float, env: dict[str, str]) -> Run:
     start = time.perf_counter()
     process = subprocess.Popen(
-        command(variant, steps),
+        command(variant, steps, warmup=steps // 4),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -268,12 +236,6 @@ def failure_reports(runs: Sequence[Run], variants: Sequence[Variant]) -> list[st
     return lines
 
 
-def excerpt(stderr: str, tail: int = 20) -> str:
-    lines = stderr.splitlines()
-    head = [line for line in lines[:-tail] if KEY_LINES.search(line)]
-    return "\n".join([*head, "[...]", *lines[-tail:]] if head else lines[-tail:])
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=50, help="runs per variant (default 50)")
@@ -294,10 +256,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _load() -> str:
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     known = {v.key: v for v in VARIANTS}
@@ -313,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"| {args.steps} steps, MLP 32-64-10, batch 64/rank | {args.runs} runs per variant, interleaved "
         f"| timeout {args.timeout:.0f} s"
     )
-    print(f"# load average before: {_load()}\n", flush=True)
+    print(f"# load average before: {load_average()}\n", flush=True)
 
     runs: list[Run] = []
     max_load = os.getloadavg()[0]
@@ -339,11 +297,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 summary = ", ".join(f"{v.key} {failed[v.key]}" for v in variants)
                 print(
                     f"  {index + 1}/{args.runs} runs per variant, failures so far: {summary} "
-                    f"(load {_load()}, {time.perf_counter() - started:.0f} s)",
+                    f"(load {load_average()}, {time.perf_counter() - started:.0f} s)",
                     flush=True,
                 )
 
-    print(f"\n# load average after: {_load()}; highest 1-minute load average seen: {max_load:.2f}\n")
+    print(f"\n# load average after: {load_average()}; highest 1-minute load average seen: {max_load:.2f}\n")
     print(format_table(runs, variants))
     print()
     for line in statistics_notes(runs, variants):

@@ -18,23 +18,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
+from ddp_launching import FABRIC_JOB, child_env, find_free_port
 
-JOB = Path(__file__).parent / "ddp_jobs" / "fabric_ddp_job.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+JOB = FABRIC_JOB
 
 
 def _commands(steps: int) -> dict[str, list[str]]:
@@ -47,8 +39,8 @@ def _commands(steps: int) -> dict[str, list[str]]:
 
 
 def _time_once(command: list[str]) -> float:
-    command = [part.replace("{port}", str(_free_port())) for part in command]
-    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+    command = [part.replace("{port}", str(find_free_port())) for part in command]
+    environment = child_env(pycache_prefix=None)
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300, check=False)
     elapsed = time.perf_counter() - start
