@@ -37,6 +37,19 @@ class State:
     metrics: dict[str, Any] = field(default_factory=dict)
     algorithms: list[Any] = field(default_factory=list)
     callbacks: list[Any] = field(default_factory=list)
+    #: The Fabric the trainer runs on: ``state.fabric.world_size``, ``.device``, ``.all_reduce`` for callbacks.
+    fabric: Any = None
+    #: Samples per forward/backward pass; None trains each batch in one pass.
+    device_train_microbatch_size: int | None = None
+    #: Metric objects by name (torchmetrics ``Metric`` or callables), updated during training.
+    train_metrics: dict[str, Any] = field(default_factory=dict)
+    #: Metric objects per evaluator label (``"eval"``), then by name.
+    eval_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Progress within the current evaluation or predict round (reset per dataloader).
+    eval_timestamp: Timestamp = field(default_factory=Timestamp)
+    predict_timestamp: Timestamp = field(default_factory=Timestamp)
+    #: The label of the evaluator being run (``"eval"`` by default), None outside evaluation.
+    dataloader_label: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_duration.unit == TimeUnit.DURATION:

@@ -1,0 +1,1 @@
+"""Training methods (MixUp, EMA, BlurPool, ...) as Algorithms, each with a plain-function form."""

@@ -1,0 +1,30 @@
+"""``LoggerDestination``: where the values that algorithms, callbacks and the loop log end up.
+
+A destination is also a :class:`~fabric.trainer.callback.Callback`, so it sees every event it
+overrides (a progress bar redraws at ``batch_end``). Values reach it through the trainer's
+:class:`~fabric.trainer.loggers.logger.Logger`, already converted to Python numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from fabric.trainer.callback import Callback
+
+
+class LoggerDestination(Callback):
+    """Base class of the trainer's loggers; every method is a no-op until overridden."""
+
+    #: Whether ranks other than global rank 0 keep this destination. Files and bars are written once,
+    #: by rank 0; an in-memory record for tests may want every rank's values.
+    all_ranks: ClassVar[bool] = False
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record scalar values (``{"loss/train/total": 0.25}``) at ``step`` (the global batch count)."""
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        """Record the run's configuration once."""
+
+    def close(self) -> None:
+        """Flush and release files or bars; called by ``Trainer.close()``."""
