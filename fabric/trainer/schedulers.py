@@ -73,7 +73,7 @@ class SchedulerState(Protocol):
     def timestamp(self) -> Timestamp: ...
 
     @property
-    def max_duration(self) -> Time[Any]: ...
+    def max_duration(self) -> Time[Any] | None: ...
 
 
 class Scheduler(Protocol):
@@ -170,7 +170,7 @@ class _TimeScheduler(Scheduler):
         if len(counted) == len(times):
             unit = counted[0].unit  # the constructor checked that the counted arguments share a unit
             return float(state.timestamp.get(unit).value), [_scaled(time, ssr) for time in counted]
-        max_duration = state.max_duration
+        max_duration = _max_duration(state)
         now = elapsed_fraction(state.timestamp, max_duration)
         positions = []
         for name, time in times.items():
@@ -220,9 +220,15 @@ def _check_warmup(owner: str, t_warmup: Time[Any]) -> None:
         )
 
 
-def _check_warmup_axis(owner: str, t_warmup: Time[Any], max_duration: Time[Any]) -> None:
+def _max_duration(state: SchedulerState) -> Time[Any]:
+    if state.max_duration is None:
+        raise ValueError("A schedule with 'dur' times needs max_duration, which is not set.")
+    return state.max_duration
+
+
+def _check_warmup_axis(owner: str, t_warmup: Time[Any], max_duration: Time[Any] | None) -> None:
     """A ``dur`` warmup of an epoch-based run would move once per epoch: refused like a warmup in epochs."""
-    if t_warmup.unit is TimeUnit.DURATION and max_duration.unit is TimeUnit.EPOCH:
+    if t_warmup.unit is TimeUnit.DURATION and max_duration is not None and max_duration.unit is TimeUnit.EPOCH:
         raise ValueError(
             f"{owner}: t_warmup={str(t_warmup)!r} is a fraction of max_duration={max_duration}, which only advances "
             "at the end of an epoch, so the whole first epoch would train with a multiplier of 0. "

@@ -22,7 +22,8 @@ class State:
     """The mutable training state shared by the loop, algorithms and callbacks."""
 
     model: nn.Module
-    max_duration: Time[Any]
+    #: How long to train; None until given (to the Trainer or to ``fit(duration=...)``).
+    max_duration: Time[Any] | None = None
     optimizers: list[Optimizer] = field(default_factory=list)
     schedulers: list[Any] = field(default_factory=list)
     timestamp: Timestamp = field(default_factory=Timestamp)
@@ -52,11 +53,13 @@ class State:
     dataloader_label: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_duration.unit == TimeUnit.DURATION:
+        if self.max_duration is not None and self.max_duration.unit == TimeUnit.DURATION:
             raise ValueError(f"max_duration={self.max_duration} cannot be in 'dur': it is what 'dur' is a fraction of.")
 
     def get_elapsed_duration(self) -> float:
         """How far through ``max_duration`` training is, as a fraction (1.0 at the end)."""
+        if self.max_duration is None:
+            raise ValueError("The elapsed duration is unknown: max_duration is not set.")
         return elapsed_fraction(self.timestamp, self.max_duration)
 
     def stop_training(self) -> None:
@@ -66,4 +69,4 @@ class State:
     @property
     def finished(self) -> bool:
         """Whether ``max_duration`` has been reached."""
-        return bool(self.timestamp >= self.max_duration)
+        return self.max_duration is not None and bool(self.timestamp >= self.max_duration)

@@ -1,0 +1,120 @@
+"""Evaluation: ``Evaluator`` (a labelled eval dataloader) and the loop that runs evaluators with their events.
+
+Per round: EVAL_BEFORE_ALL; per evaluator: EVAL_START, per batch EVAL_BATCH_START,
+EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END; the metrics are computed (synced across
+ranks), stored in ``state.metrics["metrics/<label>/<name>"]`` and logged; EVAL_END. Then
+EVAL_AFTER_ALL. The model runs in eval mode without gradients and returns to train mode afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fabric.trainer.engine import Engine
+from fabric.trainer.events import Event
+from fabric.trainer.intervals import IntervalInput
+from fabric.trainer.loggers.logger import Logger
+from fabric.trainer.metrics import compute_metrics, update_metric
+from fabric.trainer.microbatch import batch_size
+from fabric.trainer.state import State
+from fabric.trainer.time import Timestamp
+
+
+@dataclass
+class Evaluator:
+    """An eval dataloader with a label (metric names become ``metrics/<label>/<name>``).
+
+    ``metric_names`` picks some of the model's eval metrics (default: all); ``eval_interval``
+    overrides the Trainer's; ``subset_num_batches`` limits the batches per round (-1: all).
+    """
+
+    label: str
+    dataloader: Iterable[Any]
+    metric_names: Sequence[str] | None = None
+    eval_interval: IntervalInput | None = None
+    subset_num_batches: int = -1
+
+    def __post_init__(self) -> None:
+        if not self.label or not isinstance(self.label, str):
+            raise ValueError(f"An Evaluator needs a non-empty string label, got {self.label!r}.")
+        if self.subset_num_batches == 0 or self.subset_num_batches < -1:
+            raise ValueError(f"subset_num_batches={self.subset_num_batches} must be -1 (all) or positive.")
+
+
+def ensure_evaluators(eval_dataloader: Any) -> list[Evaluator]:
+    """Accept a dataloader, an Evaluator, a dict ``{label: dataloader}`` or a list of those; labels must be unique."""
+    if eval_dataloader is None:
+        return []
+    if isinstance(eval_dataloader, Mapping):
+        evaluators = [Evaluator(label, loader) for label, loader in eval_dataloader.items()]
+    elif isinstance(eval_dataloader, (list, tuple)):
+        evaluators = [item if isinstance(item, Evaluator) else Evaluator("eval", item) for item in eval_dataloader]
+    elif isinstance(eval_dataloader, Evaluator):
+        evaluators = [eval_dataloader]
+    else:
+        evaluators = [Evaluator("eval", eval_dataloader)]
+    labels = [evaluator.label for evaluator in evaluators]
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise ValueError(f"Evaluator labels must be unique; {duplicates} appear more than once in {labels}.")
+    return evaluators
+
+
+def select_metrics(metrics: Mapping[str, Any], evaluator: Evaluator) -> dict[str, Any]:
+    """The evaluator's share of the model's eval metrics; unknown names fail with the known ones listed."""
+    if evaluator.metric_names is None:
+        return dict(metrics)
+    unknown = [name for name in evaluator.metric_names if name not in metrics]
+    if unknown:
+        raise ValueError(
+            f"Evaluator {evaluator.label!r} asks for metrics {unknown}, which the model does not have; "
+            f"it has {sorted(metrics)}."
+        )
+    return {name: metrics[name] for name in evaluator.metric_names}
+
+
+def run_evaluators(state: State, engine: Engine, logger: Logger, evaluators: Sequence[Evaluator]) -> None:
+    """One evaluation round over ``evaluators``, with its events; leaves the model in its previous mode."""
+    model = state.model
+    was_training = model.training
+    engine.run_event(Event.EVAL_BEFORE_ALL)
+    model.eval()
+    try:
+        with torch.no_grad():
+            for evaluator in evaluators:
+                _run_evaluator(state, engine, logger, evaluator)
+    finally:
+        state.dataloader_label = None
+        model.train(was_training)
+    engine.run_event(Event.EVAL_AFTER_ALL)
+
+
+def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Evaluator) -> None:
+    run_event, model = engine.run_event, state.model
+    eval_forward = getattr(model, "eval_forward", None) if hasattr(model.module, "eval_forward") else None
+    metrics = state.eval_metrics.get(evaluator.label, {})
+    for metric in metrics.values():
+        metric.reset()
+    state.dataloader_label = evaluator.label
+    state.eval_timestamp = Timestamp()
+    run_event(Event.EVAL_START)
+    for index, batch in enumerate(evaluator.dataloader):
+        if index == evaluator.subset_num_batches:
+            break
+        state.batch = batch
+        run_event(Event.EVAL_BATCH_START)
+        run_event(Event.EVAL_BEFORE_FORWARD)
+        state.outputs = eval_forward(state.batch) if eval_forward is not None else model(state.batch)
+        run_event(Event.EVAL_AFTER_FORWARD)
+        for metric in metrics.values():
+            update_metric(model.module, state.batch, state.outputs, metric)
+        state.eval_timestamp = state.eval_timestamp.to_next_batch(batch_size(state.batch) * state.fabric.world_size)
+        run_event(Event.EVAL_BATCH_END)
+    values = compute_metrics(metrics, f"metrics/{evaluator.label}")
+    state.metrics.update(values)
+    logger.log_metrics(values)
+    run_event(Event.EVAL_END)

@@ -1,0 +1,121 @@
+"""Intervals: when something periodic (evaluation, checkpointing) happens, as a ``(state, event) -> bool``.
+
+Users write an interval as a Time (``"2ep"``, ``"500ba"``, ``"10000sp"``, ``"0.25dur"``), an int (in
+the default unit, epochs), or their own callable. The loop asks the interval at ``BATCH_END`` and
+``EPOCH_END``; a Time interval answers yes when its unit's counter reaches a multiple of it (epochs at
+``EPOCH_END``, the others at ``BATCH_END``), and, with ``include_end_of_training``, at the last batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fabric.trainer.events import Event
+from fabric.trainer.state import State
+from fabric.trainer.time import Time, TimeUnit
+
+IntervalFunction = Callable[[State, Event], bool]
+IntervalInput = str | int | Time[Any] | IntervalFunction
+
+
+def create_interval(
+    interval: IntervalInput, *, name: str = "interval", include_end_of_training: bool = True
+) -> IntervalFunction:
+    """Turn what a user wrote into a function of ``(state, event)``; bad input fails here, at construction."""
+    if callable(interval) and not isinstance(interval, Time):
+        return interval
+    try:
+        time = Time.from_input(interval, TimeUnit.EPOCH)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{name}={interval!r} is not an interval: use a time string ('1ep', '500ba', '0.25dur'), an int (epochs) "
+            f"or a callable (state, event) -> bool. ({error})"
+        ) from None
+    if time.value <= 0:
+        raise ValueError(f"{name}={interval!r} must be positive.")
+    if time.unit is TimeUnit.DURATION:
+        return _DurationInterval(float(time.value), include_end_of_training)
+    return _CountInterval(time.unit, int(time.value), include_end_of_training)
+
+
+def _at_end_of_training(state: State, event: Event) -> bool:
+    return event is Event.BATCH_END and state.max_duration is not None and state.finished
+
+
+class _Interval:
+    """Fires when :meth:`_due` says so or training just ended, at most once per batch count.
+
+    The once-per-batch rule stops a run whose last batch also ends an epoch from evaluating twice.
+    """
+
+    def __init__(self, include_end_of_training: bool) -> None:
+        self.include_end_of_training = include_end_of_training
+        self._fired_at_batch = -1
+
+    def __call__(self, state: State, event: Event) -> bool:
+        due = self._due(state, event)
+        if not due and self.include_end_of_training:
+            due = _at_end_of_training(state, event)
+        batch = int(state.timestamp.batch)
+        if not due or batch == self._fired_at_batch:
+            return False
+        self._fired_at_batch = batch
+        return True
+
+    def _due(self, state: State, event: Event) -> bool:
+        raise NotImplementedError
+
+
+class _CountInterval(_Interval):
+    """Every ``every`` epochs (at EPOCH_END) or batches (at BATCH_END); samples/tokens when crossing a multiple."""
+
+    def __init__(self, unit: TimeUnit, every: int, include_end_of_training: bool) -> None:
+        super().__init__(include_end_of_training)
+        self.unit, self.every = unit, every
+        self.event = Event.EPOCH_END if unit is TimeUnit.EPOCH else Event.BATCH_END
+        self._crossing = _Crossing() if unit in (TimeUnit.SAMPLE, TimeUnit.TOKEN) else None
+
+    def _due(self, state: State, event: Event) -> bool:
+        if event is not self.event:
+            return False
+        count = int(state.timestamp.get(self.unit))
+        if self._crossing is None:  # epochs and batches advance by one, so a multiple is never skipped
+            return count % self.every == 0
+        return self._crossing.crossed(count // self.every, first_batch=int(state.timestamp.batch) == 1)
+
+    def __repr__(self) -> str:
+        return f"every {self.every}{self.unit.value}"
+
+
+class _DurationInterval(_Interval):
+    """At the first BATCH_END at or past each multiple of ``fraction`` of max_duration."""
+
+    def __init__(self, fraction: float, include_end_of_training: bool) -> None:
+        super().__init__(include_end_of_training)
+        self.fraction = fraction
+        self._crossing = _Crossing()
+
+    def _due(self, state: State, event: Event) -> bool:
+        if event is not Event.BATCH_END:
+            return False
+        mark = int(state.get_elapsed_duration() / self.fraction + 1e-9)
+        return self._crossing.crossed(mark, first_batch=int(state.timestamp.batch) == 1)
+
+    def __repr__(self) -> str:
+        return f"every {self.fraction}dur"
+
+
+class _Crossing:
+    """Detects a counter passing into a new multiple between two calls (counters that jump by more than one).
+
+    The first call of a fresh run compares with zero; the first call after a resume only records the mark.
+    """
+
+    def __init__(self) -> None:
+        self._last_mark: int | None = None
+
+    def crossed(self, mark: int, first_batch: bool) -> bool:
+        previous = self._last_mark if self._last_mark is not None else (0 if first_batch else mark)
+        self._last_mark = mark
+        return mark > previous

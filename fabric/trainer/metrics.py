@@ -1,0 +1,87 @@
+"""Metrics the Trainer updates per batch and computes per round, synced across ranks.
+
+A metric is either an object with ``update``/``compute``/``reset`` (torchmetrics ``Metric``, which
+syncs itself across processes in ``compute``) or a plain callable ``(outputs, batch) -> number``,
+which :class:`CallableMetric` averages over samples and all-reduces through Fabric at ``compute``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from fabric.trainer.microbatch import batch_size
+from fabric.trainer.model import TrainerModel
+
+MetricFunction = Callable[[Any, Any], "float | torch.Tensor"]
+
+
+class CallableMetric:
+    """The sample-weighted mean of ``function(outputs, batch)`` over every batch since :meth:`reset`."""
+
+    def __init__(self, function: MetricFunction, fabric: Any = None) -> None:
+        self.function, self.fabric = function, fabric
+        self._total = torch.zeros((), dtype=torch.float64)
+        self._samples = 0
+
+    def update(self, outputs: Any, batch: Any) -> None:
+        samples = batch_size(batch)
+        value = self.function(outputs, batch)
+        self._total = self._total + torch.as_tensor(value, dtype=torch.float64).detach().cpu() * samples
+        self._samples += samples
+
+    def compute(self) -> float:
+        totals = torch.tensor([float(self._total), float(self._samples)], dtype=torch.float64)
+        if self.fabric is not None and self.fabric.world_size > 1:
+            totals = self.fabric.all_reduce(totals.to(self.fabric.device), reduce_op="sum").cpu()
+        total, samples = totals.tolist()
+        return total / samples if samples else float("nan")
+
+    def reset(self) -> None:
+        self._total = torch.zeros((), dtype=torch.float64)
+        self._samples = 0
+
+    def __repr__(self) -> str:
+        return f"CallableMetric({getattr(self.function, '__name__', self.function)!r})"
+
+
+def model_metrics(model: Any, is_train: bool, fabric: Any) -> dict[str, Any]:
+    """The model's metrics as objects with update/compute/reset, on Fabric's device."""
+    get_metrics = getattr(model, "get_metrics", None)
+    if get_metrics is None:
+        return {}
+    metrics: Mapping[str, Any] = get_metrics(is_train=is_train)
+    prepared = {}
+    for name, metric in metrics.items():
+        if all(hasattr(metric, method) for method in ("update", "compute", "reset")):
+            prepared[name] = metric.to(fabric.device) if isinstance(metric, torch.nn.Module) else metric
+        elif callable(metric):
+            prepared[name] = CallableMetric(metric, fabric)
+        else:
+            raise TypeError(
+                f"Metric {name!r} of {type(model).__name__} is a {type(metric).__name__}: expected an object with "
+                "update/compute/reset (e.g. a torchmetrics Metric) or a callable (outputs, batch) -> number."
+            )
+    return prepared
+
+
+def update_metric(model: Any, batch: Any, outputs: Any, metric: Any) -> None:
+    """Feed a batch to ``metric``: callables see the whole batch, others go through the model's ``update_metric``."""
+    if isinstance(metric, CallableMetric):
+        metric.update(outputs, batch)
+    elif hasattr(model, "update_metric"):
+        model.update_metric(batch, outputs, metric)
+    else:
+        TrainerModel.update_metric(model, batch, outputs, metric)
+
+
+def compute_metrics(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
+    """Every metric's value as a float, keyed ``f"{prefix}/{name}"``; the metrics are reset afterwards."""
+    values = {}
+    for name, metric in metrics.items():
+        value = metric.compute()
+        values[f"{prefix}/{name}"] = float(value.item() if isinstance(value, torch.Tensor) else value)
+        metric.reset()
+    return values

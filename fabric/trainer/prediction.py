@@ -1,0 +1,52 @@
+"""Prediction: run the model over a dataloader without gradients, returning or streaming the outputs.
+
+Events: PREDICT_START; per batch PREDICT_BATCH_START, PREDICT_BEFORE_FORWARD, PREDICT_AFTER_FORWARD,
+PREDICT_BATCH_END (a callback there sees ``state.outputs``: the way to stream results to disk);
+PREDICT_END.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from fabric.trainer.engine import Engine
+from fabric.trainer.events import Event
+from fabric.trainer.microbatch import batch_size
+from fabric.trainer.state import State
+from fabric.trainer.time import Timestamp
+from fabric.utilities.apply_func import move_data_to_device
+
+
+def run_prediction(
+    state: State, engine: Engine, dataloader: Iterable[Any], *, return_outputs: bool, subset_num_batches: int
+) -> list[Any]:
+    """Outputs of every batch, moved to the CPU (an empty list when ``return_outputs`` is False)."""
+    run_event, model = engine.run_event, state.model
+    was_training = model.training
+    outputs: list[Any] = []
+    state.predict_timestamp = Timestamp()
+    model.eval()
+    try:
+        with torch.no_grad():
+            run_event(Event.PREDICT_START)
+            for index, batch in enumerate(dataloader):
+                if index == subset_num_batches:
+                    break
+                state.batch = batch
+                run_event(Event.PREDICT_BATCH_START)
+                run_event(Event.PREDICT_BEFORE_FORWARD)
+                state.outputs = model(state.batch)
+                run_event(Event.PREDICT_AFTER_FORWARD)
+                if return_outputs:
+                    outputs.append(move_data_to_device(state.outputs, torch.device("cpu")))
+                state.predict_timestamp = state.predict_timestamp.to_next_batch(
+                    batch_size(state.batch) * state.fabric.world_size
+                )
+                run_event(Event.PREDICT_BATCH_END)
+            run_event(Event.PREDICT_END)
+    finally:
+        model.train(was_training)
+    return outputs

@@ -1,0 +1,229 @@
+"""One training batch: microbatches, forward, loss, backward, optimizer steps, clock, with its events.
+
+The events fire in this order (``state.batch`` is the microbatch between BEFORE_FORWARD and
+AFTER_BACKWARD, the whole batch otherwise)::
+
+    BATCH_START, (LR schedules for this batch), BEFORE_TRAIN_BATCH,
+    per microbatch: BEFORE_FORWARD, AFTER_FORWARD, BEFORE_LOSS, AFTER_LOSS, BEFORE_BACKWARD, AFTER_BACKWARD,
+    AFTER_TRAIN_BATCH (gradients complete, synced and unscaled; before the optimizer step)
+
+then the optimizers step, PyTorch LR schedulers step, and the timestamp advances. Losses of
+microbatches are weighted by their share of the samples, so the gradient equals the full batch's;
+DDP synchronises only on the last microbatch. With ``microbatch_size="auto"`` an out-of-memory error
+halves the microbatch and the batch is retried, the decision agreed across ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from fabric.trainer.engine import Engine
+from fabric.trainer.events import Event
+from fabric.trainer.metrics import update_metric
+from fabric.trainer.microbatch import batch_size, loss_weight, split_batch
+from fabric.trainer.schedulers import LRSchedule
+from fabric.trainer.state import State
+
+TokenCounter = Callable[[Any], int]
+
+
+def count_tokens(batch: Any) -> int:
+    """Tokens in a batch: the elements of ``batch["input_ids"]`` for mapping batches, else 0."""
+    if isinstance(batch, Mapping):
+        input_ids = batch.get("input_ids")
+        if isinstance(input_ids, torch.Tensor):
+            return int(input_ids.numel())
+    return 0
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a device or host allocation failure (what auto microbatching recovers from)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    message = str(error)
+    return isinstance(error, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+
+
+class TrainStep:
+    """Trains one batch; created once per Trainer so the per-batch path does no set-up work."""
+
+    def __init__(
+        self,
+        state: State,
+        engine: Engine,
+        *,
+        lr_schedule: LRSchedule | None,
+        torch_schedulers: Sequence[LRScheduler],
+        step_schedulers_every_batch: bool,
+        microbatch_size: int | str | None,
+        token_counter: TokenCounter = count_tokens,
+    ) -> None:
+        self.state, self.engine = state, engine
+        self.fabric = state.fabric
+        self.lr_schedule = lr_schedule
+        self.torch_schedulers = tuple(torch_schedulers)
+        self.step_schedulers_every_batch = step_schedulers_every_batch
+        self.auto_microbatching = microbatch_size == "auto"
+        state.device_train_microbatch_size = None if self.auto_microbatching else microbatch_size  # type: ignore[assignment]
+        self.token_counter = token_counter
+        self._scaler = getattr(self.fabric.strategy.precision, "scaler", None)
+
+    def run(self, batch: Any) -> None:
+        """Train on ``batch`` and advance the clock; the loop fired the dataloader events already."""
+        state, run_event = self.state, self.engine.run_event
+        started = time.perf_counter()
+        state.batch = batch
+        run_event(Event.BATCH_START)
+        if self.lr_schedule is not None:
+            self.lr_schedule.apply(state)
+        run_event(Event.BEFORE_TRAIN_BATCH)
+        full_batch = state.batch
+        samples = batch_size(full_batch)
+        if self.auto_microbatching:
+            total_loss = self._train_with_auto_microbatches(full_batch, samples)
+        else:
+            total_loss = self._train_microbatches(full_batch, samples, state.device_train_microbatch_size)
+        state.batch = full_batch
+        if self._scaler is not None:
+            for optimizer in state.optimizers:
+                self.fabric.strategy.precision.unscale_gradients(optimizer)
+        run_event(Event.AFTER_TRAIN_BATCH)
+        for optimizer in state.optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if self.step_schedulers_every_batch:
+            for scheduler in self.torch_schedulers:
+                scheduler.step()
+        state.loss = total_loss
+        world_size = self.fabric.world_size
+        # Sharded loaders give every rank equally sized batches, so the global count is local x world size.
+        state.timestamp = state.timestamp.to_next_batch(
+            samples * world_size,
+            self.token_counter(full_batch) * world_size,
+            timedelta(seconds=time.perf_counter() - started),
+        )
+
+    def _train_microbatches(self, batch: Any, samples: int, microbatch_size: int | None) -> torch.Tensor:
+        if microbatch_size is None or microbatch_size >= samples:
+            return self._train_microbatch(batch, 1.0)
+        microbatches = split_batch(batch, microbatch_size)
+        last = len(microbatches) - 1
+        total_loss: torch.Tensor | None = None
+        for index, microbatch in enumerate(microbatches):
+            with self.fabric.no_backward_sync(self.state.model, enabled=index < last):
+                loss = self._train_microbatch(microbatch, loss_weight(microbatch, samples))
+            total_loss = loss if total_loss is None else total_loss + loss
+        assert total_loss is not None
+        return total_loss
+
+    def _train_microbatch(self, microbatch: Any, weight: float) -> torch.Tensor:
+        state, run_event = self.state, self.engine.run_event
+        model: Any = state.model
+        state.batch = microbatch
+        run_event(Event.BEFORE_FORWARD)
+        state.outputs = model(state.batch)
+        run_event(Event.AFTER_FORWARD)
+        run_event(Event.BEFORE_LOSS)
+        state.loss = model.loss(state.outputs, state.batch)
+        run_event(Event.AFTER_LOSS)
+        run_event(Event.BEFORE_BACKWARD)
+        losses = _per_optimizer_losses(state.loss, len(state.optimizers))
+        if losses is None:
+            total = _total_loss(state.loss)
+            self.fabric.backward(total * weight if weight != 1.0 else total, model=model)
+        else:
+            total = self._backward_per_optimizer(losses, weight)
+        run_event(Event.AFTER_BACKWARD)
+        if state.train_metrics:
+            with torch.no_grad():
+                for metric in state.train_metrics.values():
+                    update_metric(model.module, state.batch, state.outputs, metric)
+        detached = total.detach()
+        return detached * weight if weight != 1.0 else detached
+
+    def _backward_per_optimizer(self, losses: Sequence[torch.Tensor], weight: float) -> torch.Tensor:
+        """Loss ``i`` gives gradients to optimizer ``i``'s parameters only (a GAN's discriminator and generator)."""
+        last = len(losses) - 1
+        for index, (loss, optimizer) in enumerate(zip(losses, self.state.optimizers, strict=True)):
+            inputs = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+            self.fabric.backward(loss * weight, model=self.state.model, inputs=inputs, retain_graph=index < last)
+        return torch.stack([loss.detach() for loss in losses]).sum()
+
+    def _train_with_auto_microbatches(self, batch: Any, samples: int) -> torch.Tensor:
+        """Try the batch at the current microbatch size; on out-of-memory (on any rank) halve it and retry."""
+        state, fabric = self.state, self.fabric
+        distributed = fabric.world_size > 1
+        if state.device_train_microbatch_size is None:
+            state.device_train_microbatch_size = samples
+        while True:
+            size = state.device_train_microbatch_size
+            failure: BaseException | None = None
+            try:
+                # Gradients are synced by hand below, after every rank agreed the batch fitted.
+                with fabric.no_backward_sync(state.model, enabled=distributed):
+                    total_loss = self._train_microbatches(batch, samples, size)
+            except BaseException as error:
+                if not is_out_of_memory(error):
+                    raise
+                failure = error
+            any_failed = failure is not None
+            if distributed:
+                flag = torch.tensor(float(any_failed), device=fabric.device)
+                any_failed = bool(fabric.all_reduce(flag, reduce_op="max").item())
+            if not any_failed:
+                if distributed:
+                    _all_reduce_gradients(fabric, state.optimizers)
+                return total_loss
+            for optimizer in state.optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            if size == 1:
+                raise RuntimeError(
+                    "Out of memory with device_train_microbatch_size=1: even one sample does not fit."
+                ) from failure
+            state.device_train_microbatch_size = max(1, size // 2)
+
+
+def _all_reduce_gradients(fabric: Any, optimizers: Sequence[Optimizer]) -> None:
+    """Average gradients over ranks in one flat all-reduce (what DDP would have done in the backward)."""
+    grads = [
+        p.grad
+        for optimizer in optimizers
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.grad is not None
+    ]
+    if not grads:
+        return
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    flat = fabric.all_reduce(flat, reduce_op="mean")
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+def _total_loss(loss: Any) -> torch.Tensor:
+    """One tensor to differentiate: the tensor itself, a dict's ``"total"`` (or the sum of its values), or a sum."""
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(loss, Mapping):
+        return loss["total"] if "total" in loss else sum(loss.values())  # type: ignore[return-value]
+    if isinstance(loss, (list, tuple)):
+        return sum(loss)  # type: ignore[return-value]
+    raise TypeError(
+        f"model.loss() returned a {type(loss).__name__}; expected a tensor, a dict of tensors or a list of tensors."
+    )
+
+
+def _per_optimizer_losses(loss: Any, num_optimizers: int) -> Sequence[torch.Tensor] | None:
+    """A list/tuple with one loss per optimizer (two or more) means: loss ``i`` trains optimizer ``i``."""
+    if num_optimizers > 1 and isinstance(loss, (list, tuple)) and len(loss) == num_optimizers:
+        return loss
+    return None

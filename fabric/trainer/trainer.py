@@ -1,0 +1,385 @@
+"""``Trainer``: a ready training loop on Fabric that algorithms and callbacks bend through events.
+
+The common case is short::
+
+    trainer = Trainer(model=model, train_dataloader=train_loader, eval_dataloader=eval_loader,
+                      max_duration="10ep", optimizers=torch.optim.AdamW(model.parameters()),
+                      precision="amp_bf16", devices=2, strategy="ddp")
+    trainer.fit()
+
+The model is any ``nn.Module`` with ``forward(batch)`` and ``loss(outputs, batch)`` (see
+:mod:`fabric.trainer.model`). Where every event fires is documented in :mod:`fabric.trainer.events`,
+:mod:`fabric.trainer.train_step` and :mod:`fabric.trainer.evaluation`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader
+
+from fabric.fabric import Fabric
+from fabric.loggers.logger import Logger as FabricLogger
+from fabric.trainer.algorithm import Algorithm
+from fabric.trainer.callback import Callback
+from fabric.trainer.engine import Engine
+from fabric.trainer.evaluation import Evaluator, ensure_evaluators, run_evaluators, select_metrics
+from fabric.trainer.events import Event
+from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_interval
+from fabric.trainer.loggers.destination import LoggerDestination
+from fabric.trainer.loggers.logger import Logger
+from fabric.trainer.metrics import compute_metrics, model_metrics
+from fabric.trainer.prediction import run_prediction
+from fabric.trainer.schedulers import LRSchedule
+from fabric.trainer.state import State
+from fabric.trainer.time import Time, TimeUnit
+from fabric.trainer.train_step import TokenCounter, TrainStep, count_tokens
+
+_FABRIC_CHOICES = ("accelerator", "devices", "strategy", "precision", "num_nodes")
+
+
+class Trainer:
+    """Trains, evaluates and predicts with ``model`` on a Fabric, firing events around every step.
+
+    Fabric: pass ``accelerator``/``devices``/``strategy``/``precision``/``num_nodes`` (Fabric's strings;
+    precision also takes Composer's ``"fp32"``, ``"amp_fp16"``, ``"amp_bf16"``) or a ready ``fabric=``.
+    With ``strategy="ddp"`` and no launcher, constructing the Trainer starts the other local ranks.
+
+    Training: ``max_duration`` (a Time, ``"10ep"``, or an int meaning epochs), ``optimizers`` (one or a
+    list; several optimizers all step after the backward, or, when ``loss`` returns one loss per
+    optimizer, loss ``i`` trains optimizer ``i``), ``schedulers`` (``fabric.trainer.schedulers`` or
+    PyTorch ``LRScheduler`` objects, stepped per batch unless ``step_schedulers_every_batch=False``),
+    ``scale_schedule_ratio`` (scales max_duration and the schedules), ``device_train_microbatch_size``
+    (int, or ``"auto"`` to halve on out-of-memory errors).
+
+    Evaluation: ``eval_dataloader`` (a dataloader, an :class:`Evaluator`, a dict ``{label: loader}`` or
+    a list), every ``eval_interval`` (Time, int epochs, or ``(state, event) -> bool``; also at the end of
+    training), ``eval_subset_num_batches``. Algorithms, callbacks and loggers hook the events; the
+    tqdm progress bar is added on rank 0 unless ``progress_bar=False``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_dataloader: Iterable[Any] | None = None,
+        max_duration: Time[Any] | str | int | None = None,
+        *,
+        optimizers: Optimizer | Sequence[Optimizer] | None = None,
+        schedulers: Any = None,
+        scale_schedule_ratio: float = 1.0,
+        step_schedulers_every_batch: bool = True,
+        eval_dataloader: Any = None,
+        eval_interval: IntervalInput = 1,
+        eval_subset_num_batches: int = -1,
+        algorithms: Algorithm | Sequence[Algorithm] = (),
+        callbacks: Callback | Sequence[Callback] = (),
+        loggers: LoggerDestination | FabricLogger | Sequence[LoggerDestination | FabricLogger] = (),
+        progress_bar: bool = True,
+        device_train_microbatch_size: int | str | None = None,
+        seed: int | None = None,
+        get_num_tokens_in_batch: TokenCounter = count_tokens,
+        fabric: Fabric | None = None,
+        **fabric_choices: Any,
+    ) -> None:
+        self.fabric = _make_fabric(fabric, fabric_choices)
+        _check_microbatch_size(device_train_microbatch_size, self.fabric)
+        if scale_schedule_ratio <= 0:
+            raise ValueError(f"scale_schedule_ratio={scale_schedule_ratio} must be positive.")
+        self.scale_schedule_ratio = float(scale_schedule_ratio)
+        _launch(self.fabric)
+        self.seed = _agree_on_seed(self.fabric, seed)
+        self.fabric.seed_everything(self.seed)
+
+        optimizer_list = _as_list(optimizers)
+        self.state = State(
+            model=model,
+            max_duration=None,
+            optimizers=optimizer_list,
+            algorithms=_as_list(algorithms),
+            callbacks=_as_list(callbacks),
+            fabric=self.fabric,
+        )
+        if max_duration is not None:
+            self.state.max_duration = self._scaled_duration(max_duration)
+        destinations = _logger_destinations(_as_list(loggers), progress_bar, self.fabric.global_rank)
+        self.logger = Logger(self.state, destinations)
+        self.engine = Engine(self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=destinations)
+        self.engine.run_event(Event.INIT)  # before set-up, so model surgery happens on the plain model
+
+        self._setup_model_and_optimizers()
+        lr_schedule, torch_schedulers = self._setup_schedulers(_as_list(schedulers))
+        self.state.schedulers = [*([lr_schedule] if lr_schedule else []), *torch_schedulers]
+        self._torch_schedulers = torch_schedulers
+        self.state.train_metrics = model_metrics(self.state.model.module, True, self.fabric)
+        self._train_step = TrainStep(
+            self.state,
+            self.engine,
+            lr_schedule=lr_schedule,
+            torch_schedulers=torch_schedulers,
+            step_schedulers_every_batch=step_schedulers_every_batch,
+            microbatch_size=device_train_microbatch_size,
+            token_counter=get_num_tokens_in_batch,
+        )
+        self.step_schedulers_every_batch = step_schedulers_every_batch
+        if train_dataloader is not None:
+            self._set_train_dataloader(train_dataloader)
+        self.eval_interval = create_interval(eval_interval, name="eval_interval")
+        self.eval_subset_num_batches = eval_subset_num_batches
+        self.evaluators: list[Evaluator] = []
+        self._evaluator_intervals: list[IntervalFunction] = []
+        self._set_evaluators(eval_dataloader)
+        self._closed = False
+
+    # --- set-up ---------------------------------------------------------------------------------
+
+    def _setup_model_and_optimizers(self) -> None:
+        state = self.state
+        module = state.model
+        if not hasattr(module, "loss"):
+            raise TypeError(
+                f"{type(module).__name__} has no loss(outputs, batch) method; the Trainer needs one "
+                "(or subclass fabric.trainer.model.TrainerModel)."
+            )
+        model, *optimizers = self.fabric.setup(module, *state.optimizers)
+        if callable(getattr(module, "eval_forward", None)):
+            model.mark_forward_method("eval_forward")
+        state.model, state.optimizers = model, optimizers
+
+    def _setup_schedulers(self, schedulers: list[Any]) -> tuple[LRSchedule | None, list[LRScheduler]]:
+        torch_schedulers = [scheduler for scheduler in schedulers if isinstance(scheduler, LRScheduler)]
+        ours = [scheduler for scheduler in schedulers if not isinstance(scheduler, LRScheduler)]
+        if not ours:
+            return None, torch_schedulers
+        if not self.state.optimizers:
+            raise ValueError(f"schedulers={ours} need optimizers to schedule; pass optimizers=... as well.")
+        return LRSchedule(ours, self.state.optimizers, scale_schedule_ratio=self.scale_schedule_ratio), torch_schedulers
+
+    def _set_train_dataloader(self, dataloader: Iterable[Any]) -> None:
+        loader = self.fabric.setup_dataloaders(dataloader) if isinstance(dataloader, DataLoader) else dataloader
+        self.state.dataloader = loader
+        self.state.dataloader_len = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
+
+    def _set_evaluators(self, eval_dataloader: Any) -> None:
+        evaluators = ensure_evaluators(eval_dataloader)
+        eval_metrics = model_metrics(self.state.model.module, False, self.fabric) if evaluators else {}
+        for evaluator in evaluators:
+            if isinstance(evaluator.dataloader, DataLoader):
+                evaluator.dataloader = self.fabric.setup_dataloaders(evaluator.dataloader)
+            if evaluator.subset_num_batches == -1:
+                evaluator.subset_num_batches = self.eval_subset_num_batches
+            self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
+        self.evaluators = evaluators
+        self._evaluator_intervals = [
+            self.eval_interval
+            if evaluator.eval_interval is None
+            else create_interval(evaluator.eval_interval, name=f"{evaluator.label} eval_interval")
+            for evaluator in evaluators
+        ]
+
+    def _scaled_duration(self, duration: Time[Any] | str | int) -> Time[Any]:
+        time = Time.from_input(duration, TimeUnit.EPOCH)
+        if time.unit is TimeUnit.DURATION or time.value <= 0:
+            raise ValueError(f"max_duration={duration!r} must be a positive time in ep, ba, sp or tok.")
+        if self.scale_schedule_ratio != 1.0:
+            time = Time(max(1, round(time.value * self.scale_schedule_ratio)), time.unit)
+        return time
+
+    # --- training -------------------------------------------------------------------------------
+
+    def fit(
+        self,
+        *,
+        train_dataloader: Iterable[Any] | None = None,
+        duration: Time[Any] | str | int | None = None,
+        eval_dataloader: Any = None,
+    ) -> None:
+        """Train until ``max_duration``; with ``duration``, train that much longer than the current time.
+
+        New ``train_dataloader``/``eval_dataloader`` replace the ones given before.
+        """
+        state = self.state
+        if train_dataloader is not None:
+            self._set_train_dataloader(train_dataloader)
+        if eval_dataloader is not None:
+            self._set_evaluators(eval_dataloader)
+        if duration is not None:
+            extra = self._scaled_duration(duration)
+            state.max_duration = Time(int(state.timestamp.get(extra.unit)) + int(extra.value), extra.unit)
+        if state.max_duration is None:
+            raise ValueError("fit() needs a duration: pass max_duration= to the Trainer or duration= to fit().")
+        if state.dataloader is None:
+            raise ValueError("fit() needs a train_dataloader: pass it to the Trainer or to fit().")
+        if not state.optimizers:
+            raise ValueError(
+                "fit() needs optimizers: pass optimizers=torch.optim.AdamW(model.parameters()) or similar."
+            )
+        run_event = self.engine.run_event
+        run_event(Event.FIT_START)
+        while not state.finished:
+            if not self._train_epoch():
+                break
+        run_event(Event.FIT_END)
+
+    def _train_epoch(self) -> bool:
+        """Train until the dataloader runs out (True: the epoch ended) or training is finished (False)."""
+        state, run_event = self.state, self.engine.run_event
+        assert state.dataloader is not None
+        length = state.dataloader_len
+        run_event(Event.EPOCH_START)
+        batches = iter(state.dataloader)
+        while length is None or int(state.timestamp.batch_in_epoch) < length:
+            run_event(Event.BEFORE_DATALOADER)
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            state.batch = batch
+            run_event(Event.AFTER_DATALOADER)
+            self._train_step.run(state.batch)
+            self._after_batch()
+            if state.finished and (length is None or int(state.timestamp.batch_in_epoch) < length):
+                return False
+        if int(state.timestamp.batch_in_epoch) == 0:
+            raise RuntimeError("The train dataloader yielded no batch in this epoch; training cannot progress.")
+        if not self.step_schedulers_every_batch:
+            for scheduler in self._torch_schedulers:
+                scheduler.step()
+        state.timestamp = state.timestamp.to_next_epoch()
+        run_event(Event.EPOCH_END)
+        self._evaluate_if_due(Event.EPOCH_END)
+        run_event(Event.EPOCH_CHECKPOINT)
+        return True
+
+    def _after_batch(self) -> None:
+        state, run_event = self.state, self.engine.run_event
+        if state.train_metrics:
+            state.metrics.update(compute_metrics(state.train_metrics, "metrics/train"))
+        if self.logger.destinations:
+            self.logger.log_metrics({"loss/train/total": state.loss})
+        run_event(Event.BATCH_END)
+        self._evaluate_if_due(Event.BATCH_END)
+        run_event(Event.BATCH_CHECKPOINT)
+
+    def _evaluate_if_due(self, event: Event) -> None:
+        if not self.evaluators:
+            return
+        due = [
+            evaluator
+            for evaluator, interval in zip(self.evaluators, self._evaluator_intervals, strict=True)
+            if interval(self.state, event)
+        ]
+        if due:
+            run_evaluators(self.state, self.engine, self.logger, due)
+
+    # --- evaluation and prediction ----------------------------------------------------------------
+
+    def eval(self, eval_dataloader: Any = None, subset_num_batches: int | None = None) -> dict[str, float]:
+        """Run every evaluator once (or the given dataloader(s)); returns the computed metrics."""
+        if eval_dataloader is not None:
+            self._set_evaluators(eval_dataloader)
+        if not self.evaluators:
+            raise ValueError("eval() needs an eval_dataloader: pass it to the Trainer or to eval().")
+        if subset_num_batches is not None:
+            for evaluator in self.evaluators:
+                evaluator.subset_num_batches = subset_num_batches
+        run_evaluators(self.state, self.engine, self.logger, self.evaluators)
+        labels = tuple(f"metrics/{evaluator.label}/" for evaluator in self.evaluators)
+        return {name: value for name, value in self.state.metrics.items() if name.startswith(labels)}
+
+    def predict(
+        self, dataloader: Iterable[Any], *, return_outputs: bool = True, subset_num_batches: int = -1
+    ) -> list[Any]:
+        """The model's outputs for every batch of ``dataloader`` (on the CPU), or ``[]`` to only stream them."""
+        loader = self.fabric.setup_dataloaders(dataloader) if isinstance(dataloader, DataLoader) else dataloader
+        return run_prediction(
+            self.state, self.engine, loader, return_outputs=return_outputs, subset_num_batches=subset_num_batches
+        )
+
+    def close(self) -> None:
+        """Flush and close the loggers (progress bars, files). Safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            self.logger.close()
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _as_list(items: Any) -> list[Any]:
+    if items is None:
+        return []
+    return list(items) if isinstance(items, (list, tuple)) else [items]
+
+
+def _make_fabric(fabric: Fabric | None, choices: dict[str, Any]) -> Fabric:
+    unknown = sorted(set(choices) - set(_FABRIC_CHOICES))
+    if unknown:
+        raise TypeError(f"Trainer() got unexpected arguments {unknown}; Fabric choices are {list(_FABRIC_CHOICES)}.")
+    if fabric is None:
+        return Fabric(**choices)
+    if choices:
+        raise ValueError(
+            f"Pass either fabric= or the Fabric choices {sorted(choices)}, not both: that Fabric already decided them."
+        )
+    return fabric
+
+
+def _launch(fabric: Fabric) -> None:
+    """Start the other local ranks when the strategy re-runs the script; spawn/fork strategies need a function."""
+    start_method = getattr(fabric.strategy, "start_method", "popen")
+    if start_method != "popen" and fabric.strategy.needs_launch and not fabric._launched:
+        raise ValueError(
+            f"strategy={type(fabric.strategy).__name__}(start_method={start_method!r}) runs a function per process: "
+            "build the Trainer inside fabric.launch(fn), or use strategy='ddp'."
+        )
+    fabric.launch()
+
+
+def _agree_on_seed(fabric: Fabric, seed: int | None) -> int:
+    """The given seed, else one drawn on rank 0 and shared, so every rank shuffles identically."""
+    if seed is not None:
+        return seed
+    drawn = random.SystemRandom().randrange(2**31)
+    return int(fabric.broadcast(drawn, src=0)) if fabric.world_size > 1 else drawn
+
+
+def _check_microbatch_size(size: int | str | None, fabric: Fabric) -> None:
+    if size is None or size == "auto":
+        if size == "auto" and fabric.world_size > 1 and type(fabric.strategy).__name__ != "DDPStrategy":
+            raise ValueError(
+                f"device_train_microbatch_size='auto' on several ranks needs strategy='ddp', got "
+                f"{type(fabric.strategy).__name__}."
+            )
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"device_train_microbatch_size={size!r} must be a positive int, 'auto' or None.")
+
+
+def _logger_destinations(loggers: list[Any], progress_bar: bool, global_rank: int) -> list[LoggerDestination]:
+    """Loggers as destinations (Fabric loggers adapted), the progress bar added; other ranks keep all-rank ones."""
+    destinations: list[LoggerDestination] = []
+    for logger in loggers:
+        if isinstance(logger, FabricLogger):
+            from fabric.trainer.loggers.fabric_logger import FabricLoggerDestination
+
+            destinations.append(FabricLoggerDestination(logger))
+        elif isinstance(logger, LoggerDestination):
+            destinations.append(logger)
+        else:
+            raise TypeError(
+                f"loggers must be LoggerDestination objects (fabric.trainer.loggers) or fabric.loggers Loggers, "
+                f"got {type(logger).__name__}."
+            )
+    if progress_bar:
+        from fabric.trainer.loggers.progress_bar import ProgressBarLogger
+
+        if not any(isinstance(destination, ProgressBarLogger) for destination in destinations):
+            destinations.append(ProgressBarLogger())
+    if global_rank != 0:
+        destinations = [destination for destination in destinations if destination.all_ranks]
+    return destinations
