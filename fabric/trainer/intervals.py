@@ -3,7 +3,8 @@
 Users write an interval as a Time (``"2ep"``, ``"500ba"``, ``"10000sp"``, ``"0.25dur"``), an int (in
 the default unit, epochs), or their own callable. The loop asks the interval at ``BATCH_END`` and
 ``EPOCH_END``; a Time interval answers yes when its unit's counter reaches a multiple of it (epochs at
-``EPOCH_END``, the others at ``BATCH_END``), and, with ``include_end_of_training``, at the last batch.
+``EPOCH_END``, the others at ``BATCH_END``), and, with ``include_end_of_training``, when training ends.
+It never answers yes twice for one batch count (the last batch of an epoch sees both events).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def create_interval(
 
 
 def _at_end_of_training(state: State, event: Event) -> bool:
-    return event is Event.BATCH_END and state.max_duration is not None and state.finished
+    return event in (Event.BATCH_END, Event.EPOCH_END) and state.finished
 
 
 class _Interval:

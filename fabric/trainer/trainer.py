@@ -15,7 +15,7 @@ The model is any ``nn.Module`` with ``forward(batch)`` and ``loss(outputs, batch
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from torch import nn
@@ -126,6 +126,7 @@ class Trainer:
             token_counter=get_num_tokens_in_batch,
         )
         self.step_schedulers_every_batch = step_schedulers_every_batch
+        self._batches: Iterator[Any] | None = None  # the current epoch's, kept when fit() ends mid-epoch
         if train_dataloader is not None:
             self._set_train_dataloader(train_dataloader)
         self.eval_interval = create_interval(eval_interval, name="eval_interval")
@@ -162,6 +163,7 @@ class Trainer:
     def _set_train_dataloader(self, dataloader: Iterable[Any]) -> None:
         loader = self.fabric.setup_dataloaders(dataloader) if isinstance(dataloader, DataLoader) else dataloader
         self.state.dataloader = loader
+        self._batches = None
         self.state.dataloader_len = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
 
     def _set_evaluators(self, eval_dataloader: Any) -> None:
@@ -230,8 +232,10 @@ class Trainer:
         state, run_event = self.state, self.engine.run_event
         assert state.dataloader is not None
         length = state.dataloader_len
-        run_event(Event.EPOCH_START)
-        batches = iter(state.dataloader)
+        if self._batches is None:  # a new epoch; otherwise fit() continues the epoch an earlier fit() stopped in
+            run_event(Event.EPOCH_START)
+            self._batches = iter(state.dataloader)
+        batches = self._batches
         while length is None or int(state.timestamp.batch_in_epoch) < length:
             run_event(Event.BEFORE_DATALOADER)
             try:
@@ -246,6 +250,11 @@ class Trainer:
                 return False
         if int(state.timestamp.batch_in_epoch) == 0:
             raise RuntimeError("The train dataloader yielded no batch in this epoch; training cannot progress.")
+        if length is not None:
+            # Run the iterator to its end as a plain ``for`` loop would: samplers draw from their generator
+            # there, so the next epoch's shuffle matches a plain PyTorch loop's.
+            next(batches, None)
+        self._batches = None
         if not self.step_schedulers_every_batch:
             for scheduler in self._torch_schedulers:
                 scheduler.step()

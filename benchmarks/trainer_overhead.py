@@ -1,0 +1,165 @@
+"""Per-step cost of the Trainer compared with a plain PyTorch loop and a Fabric loop, in one run.
+
+All three train the tiny MLP (32-64-10, batch 64, SGD with momentum, one thread) for the same number
+of steps over identically shuffled loaders, starting from copies of one model, in interleaved rounds
+(the order rotates each round so machine drift hits all three alike). The Trainer runs with the
+progress bar off and no metrics or callbacks; each round is one ``trainer.fit(duration="<steps>ba")``.
+At the end the three models' parameters must be identical: the loops did the same work.
+
+The table gives the median microseconds per step over the rounds and the ratio to the plain loop,
+plus the median of the per-round ratios (rounds are adjacent in time, so that ratio is the robust
+one on a busy machine). Target: Trainer at most 1.3x the plain loop.
+
+Usage::
+
+    python benchmarks/trainer_overhead.py           # about a minute
+    python benchmarks/trainer_overhead.py --quick   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric import Fabric
+from fabric.trainer.trainer import Trainer
+
+SEED = 1234
+BATCH_SIZE = 64
+BATCHES_PER_EPOCH = 50
+TARGET_RATIO = 1.3
+
+Loop = Callable[[int], float]
+
+
+class Classifier(nn.Module):
+    """The MLP with the Trainer's model interface: forward(batch) and loss(outputs, batch)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.net(batch[0])  # type: ignore[no-any-return]
+
+    def loss(self, outputs: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return F.cross_entropy(outputs, batch[1])
+
+
+def make_loader(dataset: TensorDataset) -> DataLoader[Any]:
+    generator = torch.Generator().manual_seed(SEED)
+    return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, drop_last=True, generator=generator)
+
+
+def plain_loop(model: nn.Module, loader: DataLoader[Any]) -> Loop:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        for _epoch in range(steps // BATCHES_PER_EPOCH):  # whole epochs, each loader pass run to its end
+            for x, y in loader:
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
+        return time.perf_counter() - start
+
+    return run
+
+
+def fabric_loop(model: nn.Module, loader: DataLoader[Any]) -> Loop:
+    fabric = Fabric(accelerator="cpu", devices=1, precision="32-true")
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+    wrapped_loader = fabric.setup_dataloaders(loader)
+
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        for _epoch in range(steps // BATCHES_PER_EPOCH):  # whole epochs, each loader pass run to its end
+            for x, y in wrapped_loader:
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(x), y)
+                fabric.backward(loss)
+                optimizer.step()
+        return time.perf_counter() - start
+
+    return run
+
+
+def trainer_loop(model: nn.Module, loader: DataLoader[Any]) -> Loop:
+    classifier = Classifier(model)
+    trainer = Trainer(
+        model=classifier,
+        train_dataloader=loader,
+        optimizers=torch.optim.SGD(classifier.parameters(), lr=0.01, momentum=0.9),
+        progress_bar=False,
+        seed=SEED,
+        accelerator="cpu",
+        devices=1,
+        precision="32-true",
+    )
+
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        trainer.fit(duration=f"{steps}ba")
+        return time.perf_counter() - start
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2000, help="steps per round (a multiple of 50)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="100 steps x 3 rounds")
+    args = parser.parse_args()
+    steps, rounds = (100, 3) if args.quick else (args.steps, args.rounds)
+    if steps % BATCHES_PER_EPOCH:
+        parser.error(f"--steps={steps} must be a multiple of {BATCHES_PER_EPOCH} (whole epochs keep loaders aligned)")
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    dataset = TensorDataset(torch.randn(BATCH_SIZE * BATCHES_PER_EPOCH, 32), torch.randint(0, 10, (3200,)))
+    base = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    models = {name: copy.deepcopy(base) for name in ("plain", "fabric", "trainer")}
+    loops = {
+        "plain": plain_loop(models["plain"], make_loader(dataset)),
+        "fabric": fabric_loop(models["fabric"], make_loader(dataset)),
+        "trainer": trainer_loop(models["trainer"], make_loader(dataset)),
+    }
+    for loop in loops.values():  # warm-up, also one whole epoch so the loaders stay aligned
+        loop(BATCHES_PER_EPOCH)
+    names = list(loops)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        order = names[round_index % 3 :] + names[: round_index % 3]
+        for name in order:
+            seconds[name].append(loops[name](steps))
+    reference = [p.detach() for p in models["plain"].parameters()]
+    for name in ("fabric", "trainer"):
+        for ours, theirs in zip(models[name].parameters(), reference, strict=True):
+            if not torch.equal(ours.detach(), theirs):
+                raise SystemExit(f"{name} ended with different weights than the plain loop: the loops differ.")
+
+    load = os.getloadavg()[0]
+    print(f"tiny MLP 32-64-10, batch {BATCH_SIZE}, {steps} steps x {rounds} rounds, 1 thread, load {load:.2f}")
+    print(f"{'loop':<8} {'us/step':>9} {'ratio':>7} {'paired ratio (min-max)':>26}")
+    plain_us = statistics.median(seconds["plain"]) / steps * 1e6
+    for name in names:
+        us = statistics.median(seconds[name]) / steps * 1e6
+        paired = [ours / plain for ours, plain in zip(seconds[name], seconds["plain"], strict=True)]
+        spread = f"{statistics.median(paired):.3f} ({min(paired):.3f}-{max(paired):.3f})"
+        print(f"{name:<8} {us:>9.1f} {us / plain_us:>7.3f} {spread:>26}")
+    print(f"final weights identical across the three loops; target: trainer <= {TARGET_RATIO}x plain")
+
+
+if __name__ == "__main__":
+    main()
