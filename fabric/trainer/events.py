@@ -3,19 +3,22 @@
 Algorithms and callbacks hook these. Where each fires (``fit`` over E epochs of B batches, each split
 into M microbatches)::
 
-    INIT                                    once, at the end of Trainer construction
+    INIT                                    once, in Trainer construction, before Fabric sets the
+                                            model up (so model surgery changes the plain module)
     BEFORE_LOAD, AFTER_LOAD                 once each, around loading a checkpoint (if any)
     FIT_START                               once per ``fit()`` call
-      EPOCH_START                           per epoch
+      EPOCH_START                           per epoch (not again when fit() continues an epoch)
         BEFORE_DATALOADER, AFTER_DATALOADER per batch, around fetching it
         BATCH_START                         per batch
         BEFORE_TRAIN_BATCH                  per batch
           BEFORE_FORWARD .. AFTER_BACKWARD  per microbatch (M times per batch):
             BEFORE_FORWARD, AFTER_FORWARD, BEFORE_LOSS, AFTER_LOSS, BEFORE_BACKWARD, AFTER_BACKWARD
-        AFTER_TRAIN_BATCH                   per batch, after the optimizer step
-        BATCH_END                           per batch, after the timestamp advanced
-        BATCH_CHECKPOINT                    per batch, after BATCH_END
-      EPOCH_END, EPOCH_CHECKPOINT           per epoch
+        AFTER_TRAIN_BATCH                   per batch, once gradients are complete (synced, unscaled),
+                                            before the optimizer step (where clipping belongs)
+        BATCH_END                           per batch, after the step and the timestamp advanced
+        (evaluation, if eval_interval says so)
+        BATCH_CHECKPOINT                    per batch, after BATCH_END and any evaluation
+      EPOCH_END, (evaluation), EPOCH_CHECKPOINT   per epoch
     FIT_END                                 once per ``fit()`` call
 
     EVAL_BEFORE_ALL                         once per evaluation round

@@ -1,8 +1,45 @@
-"""The trainer's loggers: a :class:`Logger` facade and the destinations it writes to."""
+"""The trainer's loggers: a :class:`Logger` facade and the destinations it writes to.
+
+Names load on first use, so ``import fabric.trainer.loggers`` imports neither tqdm nor tensorboard.
+"""
 
 from __future__ import annotations
 
-from fabric.trainer.loggers.destination import LoggerDestination
-from fabric.trainer.loggers.logger import Logger
+from typing import TYPE_CHECKING
 
-__all__ = ["Logger", "LoggerDestination"]
+from fabric.utilities.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from fabric.trainer.loggers.console import ConsoleLogger
+    from fabric.trainer.loggers.destination import LoggerDestination
+    from fabric.trainer.loggers.fabric_logger import CSVLogger, FabricLoggerDestination, TensorBoardLogger
+    from fabric.trainer.loggers.file import FileLogger
+    from fabric.trainer.loggers.in_memory import InMemoryLogger
+    from fabric.trainer.loggers.logger import Logger
+    from fabric.trainer.loggers.progress_bar import ProgressBarLogger
+
+__all__ = [
+    "CSVLogger",
+    "ConsoleLogger",
+    "FabricLoggerDestination",
+    "FileLogger",
+    "InMemoryLogger",
+    "Logger",
+    "LoggerDestination",
+    "ProgressBarLogger",
+    "TensorBoardLogger",
+]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "CSVLogger": "fabric.trainer.loggers.fabric_logger",
+        "ConsoleLogger": "fabric.trainer.loggers.console",
+        "FabricLoggerDestination": "fabric.trainer.loggers.fabric_logger",
+        "FileLogger": "fabric.trainer.loggers.file",
+        "InMemoryLogger": "fabric.trainer.loggers.in_memory",
+        "Logger": "fabric.trainer.loggers.logger",
+        "LoggerDestination": "fabric.trainer.loggers.destination",
+        "ProgressBarLogger": "fabric.trainer.loggers.progress_bar",
+        "TensorBoardLogger": "fabric.trainer.loggers.fabric_logger",
+    },
+)

@@ -1,0 +1,117 @@
+"""``SpeedMonitor``: training throughput (batches, samples, tokens, FLOPs per second) and model FLOPs utilization."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from fabric.trainer.callback import Callback
+
+if TYPE_CHECKING:
+    from fabric.trainer.state import State
+    from fabric.trainer.time import Timestamp
+
+
+class _Batch(NamedTuple):
+    """What one batch did, over all ranks, and how long it took."""
+
+    samples: int
+    tokens: int
+    seconds: float
+    flops: float | None
+
+
+class SpeedMonitor(Callback):
+    """Logs throughput at every ``BATCH_END``, averaged over the last ``window_size`` batches.
+
+    Counts come from ``state.timestamp`` (global over ranks) and time from each batch's ``batch_wct``,
+    so evaluation and data waits between batches do not dilute the rates. Logs
+    ``throughput/batches_per_sec``, ``throughput/samples_per_sec``, ``throughput/tokens_per_sec``
+    (when the batches had tokens) and ``time/train`` (``total_wct`` in seconds). Until ``window_size``
+    batches have run, the average is over those there are.
+
+    If the model has ``flops_per_batch(batch) -> float`` (FLOPs of one forward and backward of this
+    rank's batch), ``throughput/flops_per_sec`` over all ranks is logged, plus
+    ``throughput/mfu`` = FLOPs per second / (``flops_available_per_device`` * world size) when the
+    device's peak FLOP/s is given.
+    """
+
+    def __init__(self, window_size: int = 100, flops_available_per_device: float | None = None) -> None:
+        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+            raise ValueError(f"window_size must be a whole number of batches, at least 1; got {window_size!r}.")
+        if flops_available_per_device is not None and not (
+            isinstance(flops_available_per_device, int | float) and 0 < flops_available_per_device < math.inf
+        ):
+            raise ValueError(
+                f"flops_available_per_device must be the device's peak FLOP/s (a positive number) or None; "
+                f"got {flops_available_per_device!r}."
+            )
+        self.window_size = window_size
+        self.flops_available_per_device = flops_available_per_device
+        self._window: deque[_Batch] = deque(maxlen=window_size)
+        self._batch_start: Timestamp | None = None
+
+    def fit_start(self, state: State, logger: Any) -> None:
+        if self.flops_available_per_device is not None and _flops_per_batch(state) is None:
+            raise ValueError(
+                f"SpeedMonitor(flops_available_per_device=...) computes MFU from the model's FLOPs, but "
+                f"{type(state.model).__name__} has no flops_per_batch(batch) method."
+            )
+
+    def batch_start(self, state: State, logger: Any) -> None:
+        self._batch_start = state.timestamp
+
+    def batch_end(self, state: State, logger: Any) -> None:
+        now, before = state.timestamp, self._batch_start
+        if before is None:
+            raise RuntimeError("SpeedMonitor saw BATCH_END without BATCH_START, so it cannot count the batch.")
+        self._window.append(
+            _Batch(
+                samples=int(now.sample) - int(before.sample),
+                tokens=int(now.token) - int(before.token),
+                seconds=now.batch_wct.total_seconds(),
+                flops=_global_flops(state),
+            )
+        )
+        metrics = {"time/train": now.total_wct.total_seconds(), **self._rates(state)}
+        logger.log_metrics(metrics)
+
+    def _rates(self, state: State) -> dict[str, float]:
+        seconds = sum(batch.seconds for batch in self._window)
+        if seconds <= 0:
+            return {}
+        rates = {
+            "throughput/batches_per_sec": len(self._window) / seconds,
+            "throughput/samples_per_sec": sum(batch.samples for batch in self._window) / seconds,
+        }
+        tokens = sum(batch.tokens for batch in self._window)
+        if tokens:
+            rates["throughput/tokens_per_sec"] = tokens / seconds
+        flops = [batch.flops for batch in self._window if batch.flops is not None]
+        if flops:
+            rates["throughput/flops_per_sec"] = sum(flops) / seconds
+            if self.flops_available_per_device is not None:
+                available = self.flops_available_per_device * _world_size(state)
+                rates["throughput/mfu"] = rates["throughput/flops_per_sec"] / available
+        return rates
+
+
+def _flops_per_batch(state: State) -> Callable[[Any], float] | None:
+    function = getattr(state.model, "flops_per_batch", None)  # a Fabric-wrapped model forwards the lookup
+    return function if callable(function) else None
+
+
+def _global_flops(state: State) -> float | None:
+    """The FLOPs of this batch over all ranks, or None when the model does not count them.
+
+    Like the trainer's sample count, this is this rank's count times the world size: sharded loaders
+    give every rank an equally sized batch, and a collective per batch would cost more than it buys.
+    """
+    function = _flops_per_batch(state)
+    return None if function is None else float(function(state.batch)) * _world_size(state)
+
+
+def _world_size(state: State) -> int:
+    return 1 if state.fabric is None else int(state.fabric.world_size)

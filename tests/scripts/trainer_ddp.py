@@ -1,0 +1,72 @@
+"""The Trainer on DDP: ``python trainer_ddp.py OUT_DIR DEVICES [auto_oom]``; each rank saves what it computed.
+
+With ``devices=2`` constructing the Trainer starts rank 1 (strategy "ddp" re-runs this script). The global
+batch is 16 whatever the number of ranks, so every run should reach the same weights. ``auto_oom`` makes
+rank 1 alone run out of memory on batches above 4 samples: both ranks must agree to halve.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric.trainer.trainer import Trainer
+
+out_dir, devices = Path(sys.argv[1]), int(sys.argv[2])
+inject_oom = len(sys.argv) > 3 and sys.argv[3] == "auto_oom"
+
+
+class Regressor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.rank = 0
+
+    def forward(self, batch):
+        if inject_oom and self.training and self.rank == 1 and len(batch[0]) > 4:
+            raise torch.OutOfMemoryError("injected on rank 1")
+        return self.net(batch[0])
+
+    def loss(self, outputs, batch):
+        return F.mse_loss(outputs, batch[1])
+
+    def get_metrics(self, is_train=False):
+        return {"mae": lambda outputs, batch: (outputs - batch[1]).abs().mean()}
+
+
+torch.manual_seed(0)
+model = Regressor()
+x = torch.randn(64, 6, generator=torch.Generator().manual_seed(1))
+y = x.sum(dim=1, keepdim=True).sin()
+data = TensorDataset(x, y)
+trainer = Trainer(
+    model=model,
+    train_dataloader=DataLoader(data, batch_size=16 // devices),
+    eval_dataloader=DataLoader(data, batch_size=8),
+    max_duration="3ep",
+    optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+    device_train_microbatch_size="auto" if inject_oom else None,
+    progress_bar=False,
+    seed=0,
+    accelerator="cpu",
+    strategy="ddp" if devices > 1 else "auto",
+    devices=devices,
+)
+model.rank = trainer.fabric.global_rank
+trainer.fit()
+state = trainer.state
+out_dir.mkdir(parents=True, exist_ok=True)
+torch.save(
+    {
+        "params": [p.detach() for p in model.parameters()],
+        "samples": int(state.timestamp.sample),
+        "batches": int(state.timestamp.batch),
+        "mae": state.metrics["metrics/eval/mae"],
+        "microbatch": state.device_train_microbatch_size,
+        "world_size": trainer.fabric.world_size,
+    },
+    out_dir / f"rank{trainer.fabric.global_rank}.pt",
+)
