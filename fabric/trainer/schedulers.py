@@ -14,7 +14,9 @@ parsed when the scheduler is built. A bare number is refused because it has no u
   ``elapsed_fraction(timestamp, max_duration)``. When ``max_duration`` is in epochs, that fraction changes once per
   epoch, so the schedule moves once per epoch. Use a batch-based ``max_duration`` for per-batch curves;
 * when a formula uses two arguments (a warmup and ``t_max``) and one is ``dur``, both are measured as fractions of
-  ``max_duration``, so the other one must be in ``max_duration``'s unit.
+  ``max_duration``, so the other one must be in ``max_duration``'s unit, or in ``ba``/``ep`` when ``max_duration``
+  is in the other of the two and the state has a ``dataloader_len`` (the Trainer's does): then everything is
+  converted to batches, e.g. ``t_warmup="20ba"`` with ``max_duration="6ep"`` warms up over the first 20 batches.
 
 Every time argument is measured from the start of training. In the ``*WithWarmup`` schedulers, the warmup runs
 over ``[0, t_warmup)``. The main schedule takes over at ``t_warmup``, and its decay runs from ``t_warmup`` to
@@ -172,17 +174,26 @@ class _TimeScheduler(Scheduler):
             return float(state.timestamp.get(unit).value), [_scaled(time, ssr) for time in counted]
         max_duration = _max_duration(state)
         now = elapsed_fraction(state.timestamp, max_duration)
+        max_batches = _max_batches(state, max_duration)
         positions = []
         for name, time in times.items():
             if time.unit is TimeUnit.DURATION:
                 positions.append(float(time.value))
             elif time.unit is max_duration.unit:
                 positions.append(_scaled(time, ssr) / float(max_duration.value))
+            elif max_batches is not None and time.unit in (TimeUnit.BATCH, TimeUnit.EPOCH):
+                # Batches and epochs convert through the epoch length; the clock then counts batches,
+                # so a warmup in batches moves every batch even when max_duration is in epochs.
+                epoch_len = getattr(state, "dataloader_len", None) or 1
+                batches = _scaled(time, ssr) * (epoch_len if time.unit is TimeUnit.EPOCH else 1)
+                positions.append(batches / max_batches)
+                now = float(state.timestamp.batch.value) / max_batches
             else:
                 arguments = ", ".join(f"{key}={str(value)!r}" for key, value in times.items())
                 raise ValueError(
                     f"{type(self).__name__}: cannot compare {arguments} while max_duration is {max_duration}: "
-                    f"{name} must be in {max_duration.unit.value!r} like max_duration, or in 'dur'."
+                    f"{name} must be in {max_duration.unit.value!r} like max_duration, or in 'dur' "
+                    "(ba and ep also mix when the train dataloader has a length)."
                 )
         return now, positions
 
@@ -218,6 +229,16 @@ def _check_warmup(owner: str, t_warmup: Time[Any]) -> None:
             f"{owner}: t_warmup={str(t_warmup)!r} is in epochs, which only advance at the end of an epoch, "
             "so the whole first epoch would train with a multiplier of 0. Give it in 'ba', 'sp', 'tok' or 'dur'."
         )
+
+
+def _max_batches(state: SchedulerState, max_duration: Time[Any]) -> float | None:
+    """``max_duration`` in batches when it is in ``ba``, or in ``ep`` with a known ``state.dataloader_len``."""
+    epoch_len = getattr(state, "dataloader_len", None)
+    if max_duration.unit is TimeUnit.BATCH:
+        return float(max_duration.value)
+    if max_duration.unit is TimeUnit.EPOCH and epoch_len:
+        return float(max_duration.value * epoch_len)
+    return None
 
 
 def _max_duration(state: SchedulerState) -> Time[Any]:

@@ -15,7 +15,7 @@ from fabric import Fabric
 from fabric.trainer.callback import Callback
 from fabric.trainer.evaluation import Evaluator
 from fabric.trainer.events import Event
-from fabric.trainer.schedulers import LinearScheduler
+from fabric.trainer.schedulers import LinearScheduler, LinearWithWarmupScheduler
 from fabric.trainer.state import State
 from fabric.trainer.trainer import Trainer
 
@@ -317,6 +317,19 @@ def test_batch_k_trains_with_the_multiplier_of_batch_k() -> None:
     scheduler = LinearScheduler(alpha_i=1.0, alpha_f=0.0, t_max="4ba")
     _trainer(model, schedulers=scheduler, callbacks=[LearningRates()], max_duration="4ba").fit()
     assert seen == pytest.approx([0.1, 0.075, 0.05, 0.025])
+
+
+def test_a_warmup_in_batches_mixes_with_max_duration_in_epochs() -> None:
+    seen: list[float] = []
+
+    class LearningRates(Callback):
+        def before_forward(self, state: State, logger: Any) -> None:
+            seen.append(state.optimizers[0].param_groups[0]["lr"])
+
+    scheduler = LinearWithWarmupScheduler(t_warmup="4ba", alpha_i=1.0, alpha_f=0.0)
+    _trainer(schedulers=scheduler, callbacks=[LearningRates()], max_duration="2ep").fit()  # 6 batches an epoch
+    expected = [0.0, 0.025, 0.05, 0.075] + [0.1 * (1 - (k - 4) / 8) for k in range(4, 12)]
+    assert seen == pytest.approx(expected)
 
 
 def test_pytorch_schedulers_step_every_batch_or_every_epoch() -> None:
