@@ -8,7 +8,8 @@ The wall time of fresh interpreter processes, ``python -c <snippet>``, for these
 * ``import torch`` (the baseline everything else is compared with),
 * ``import torch, fabric`` (the package itself: its public names load lazily, so this should be ~0),
 * ``import torch; from fabric import Fabric`` (the core modules: connector, strategies, plugins, ...),
-* ``import torch; from fabric import Fabric; Fabric(accelerator='cpu')`` (plus resolving a CPU setup).
+* ``import torch; from fabric import Fabric; Fabric(accelerator='cpu')`` (plus resolving a CPU setup),
+* ``import torch; from fabric.trainer import Trainer`` (the Trainer and everything it loads; target < 300 ms).
 
 Bytecode: by default the child processes get a private, temporary bytecode cache
 (``PYTHONPYCACHEPREFIX``; ``PYTHONDONTWRITEBYTECODE`` is removed from their environment), so every
@@ -69,6 +70,7 @@ SNIPPETS: tuple[tuple[str, str], ...] = (
     ("import torch, fabric", "import torch, fabric"),
     ("from fabric import Fabric", "import torch; from fabric import Fabric"),
     ("Fabric(accelerator='cpu')", "import torch; from fabric import Fabric; Fabric(accelerator='cpu')"),
+    ("from fabric.trainer import Trainer", "import torch; from fabric.trainer import Trainer"),
 )
 BASELINE = "import torch"
 
@@ -85,13 +87,21 @@ from fabric import Fabric
 t3 = time.perf_counter()
 Fabric(accelerator="cpu")
 t4 = time.perf_counter()
+from fabric.trainer import Trainer
+t5 = time.perf_counter()
 print(json.dumps({
-    "ms": [(t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3],
+    "ms": [(t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3, (t5 - t4) * 1e3],
     "dynamo": "torch._dynamo" in sys.modules,
     "added": sorted(set(sys.modules) - before),
 }))
 """
-PROBE_STEPS = ("import torch", "import fabric", "from fabric import Fabric", "Fabric(accelerator='cpu')")
+PROBE_STEPS = (
+    "import torch",
+    "import fabric",
+    "from fabric import Fabric",
+    "Fabric(accelerator='cpu')",
+    "from fabric.trainer import Trainer",
+)
 
 
 @dataclass(frozen=True)
@@ -215,7 +225,7 @@ def report(repeats: int, env: dict[str, str], private_cache: bool) -> None:
     dynamo_runs = sum(probe.dynamo for probe in probes)
     dynamo = f"yes in {dynamo_runs} of {len(probes)} runs (unexpected)" if dynamo_runs else "no (as expected)"
     print()
-    print(f"- torch._dynamo in sys.modules after `from fabric import Fabric; Fabric(accelerator='cpu')`: {dynamo}")
+    print(f"- torch._dynamo in sys.modules after Fabric(accelerator='cpu') and the Trainer import: {dynamo}")
     print(
         f"- modules added beyond `import torch`: {len(added)} "
         f"({sum(name.split('.')[0] == 'fabric' for name in added)} fabric, "

@@ -13,21 +13,39 @@ if TYPE_CHECKING:
     from fabric.trainer.algorithm import Algorithm
     from fabric.trainer.callback import Callback
     from fabric.trainer.engine import Engine
+    from fabric.trainer.evaluation import Evaluator
     from fabric.trainer.events import Event
+    from fabric.trainer.model import TrainerModel
     from fabric.trainer.state import State
     from fabric.trainer.time import Time, Timestamp, TimeUnit
+    from fabric.trainer.trainer import Trainer
 
-__all__ = ["Algorithm", "Callback", "Engine", "Event", "State", "Time", "TimeUnit", "Timestamp"]
+__all__ = [
+    "Algorithm",
+    "Callback",
+    "Engine",
+    "Evaluator",
+    "Event",
+    "State",
+    "Time",
+    "TimeUnit",
+    "Timestamp",
+    "Trainer",
+    "TrainerModel",
+]
 __getattr__ = lazy_exports(
     __name__,
     {
         "Algorithm": "fabric.trainer.algorithm",
         "Callback": "fabric.trainer.callback",
         "Engine": "fabric.trainer.engine",
+        "Evaluator": "fabric.trainer.evaluation",
         "Event": "fabric.trainer.events",
         "State": "fabric.trainer.state",
         "Time": "fabric.trainer.time",
         "TimeUnit": "fabric.trainer.time",
         "Timestamp": "fabric.trainer.time",
+        "Trainer": "fabric.trainer.trainer",
+        "TrainerModel": "fabric.trainer.model",
     },
 )
