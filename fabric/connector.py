@@ -117,6 +117,10 @@ COMPATIBILITY_RULES: tuple[tuple[Callable[[Resolved], bool], Callable[[Resolved]
             "does not support. Use '16-mixed' or '32-true'."
         ),
     ),
+    (
+        lambda r: r.strategy.configuration_error() is not None,
+        lambda r: str(r.strategy.configuration_error()),
+    ),
 )
 
 

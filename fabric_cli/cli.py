@@ -19,6 +19,7 @@ from fabric.accelerators.registry import accelerator_choices
 from fabric.plugins.precision.registry import PRECISION_REGISTRY
 from fabric.strategies.registry import strategy_choices
 from fabric.utilities.cli_contract import CLI_SETTINGS
+from fabric_cli.consolidate import consolidate_command
 from fabric_cli.plan import (
     DEFAULT_MULTI_NODE_PORT,
     LaunchPlan,
@@ -34,6 +35,9 @@ _RUN_MODEL_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args"
 @click.version_option(fabric.__version__, "--version", prog_name="fabric")
 def cli() -> None:
     """Fabric command line: launch Fabric scripts on several devices and nodes."""
+
+
+cli.add_command(consolidate_command)
 
 
 @cli.group()

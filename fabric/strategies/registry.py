@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from fabric.strategies.strategy import Strategy
 
 _DDP = "fabric.strategies.ddp:DDPStrategy"
+_FSDP = "fabric.strategies.fsdp:FSDPStrategy"
+_DEEPSPEED = "fabric.strategies.deepspeed:DeepSpeedStrategy"
 
 STRATEGY_REGISTRY: Registry[Strategy] = Registry("strategy")
 STRATEGY_REGISTRY.register(
@@ -19,6 +21,29 @@ STRATEGY_REGISTRY.register("ddp", _DDP, description="DDP; launch() re-runs the s
 STRATEGY_REGISTRY.register("ddp_spawn", _DDP, description="DDP; launch(fn) spawns the ranks", start_method="spawn")
 STRATEGY_REGISTRY.register("ddp_fork", _DDP, description="DDP; launch(fn) forks the ranks", start_method="fork")
 STRATEGY_REGISTRY.register("ddp_notebook", _DDP, description="DDP from a notebook (fork)", start_method="fork")
+STRATEGY_REGISTRY.register("fsdp", _FSDP, description="FSDP2: parameters, gradients, optimizer state sharded")
+STRATEGY_REGISTRY.register(
+    "fsdp_cpu_offload", _FSDP, description="FSDP2 with shards offloaded to CPU memory", cpu_offload=True
+)
+STRATEGY_REGISTRY.register("deepspeed", _DEEPSPEED, description="DeepSpeed; ZeRO stage from the config, else 2")
+STRATEGY_REGISTRY.register("deepspeed_stage_1", _DEEPSPEED, description="DeepSpeed ZeRO-1: optimizer state", stage=1)
+STRATEGY_REGISTRY.register("deepspeed_stage_2", _DEEPSPEED, description="DeepSpeed ZeRO-2: + gradients", stage=2)
+STRATEGY_REGISTRY.register(
+    "deepspeed_stage_2_offload",
+    _DEEPSPEED,
+    description="DeepSpeed ZeRO-2, optimizer state offloaded to CPU",
+    stage=2,
+    offload_optimizer=True,
+)
+STRATEGY_REGISTRY.register("deepspeed_stage_3", _DEEPSPEED, description="DeepSpeed ZeRO-3: + parameters", stage=3)
+STRATEGY_REGISTRY.register(
+    "deepspeed_stage_3_offload",
+    _DEEPSPEED,
+    description="DeepSpeed ZeRO-3, parameters and optimizer state offloaded to CPU",
+    stage=3,
+    offload_optimizer=True,
+    offload_parameters=True,
+)
 
 
 def strategy_choices() -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
+from fabric.plugins.io.distributed_checkpoint import read_checkpoint
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.launcher import Launcher
@@ -72,6 +73,11 @@ class Strategy:
     ) -> None:
         """Take the devices, node count and cluster environment resolved for this job (subclasses)."""
         raise NotImplementedError
+
+    def configuration_error(self) -> str | None:
+        """Why this strategy cannot work with the accelerator, precision and devices it was connected
+        to, in words naming the values; ``None`` when it can. Checked when ``Fabric(...)`` is built."""
+        return None
 
     @property
     def accelerator(self) -> Accelerator:
@@ -143,6 +149,16 @@ class Strategy:
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         return optimizer
 
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: Sequence[Optimizer]
+    ) -> tuple[nn.Module, list[Optimizer]]:
+        """Set up a module together with its optimizers (``fabric.setup(model, *optimizers)``).
+
+        Returns the module to run the forward through and the optimizers to wrap. Strategies that must
+        see both at once (DeepSpeed builds one engine from a model and its optimizer) override this.
+        """
+        return self.setup_module(module), [self.setup_optimizer(optimizer) for optimizer in optimizers]
+
     def module_to_device(self, module: nn.Module) -> None:
         module.to(self.root_device)
 
@@ -181,6 +197,10 @@ class Strategy:
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
         return self.precision.optimizer_step(optimizer, closure)
+
+    def optimizer_zero_grad(self, optimizer: Optimizer, set_to_none: bool = True) -> None:
+        """Clear the gradients ``optimizer.zero_grad()`` is meant to clear (DeepSpeed keeps them elsewhere)."""
+        optimizer.zero_grad(set_to_none=set_to_none)
 
     def clip_gradients_norm(
         self,
@@ -257,7 +277,7 @@ class Strategy:
         Without ``state`` the whole raw checkpoint is returned. Everything is validated first, so an
         error leaves every object in ``state`` unchanged.
         """
-        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        checkpoint = read_checkpoint(self.checkpoint_io, path, weights_only=weights_only)
         if not isinstance(checkpoint, dict):
             raise CheckpointError(f"{path!s} holds a {type(checkpoint).__name__}, not a checkpoint dict.")
         if state is None:
@@ -277,7 +297,7 @@ class Strategy:
             if isinstance(target, nn.Module):
                 self.load_module_state_dict(target, checkpoint[key], strict=strict)
             elif isinstance(target, Optimizer):
-                target.load_state_dict(checkpoint[key])
+                self.load_optimizer_state_dict(target, checkpoint[key])
             elif not isinstance(target, Stateful):
                 state[key] = checkpoint[key]
         return {key: value for key, value in checkpoint.items() if key not in state and key != PRECISION_STATE_KEY}
@@ -318,10 +338,14 @@ class Strategy:
         if isinstance(obj, nn.Module):
             self.load_module_state_dict(obj, state_dict, strict=strict)
         else:
-            obj.load_state_dict(state_dict)
+            self.load_optimizer_state_dict(obj, state_dict)
 
     def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> None:
         module.load_state_dict(state_dict, strict=strict)
+
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        """Load a full ``optimizer.state_dict()`` (sharding strategies distribute it over the ranks)."""
+        optimizer.load_state_dict(state_dict)
 
     @staticmethod
     def _check_fits(target: Any, saved: Any, strict: bool, where: str) -> None:

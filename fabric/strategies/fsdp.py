@@ -1,0 +1,372 @@
+"""Fully sharded data parallel (FSDP2): each rank keeps only its shard of parameters, gradients and
+optimizer state, and gathers a layer's full parameters just for its forward and backward.
+
+Built on ``torch.distributed.fsdp.fully_shard``; parameters become ``DTensor`` shards. Runs on CUDA
+(NCCL) and on CPU (gloo). Checkpoints are sharded directories by default (see
+:mod:`fabric.strategies.fsdp_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Generator, Iterable
+from contextlib import AbstractContextManager, ExitStack
+from datetime import timedelta
+from typing import Any, Literal, get_args
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
+
+from fabric.accelerators.accelerator import Accelerator
+from fabric.plugins.environments import ClusterEnvironment
+from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
+from fabric.plugins.precision.precision import Precision
+from fabric.strategies.fsdp_checkpoint import ShardedCheckpointer
+from fabric.strategies.launchers.launcher import Launcher
+from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
+from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.utilities.data import shard_dataloader
+
+#: Which submodules get their own FSDP unit: layer classes, or a predicate on each submodule.
+ShardPolicy = set[type[nn.Module]] | Callable[[nn.Module], bool]
+StateDictType = Literal["sharded", "full"]
+STATE_DICT_TYPES: tuple[StateDictType, ...] = get_args(StateDictType)
+
+#: Compute dtypes FSDP gathers parameters in for the mixed precisions (gradients reduce in float32).
+_MIXED_PARAM_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def mesh_layout(world_size: int, num_nodes: int, hybrid: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The device mesh shape and dimension names: 1-D ``(shard,)``, or for hybrid sharding (HSDP)
+    2-D ``(replicate=num_nodes, shard=devices per node)``: shards within a node, replicas across nodes."""
+    if not hybrid:
+        return (world_size,), ("shard",)
+    if world_size % num_nodes:
+        raise ValueError(
+            f"Hybrid sharding needs the same number of processes on every node; world_size={world_size} "
+            f"is not divisible by num_nodes={num_nodes}."
+        )
+    return (num_nodes, world_size // num_nodes), ("replicate", "shard")
+
+
+def _check_policy(name: str, policy: Any, allow_callable: bool) -> None:
+    if policy is None or (allow_callable and callable(policy) and not isinstance(policy, type)):
+        return
+    if isinstance(policy, (set, frozenset, list, tuple)) and all(
+        isinstance(cls, type) and issubclass(cls, nn.Module) for cls in policy
+    ):
+        return
+    accepted = "a set of nn.Module classes" + (" or a callable (module) -> bool" if allow_callable else "")
+    raise ValueError(f"{name}={policy!r} is not valid. Accepted: {accepted}, or None.")
+
+
+class FSDPStrategy(ParallelStrategy):
+    """Shards the model over the ranks with ``fully_shard`` and shards the data like DDP.
+
+    Args:
+        shard_modules: the submodules that become their own FSDP unit (gathered and freed one at a
+            time, which is what bounds memory), as a set of layer classes or a ``(module) -> bool``
+            predicate. The root module is always sharded; by default it is the only unit.
+        reshard_after_forward: ``True`` frees gathered parameters after each unit's forward (ZeRO-3);
+            ``False`` keeps them until the backward (ZeRO-2: more memory, one all-gather less).
+        cpu_offload: keep shards, gradients and the optimizer step in CPU memory (accelerators only).
+        activation_checkpointing: layer classes whose activations are recomputed in the backward.
+        hybrid_shard: shard within each node and replicate across nodes (HSDP, a 2-D device mesh).
+        state_dict_type: ``"sharded"`` saves a directory of per-rank shards (DCP); ``"full"`` saves one
+            ``torch.save`` file gathered on rank 0.
+    """
+
+    def __init__(
+        self,
+        *,
+        shard_modules: ShardPolicy | None = None,
+        reshard_after_forward: bool = True,
+        cpu_offload: bool = False,
+        activation_checkpointing: set[type[nn.Module]] | None = None,
+        hybrid_shard: bool = False,
+        state_dict_type: StateDictType = "sharded",
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+    ) -> None:
+        _check_policy("shard_modules", shard_modules, allow_callable=True)
+        _check_policy("activation_checkpointing", activation_checkpointing, allow_callable=False)
+        if state_dict_type not in STATE_DICT_TYPES:
+            raise ValueError(f"state_dict_type={state_dict_type!r} is not valid. Accepted: {list(STATE_DICT_TYPES)}.")
+        super().__init__(
+            accelerator=accelerator,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            cluster_environment=cluster_environment,
+            parallel_devices=parallel_devices,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.shard_modules = shard_modules
+        self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = cpu_offload
+        self.activation_checkpointing = set(activation_checkpointing or ())
+        self.hybrid_shard = hybrid_shard
+        self.state_dict_type: StateDictType = state_dict_type
+        self._mesh: DeviceMesh | None = None
+        # Original parameter -> its sharded replacement, so optimizers built before setup can be re-pointed.
+        self._replacements: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
+        # Modules built on the meta device with tensors no reset_parameters() initialised: they must be loaded.
+        self._awaiting_load: weakref.WeakKeyDictionary[nn.Module, RemovableHandle] = weakref.WeakKeyDictionary()
+        self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._checkpointer = ShardedCheckpointer(self)
+
+    # --- configuration -------------------------------------------------------------------------------
+
+    def configuration_error(self) -> str | None:
+        if self.cpu_offload and self.accelerator.device_type == "cpu":
+            return (
+                "FSDPStrategy(cpu_offload=True) ('fsdp_cpu_offload') moves shards to CPU memory between uses, "
+                "which needs an accelerator; with accelerator='cpu' they already live there. Use strategy='fsdp'."
+            )
+        if self.hybrid_shard and self.world_size % self.num_nodes:
+            return f"FSDPStrategy(hybrid_shard=True) needs equal nodes; {self.world_size} ranks on {self.num_nodes}."
+        return None
+
+    @property
+    def launcher(self) -> Launcher | None:
+        if self._launcher is None:
+            self._launcher = SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+        return self._launcher
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The device mesh parameters are sharded over (built when the process group is joined)."""
+        if self._mesh is None:
+            raise RuntimeError("FSDPStrategy has no device mesh yet: call fabric.launch() first.")
+        return self._mesh
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        shape, names = mesh_layout(self.world_size, self.num_nodes, self.hybrid_shard)
+        self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
+
+    def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+        return shard_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank)
+
+    # --- modules -------------------------------------------------------------------------------------
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """With ``empty_init=True`` modules are built on the meta device (no memory); ``setup`` shards them
+        and then materialises only this rank's shards."""
+        if not empty_init:
+            return super().module_init_context(empty_init)
+        stack = ExitStack()
+        stack.enter_context(torch.device("meta"))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def module_to_device(self, module: nn.Module) -> None:
+        if not _has_meta_tensors(module):  # meta modules are materialised shard by shard in setup_module
+            super().module_to_device(module)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Shard ``module`` in place (sub-units first, then the root) and materialise a meta module."""
+        originals = dict(module.named_parameters())
+        for submodule in module.modules():
+            if isinstance(submodule, tuple(self.activation_checkpointing)):
+                from torch.distributed._composable.checkpoint_activation import checkpoint
+
+                checkpoint(submodule)
+        options: dict[str, Any] = {
+            "mesh": self.mesh,
+            "reshard_after_forward": self.reshard_after_forward,
+            "mp_policy": self.mixed_precision_policy(),
+            "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
+        }
+        for submodule in reversed(list(module.modules())):  # descendants before their ancestors
+            if submodule is not module and self._is_unit(submodule):
+                fully_shard(submodule, **options)
+        fully_shard(module, **options)
+        uninitialised = self._materialise(module)
+        if uninitialised:
+            self._awaiting_load[module] = module.register_forward_pre_hook(_refuse_forward(uninitialised))
+        sharded = dict(module.named_parameters())
+        for name, original in originals.items():
+            self._replacements[id(original)] = (weakref.ref(original), sharded[name])
+        self._set_up_modules.add(module)
+        return module
+
+    def _is_unit(self, module: nn.Module) -> bool:
+        policy = self.shard_modules
+        if policy is None:
+            return False
+        if callable(policy) and not isinstance(policy, (set, frozenset, list, tuple)):
+            return bool(policy(module))
+        return isinstance(module, tuple(policy))
+
+    def mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        """From the precision plugin: ``*-mixed`` gathers parameters in half precision and reduces
+        gradients in float32; ``*-true`` modules are already converted, so FSDP casts nothing."""
+        param_dtype = _MIXED_PARAM_DTYPES.get(self.precision.name)
+        if param_dtype is None:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+    def _materialise(self, module: nn.Module) -> list[str]:
+        """Allocate this rank's shards of a meta module and run every ``reset_parameters()``.
+
+        Returns the names of tensors nothing initialised (their module has no ``reset_parameters``).
+        """
+        if not _has_meta_tensors(module):
+            return []
+        module.to_empty(device=self.root_device)
+        initialised: set[str] = set()
+        with torch.no_grad():
+            for prefix, submodule in module.named_modules():
+                reset = getattr(submodule, "reset_parameters", None)
+                if callable(reset):
+                    reset()
+                    local = [*submodule.named_parameters(recurse=False), *submodule.named_buffers(recurse=False)]
+                    initialised.update(f"{prefix}.{name}" if prefix else name for name, _ in local)
+        tensors = [*module.named_parameters(), *module.named_buffers()]
+        return [name for name, _ in tensors if name not in initialised]
+
+    def module_loaded(self, module: nn.Module) -> None:
+        """A checkpoint filled ``module``: lift the guard against using uninitialised weights."""
+        handle = self._awaiting_load.pop(module, None)
+        if handle is not None:
+            handle.remove()
+
+    # --- optimizers ----------------------------------------------------------------------------------
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Re-point an optimizer built from the original parameters at their sharded replacements."""
+        if not any(isinstance(p, DTensor) for p in _optimizer_parameters(optimizer)) and optimizer.state:
+            raise ValueError(
+                "This optimizer has already stepped on unsharded parameters; its state cannot be moved onto the "
+                "shards. Call fabric.setup(model, optimizer) before training."
+            )
+        for group in optimizer.param_groups:
+            group["params"] = [self._sharded(parameter) for parameter in group["params"]]
+        return optimizer
+
+    def _sharded(self, parameter: torch.Tensor) -> torch.Tensor:
+        if isinstance(parameter, DTensor):
+            return parameter
+        original, sharded = self._replacements.get(id(parameter), (None, None))
+        if original is None or original() is not parameter or sharded is None:
+            raise ValueError(
+                f"The optimizer holds a parameter of shape {tuple(parameter.shape)} that belongs to no module set "
+                "up with FSDPStrategy. Set up the model first (fabric.setup(model, optimizer) does) and build the "
+                "optimizer from the parameters of the module it returns."
+            )
+        return sharded
+
+    def owner_of(self, optimizer: Optimizer) -> nn.Module:
+        """The set-up module whose sharded parameters ``optimizer`` updates (needed for its state dict)."""
+        parameters = {id(p) for p in _optimizer_parameters(optimizer)}
+        for module in self._set_up_modules:
+            if any(id(p) in parameters for p in module.parameters()):
+                return module
+        raise ValueError(
+            f"{type(optimizer).__name__} updates no module set up with FSDPStrategy; set both up with fabric.setup()."
+        )
+
+    # --- the step ------------------------------------------------------------------------------------
+
+    def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
+        """Accumulate unreduced gradients locally (``set_requires_gradient_sync(False)``) inside the context."""
+        if enabled and isinstance(module, FSDPModule):
+            return _gradient_sync_disabled(module)
+        return contextlib.nullcontext()
+
+    def clip_gradients_norm(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor:
+        """Clip by the norm over all ranks' shards; returned as a plain tensor, the same on every rank."""
+        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    # --- checkpoints -----------------------------------------------------------------------------------
+
+    def get_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """The full (unsharded) state dict, gathered on rank 0 (other ranks get an empty dict)."""
+        return self._checkpointer.full_module_state(module)
+
+    def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """The full optimizer state in ``optimizer.state_dict()`` form, gathered on rank 0."""
+        return self._checkpointer.full_optimizer_state(optimizer)
+
+    def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> None:
+        self._checkpointer.load_full_module_state(module, state_dict, strict)
+
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        self._checkpointer.load_full_optimizer_state(optimizer, state_dict)
+
+    def save_checkpoint(self, path: PathType, state: dict[str, Any]) -> None:
+        """A sharded directory by default; one full file with ``state_dict_type="full"``."""
+        if self.state_dict_type == "full":
+            super().save_checkpoint(path, state)
+        else:
+            self._checkpointer.save_sharded(path, state)
+
+    def load_checkpoint(
+        self, path: PathType, state: dict[str, Any] | None = None, strict: bool = True, weights_only: bool = True
+    ) -> dict[str, Any]:
+        """Load a sharded directory (any number of ranks saved it) or a full file into the sharded objects."""
+        if state is not None and self._checkpointer.is_sharded(path):
+            remainder = self._checkpointer.load_sharded(path, state, strict)
+        else:
+            remainder = super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+        for value in (state or {}).values():
+            if isinstance(value, nn.Module):
+                self.module_loaded(value)
+        return remainder
+
+    def __repr__(self) -> str:
+        return (
+            f"FSDPStrategy(devices={len(self._parallel_devices or [])}, state_dict_type={self.state_dict_type!r}, "
+            f"cpu_offload={self.cpu_offload}, hybrid_shard={self.hybrid_shard})"
+        )
+
+
+def _has_meta_tensors(module: nn.Module) -> bool:
+    return any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
+
+
+def _optimizer_parameters(optimizer: Optimizer) -> Iterable[torch.Tensor]:
+    return (parameter for group in optimizer.param_groups for parameter in group["params"])
+
+
+def _refuse_forward(names: list[str]) -> Callable[..., None]:
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+    def refuse(module: nn.Module, args: Any) -> None:
+        raise RuntimeError(
+            f"{type(module).__name__} was built with fabric.init_module(empty_init=True) and {len(names)} of its "
+            f"tensors ({shown}) belong to modules without reset_parameters(), so nothing initialised them. "
+            "Load a checkpoint into it with fabric.load() before using it."
+        )
+
+    return refuse
+
+
+@contextlib.contextmanager
+def _gradient_sync_disabled(module: FSDPModule) -> Generator[None, None, None]:
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)

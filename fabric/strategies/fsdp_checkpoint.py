@@ -1,0 +1,165 @@
+"""Checkpoints of FSDP-sharded modules and their optimizers.
+
+- Sharded (default): every rank writes its own shards into a DCP directory, atomically (temporary
+  directory, rename on rank 0 after a barrier). Any number of ranks can load it back, and one
+  process can read it whole (``fabric consolidate``).
+- Full: the state gathered on rank 0 and written as one ``torch.save`` file, optimizer states in the
+  plain ``optimizer.state_dict()`` form, so a single-device run loads it directly.
+
+Model and optimizer states go through ``torch.distributed.checkpoint.state_dict`` (``get_*``/``set_*``).
+A load reads into copies first and touches the user's objects only once everything has been read.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.optim import Optimizer
+
+from fabric.plugins.io.checkpoint_io import PathType
+from fabric.plugins.io.distributed_checkpoint import (
+    is_distributed_checkpoint,
+    load_shards,
+    local_directory,
+    named_optimizer_state,
+    numbered_optimizer_state,
+    publish,
+    read_metadata_keys,
+    read_whole,
+    temporary_directory,
+    write_shards,
+)
+from fabric.strategies.strategy import PRECISION_STATE_KEY
+from fabric.utilities.checkpoint_state import Stateful
+from fabric.utilities.exceptions import CheckpointError
+
+if TYPE_CHECKING:
+    from fabric.strategies.fsdp import FSDPStrategy
+
+#: Gather everything on rank 0, in CPU memory (the other ranks get empty dicts).
+_FULL_ON_RANK_ZERO = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class ShardedCheckpointer:
+    """Saves and loads the state of one :class:`~fabric.strategies.fsdp.FSDPStrategy`'s objects."""
+
+    def __init__(self, strategy: FSDPStrategy) -> None:
+        self.strategy = strategy
+
+    # --- full state (one file) ------------------------------------------------------------------------
+
+    def full_module_state(self, module: nn.Module) -> dict[str, Any]:
+        return get_model_state_dict(module, options=_FULL_ON_RANK_ZERO)
+
+    def full_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        state = get_optimizer_state_dict(self.strategy.owner_of(optimizer), optimizer, options=_FULL_ON_RANK_ZERO)
+        return numbered_optimizer_state(state) if state else {}
+
+    def load_full_module_state(self, module: nn.Module, state_dict: dict[str, Any], strict: bool) -> None:
+        set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+    def load_full_optimizer_state(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        owner = self.strategy.owner_of(optimizer)
+        names = _parameter_names(owner, optimizer)
+        named = named_optimizer_state(state_dict, names)
+        set_optimizer_state_dict(owner, optimizer, named, options=StateDictOptions(full_state_dict=True))
+
+    # --- sharded state (a directory) ------------------------------------------------------------------
+
+    @staticmethod
+    def is_sharded(path: PathType) -> bool:
+        return is_distributed_checkpoint(path)
+
+    def save_sharded(self, path: PathType, state: dict[str, Any]) -> None:
+        """Every rank writes its shards; rank 0 publishes the directory once all of them are done."""
+        strategy = self.strategy
+        target = local_directory(path)
+        checkpoint = {key: self._sharded_state_of(value) for key, value in state.items()}
+        precision_state = strategy.precision.state_dict()
+        if precision_state:
+            checkpoint[PRECISION_STATE_KEY] = precision_state
+        temporary = strategy.broadcast(temporary_directory(target) if strategy.is_global_zero else None)
+        if strategy.is_global_zero:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        strategy.barrier("save_sharded_start")
+        try:
+            write_shards(checkpoint, temporary)
+        except BaseException:
+            if strategy.is_global_zero:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        strategy.barrier("save_sharded_written")
+        if strategy.is_global_zero:
+            publish(temporary, target)
+
+    def _sharded_state_of(self, value: Any) -> Any:
+        if isinstance(value, nn.Module):
+            return get_model_state_dict(value)
+        if isinstance(value, Optimizer):
+            return get_optimizer_state_dict(self.strategy.owner_of(value), value)
+        if isinstance(value, Stateful):
+            return value.state_dict()
+        return value
+
+    def load_sharded(self, path: PathType, state: dict[str, Any], strict: bool) -> dict[str, Any]:
+        """Load into the sharded objects of ``state``; return the checkpoint entries not asked for."""
+        available = read_metadata_keys(path)
+        missing = [key for key in state if key not in available]
+        if strict and missing:
+            raise CheckpointError(
+                f"{path!s} has no entry for {missing}; it holds {sorted(available)}. "
+                "Pass strict=False to load only the entries that exist."
+            )
+        keys = [key for key in state if key in available]
+        optimizers = [state[key] for key in keys if isinstance(state[key], Optimizer)]
+        backups = [(optimizer, copy.deepcopy(optimizer.state_dict())) for optimizer in optimizers]
+        targets = {key: _copy_tensors(self._sharded_state_of(state[key])) for key in keys}
+        if PRECISION_STATE_KEY in available and self.strategy.precision.state_dict():
+            targets[PRECISION_STATE_KEY] = _copy_tensors(self.strategy.precision.state_dict())
+        try:
+            load_shards(targets, path, strict=strict)
+        except CheckpointError as error:
+            for optimizer, backup in backups:  # reading the state dict may have initialised the optimizer
+                optimizer.load_state_dict(backup)
+            raise CheckpointError(f"{error} Nothing was changed.") from error
+        self.strategy._load_unvalidated_state(path, state, targets, keys)
+        for key in keys:
+            target = state[key]
+            if isinstance(target, nn.Module):
+                set_model_state_dict(target, targets[key], options=StateDictOptions(strict=strict))
+            elif isinstance(target, Optimizer):
+                set_optimizer_state_dict(self.strategy.owner_of(target), target, targets[key])
+            elif not isinstance(target, Stateful):
+                state[key] = targets[key]
+        rest = available - set(state) - {PRECISION_STATE_KEY}
+        return read_whole(path, keys=rest) if rest else {}
+
+
+def _parameter_names(module: nn.Module, optimizer: Optimizer) -> list[str]:
+    """The names in ``module`` of the optimizer's parameters, in parameter-group order."""
+    name_of = {id(parameter): name for name, parameter in module.named_parameters()}
+    parameters: Iterable[torch.Tensor] = (p for group in optimizer.param_groups for p in group["params"])
+    return [name_of[id(parameter)] for parameter in parameters]
+
+
+def _copy_tensors(value: Any) -> Any:
+    """A copy of ``value`` whose tensors (shards included) are new, so loading into it changes nothing else."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {key: _copy_tensors(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy_tensors(item) for item in value)
+    return value

@@ -1,0 +1,35 @@
+"""``fabric consolidate CHECKPOINT_DIR OUTPUT``: turn a sharded checkpoint into one ``torch.save`` file.
+
+The output holds full tensors and plain ``optimizer.state_dict()`` optimizer states, so
+``torch.load(OUTPUT, weights_only=True)`` reads it and ``fabric.load`` loads it on a single device.
+Runs in one process without a process group; it needs memory for the whole checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("consolidate")
+@click.argument("checkpoint_dir", type=click.Path(path_type=Path))
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+def consolidate_command(checkpoint_dir: Path, output: Path) -> None:
+    """Write the sharded checkpoint CHECKPOINT_DIR (from fabric.save with FSDP) as one file OUTPUT."""
+    from fabric.plugins.io.distributed_checkpoint import is_distributed_checkpoint
+
+    if not is_distributed_checkpoint(checkpoint_dir):
+        raise click.UsageError(f"{str(checkpoint_dir)!r} is not a sharded checkpoint directory (no .metadata file).")
+    entries = consolidate(checkpoint_dir, output)
+    click.echo(f"wrote {output} ({entries} entries)")
+
+
+def consolidate(checkpoint_dir: Path, output: Path) -> int:
+    """Read ``checkpoint_dir`` whole and save it atomically to ``output``; returns the number of entries."""
+    from fabric.plugins.io.distributed_checkpoint import read_whole
+    from fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    checkpoint = read_whole(checkpoint_dir)
+    TorchCheckpointIO().save_checkpoint(checkpoint, output)
+    return len(checkpoint)
