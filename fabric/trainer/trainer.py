@@ -15,7 +15,9 @@ The model is any ``nn.Module`` with ``forward(batch)`` and ``loss(outputs, batch
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from torch import nn
@@ -27,6 +29,11 @@ from fabric.fabric import Fabric
 from fabric.loggers.logger import Logger as FabricLogger
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.callback import Callback
+from fabric.trainer.checkpoint.checkpointer import TrainerCheckpointer, find_resume_checkpoint
+from fabric.trainer.checkpoint.dataloader_position import capture_epoch_start, resume_iterator
+from fabric.trainer.checkpoint.preemption import PreemptionWatch, TrainingPreempted
+from fabric.trainer.checkpoint.saver import CheckpointSaver
+from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpointState
 from fabric.trainer.engine import Engine
 from fabric.trainer.evaluation import Evaluator, ensure_evaluators, run_evaluators, select_metrics
 from fabric.trainer.events import Event
@@ -39,6 +46,7 @@ from fabric.trainer.schedulers import LRSchedule
 from fabric.trainer.state import State
 from fabric.trainer.time import Time, TimeUnit
 from fabric.trainer.train_step import TokenCounter, TrainStep, count_tokens
+from fabric.utilities.rank_zero import rank_zero_warn
 
 _FABRIC_CHOICES = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 
@@ -83,9 +91,38 @@ class Trainer:
         device_train_microbatch_size: int | str | None = None,
         seed: int | None = None,
         get_num_tokens_in_batch: TokenCounter = count_tokens,
+        run_name: str | None = None,
+        save_folder: str | None = None,
+        save_interval: IntervalInput = "1ep",
+        save_filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt",
+        save_latest_filename: str | None = "latest-rank{rank}.pt",
+        save_num_checkpoints_to_keep: int = -1,
+        save_weights_only: bool = False,
+        save_overwrite: bool = False,
+        load_path: str | None = None,
+        load_weights_only: bool = False,
+        load_strict: bool = True,
+        load_ignore_keys: Sequence[str] = (),
+        autoresume: bool = False,
         fabric: Fabric | None = None,
         **fabric_choices: Any,
     ) -> None:
+        if autoresume and (save_folder is None or run_name is None):
+            raise ValueError(
+                f"autoresume=True needs save_folder and run_name (got save_folder={save_folder!r}, "
+                f"run_name={run_name!r}): they name where the earlier run of this job saved its checkpoints."
+            )
+        saver = None
+        if save_folder is not None:
+            saver = CheckpointSaver(
+                save_folder,
+                filename=save_filename,
+                latest_filename=save_latest_filename,
+                save_interval=save_interval,
+                num_checkpoints_to_keep=save_num_checkpoints_to_keep,
+                weights_only=save_weights_only,
+                overwrite=save_overwrite,
+            )
         self.fabric = _make_fabric(fabric, fabric_choices)
         _check_microbatch_size(device_train_microbatch_size, self.fabric)
         if scale_schedule_ratio <= 0:
@@ -94,6 +131,7 @@ class Trainer:
         _launch(self.fabric)
         self.seed = _agree_on_seed(self.fabric, seed)
         self.fabric.seed_everything(self.seed)
+        self.run_name = _agree_on_run_name(self.fabric, run_name)
 
         optimizer_list = _as_list(optimizers)
         self.state = State(
@@ -101,7 +139,7 @@ class Trainer:
             max_duration=None,
             optimizers=optimizer_list,
             algorithms=_as_list(algorithms),
-            callbacks=_as_list(callbacks),
+            callbacks=[*_as_list(callbacks), *([saver] if saver else [])],
             fabric=self.fabric,
         )
         if max_duration is not None:
@@ -135,6 +173,33 @@ class Trainer:
         self._evaluator_intervals: list[IntervalFunction] = []
         self._set_evaluators(eval_dataloader)
         self._closed = False
+
+        self._epoch_start: dict[str, Any] | None = None  # what rebuilds the current epoch's batch order
+        self._resume_position: DataPosition | None = None
+        trainer_state = TrainerCheckpointState(
+            self.state,
+            self.state.schedulers,
+            self.state.callbacks,
+            data_position=self._data_position,
+            on_load_position=self._set_resume_position,
+        )
+        self.checkpointer = TrainerCheckpointer(self.state, trainer_state, self.run_name)
+        self.saver = saver
+        self._preemption = PreemptionWatch() if saver is not None else None
+        if saver is not None:
+            saver.bind(self.checkpointer.save, self.run_name)
+        if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
+            assert save_folder is not None
+            found = None
+            if self.fabric.is_global_zero:
+                found = find_resume_checkpoint(save_folder, save_filename, save_latest_filename, self.run_name)
+            found = self.fabric.broadcast(found)
+            if found is not None:
+                load_path, load_weights_only, load_ignore_keys = found, False, ()
+        if load_path is not None:
+            self.load_checkpoint(
+                load_path, weights_only=load_weights_only, strict=load_strict, ignore_keys=load_ignore_keys
+            )
 
     # --- set-up ---------------------------------------------------------------------------------
 
@@ -221,11 +286,12 @@ class Trainer:
                 "fit() needs optimizers: pass optimizers=torch.optim.AdamW(model.parameters()) or similar."
             )
         run_event = self.engine.run_event
-        run_event(Event.FIT_START)
-        while not state.finished:
-            if not self._train_epoch():
-                break
-        run_event(Event.FIT_END)
+        with self._preemption or nullcontext():
+            run_event(Event.FIT_START)
+            while not state.finished:
+                if not self._train_epoch():
+                    break
+            run_event(Event.FIT_END)
 
     def _train_epoch(self) -> bool:
         """Train until the dataloader runs out (True: the epoch ended) or training is finished (False)."""
@@ -233,8 +299,7 @@ class Trainer:
         assert state.dataloader is not None
         length = state.dataloader_len
         if self._batches is None:  # a new epoch; otherwise fit() continues the epoch an earlier fit() stopped in
-            run_event(Event.EPOCH_START)
-            self._batches = iter(state.dataloader)
+            self._batches = self._start_epoch(state.dataloader)
         batches = self._batches
         while length is None or int(state.timestamp.batch_in_epoch) < length:
             run_event(Event.BEFORE_DATALOADER)
@@ -264,6 +329,42 @@ class Trainer:
         run_event(Event.EPOCH_CHECKPOINT)
         return True
 
+    def _start_epoch(self, dataloader: Iterable[Any]) -> Iterator[Any]:
+        """The epoch's batch iterator: fresh (after EPOCH_START), or positioned where a checkpoint left off."""
+        position, self._resume_position = self._resume_position, None
+        if position is not None and position.epoch_start is not None:
+            batches_done = self._batches_done_after_resume(position)
+            self._epoch_start = position.epoch_start
+            if batches_done == 0:
+                self.engine.run_event(Event.EPOCH_START)
+            return resume_iterator(dataloader, position.epoch_start, batches_done)
+        self.engine.run_event(Event.EPOCH_START)
+        self._epoch_start = capture_epoch_start(dataloader)
+        return iter(dataloader)
+
+    def _batches_done_after_resume(self, position: DataPosition) -> int:
+        """Batches of the epoch already trained; with another world size, counted from the samples done."""
+        if position.world_size == self.fabric.world_size:
+            return position.batches_done
+        batch_size = getattr(self.state.dataloader, "batch_size", None) or 1
+        done = position.samples_done // (batch_size * self.fabric.world_size)
+        rank_zero_warn(
+            f"Resuming with {self.fabric.world_size} rank(s) a checkpoint saved by {position.world_size}: the epoch "
+            f"continues after {done} batches ({position.samples_done} samples), but the order of its remaining "
+            "samples differs from the original run's."
+        )
+        return done
+
+    def _data_position(self) -> DataPosition:
+        timestamp, loader = self.state.timestamp, self.state.dataloader
+        batches_done = int(timestamp.batch_in_epoch)
+        epoch_start = self._epoch_start if batches_done else (capture_epoch_start(loader) if loader else None)
+        return DataPosition(epoch_start, batches_done, int(timestamp.sample_in_epoch), self.fabric.world_size)
+
+    def _set_resume_position(self, position: DataPosition) -> None:
+        self._resume_position = position
+        self._batches = None
+
     def _after_batch(self) -> None:
         state, run_event = self.state, self.engine.run_event
         if state.train_metrics:
@@ -273,6 +374,38 @@ class Trainer:
         run_event(Event.BATCH_END)
         self._evaluate_if_due(Event.BATCH_END)
         run_event(Event.BATCH_CHECKPOINT)
+        if self._preemption is not None and self._preemption.requested_anywhere(self.fabric):
+            self._stop_for_preemption()
+
+    def _stop_for_preemption(self) -> None:
+        """SIGTERM arrived: save at this batch boundary, flush, and exit with PREEMPTED_EXIT_CODE."""
+        assert self.saver is not None
+        path = self.saver.saved[-1] if self.saver.saved and self._saved_this_batch() else self.saver.save(self.state)
+        self.saver.wait()
+        self.close()
+        raise TrainingPreempted(path)
+
+    def _saved_this_batch(self) -> bool:
+        assert self.saver is not None
+        return self.saver.last_saved_batch == int(self.state.timestamp.batch)
+
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
+        """Save the whole Trainer (or only the model) to ``path``, a local path or fsspec URL. Call on every rank."""
+        self.checkpointer.save(path, weights_only)
+
+    def load_checkpoint(
+        self, path: str, *, weights_only: bool = False, strict: bool = True, ignore_keys: Sequence[str] = ()
+    ) -> None:
+        """Restore the Trainer from ``path``; a checkpoint that cannot be loaded changes nothing.
+
+        ``ignore_keys`` skips parts: ``"optimizers"``, ``"rng"``, ``"timestamp"``, ``"schedulers"``,
+        ``"algorithms"``, ``"callbacks"``, ``"dataloader"``, ``"microbatch_size"`` (e.g. to fine-tune).
+        """
+        self.engine.run_event(Event.BEFORE_LOAD)
+        self.checkpointer.load(path, weights_only=weights_only, strict=strict, ignore_keys=ignore_keys)
+        self.engine.run_event(Event.AFTER_LOAD)
 
     def _evaluate_if_due(self, event: Event) -> None:
         if not self.evaluators:
@@ -310,9 +443,11 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Flush and close the loggers (progress bars, files). Safe to call twice."""
+        """Wait for checkpoint uploads, then flush and close the loggers. Safe to call twice."""
         if not self._closed:
             self._closed = True
+            if self.saver is not None:
+                self.saver.close()
             self.logger.close()
 
 
@@ -355,6 +490,16 @@ def _agree_on_seed(fabric: Fabric, seed: int | None) -> int:
         return seed
     drawn = random.SystemRandom().randrange(2**31)
     return int(fabric.broadcast(drawn, src=0)) if fabric.world_size > 1 else drawn
+
+
+def _agree_on_run_name(fabric: Fabric, run_name: str | None) -> str:
+    """The given name, else ``run-<UTC time>-<6 hex digits>`` made on rank 0 and shared with every rank."""
+    if run_name is not None:
+        if not run_name or "/" in run_name:
+            raise ValueError(f"run_name={run_name!r} must be a non-empty name without '/'.")
+        return run_name
+    made = f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{random.SystemRandom().getrandbits(24):06x}"
+    return str(fabric.broadcast(made, src=0)) if fabric.world_size > 1 else made
 
 
 def _check_microbatch_size(size: int | str | None, fabric: Fabric) -> None:

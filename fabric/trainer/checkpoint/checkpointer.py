@@ -1,0 +1,90 @@
+"""Saving and loading a whole Trainer through Fabric, and finding the checkpoint to resume from.
+
+A full checkpoint holds ``model``, ``optimizer_0``, ``optimizer_1``, ... (Fabric saves the precision
+plugin's scaler with them), ``trainer`` (:class:`TrainerCheckpointState`), ``rng`` (every rank's
+generator states, stacked by rank) and ``meta``. A weights-only checkpoint holds ``model`` and
+``meta``. Loading goes through ``fabric.load``, which validates every entry before changing anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
+from fabric.trainer.checkpoint.storage import Folder, checkpoints_in, format_name
+from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
+from fabric.trainer.state import State
+from fabric.utilities.rank_zero import rank_zero_warn
+
+CHECKPOINT_FORMAT = "fabric.trainer/1"
+#: Names ``load_ignore_keys`` accepts: the trainer's sections plus the separate entries.
+IGNORABLE = (*SECTIONS, "optimizers", "rng")
+
+
+class TrainerCheckpointer:
+    def __init__(self, state: State, trainer_state: TrainerCheckpointState, run_name: str) -> None:
+        self.state = state
+        self.trainer_state = trainer_state
+        self.run_name = run_name
+
+    def save(self, path: str, weights_only: bool = False) -> None:
+        """Write a checkpoint of the Trainer to ``path`` (every rank must call this)."""
+        fabric = self.state.fabric
+        meta = {"format": CHECKPOINT_FORMAT, "world_size": fabric.world_size, "run_name": self.run_name}
+        if weights_only:
+            fabric.save(path, {"model": self.state.model, "meta": meta})
+            return
+        rng = {kind: fabric.all_gather(value) for kind, value in capture_rng_state().items()}
+        entries: dict[str, Any] = {"model": self.state.model, **self._optimizers()}
+        entries.update(trainer=self.trainer_state, rng=rng, meta=meta)
+        fabric.save(path, entries)
+
+    def load(
+        self, path: str, *, weights_only: bool = False, strict: bool = True, ignore_keys: Collection[str] = ()
+    ) -> None:
+        """Restore the Trainer from ``path``; on any error nothing changed. ``ignore_keys`` skips parts."""
+        unknown = sorted(set(ignore_keys) - set(IGNORABLE))
+        if unknown:
+            raise ValueError(f"load_ignore_keys has {unknown}; the parts a checkpoint has are {list(IGNORABLE)}.")
+        entries: dict[str, Any] = {"model": self.state.model}
+        if not weights_only:
+            if "optimizers" not in ignore_keys:
+                entries.update(self._optimizers())
+            self.trainer_state.ignore = frozenset(key for key in ignore_keys if key in SECTIONS)
+            entries["trainer"] = self.trainer_state
+            if "rng" not in ignore_keys:
+                entries["rng"] = None
+        self.state.fabric.load(path, entries, strict=strict)
+        if entries.get("rng") is not None:
+            self._restore_rng(entries["rng"])
+
+    def _optimizers(self) -> dict[str, Any]:
+        return {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.state.optimizers)}
+
+    def _restore_rng(self, rng: dict[str, Any]) -> None:
+        fabric = self.state.fabric
+        saved_world_size = len(rng["torch"])
+        if saved_world_size != fabric.world_size:
+            rank_zero_warn(
+                f"The checkpoint was saved by {saved_world_size} rank(s) and this run has {fabric.world_size}: random "
+                "number generators are not restored, so random draws (dropout, augmentation) differ from the first run."
+            )
+            return
+        restore_rng_state({kind: states[fabric.global_rank] for kind, states in rng.items()})
+
+
+def find_resume_checkpoint(
+    folder_template: str, filename: str, latest_filename: str | None, run_name: str
+) -> str | None:
+    """The newest complete checkpoint of ``run_name``: by the counters in its name, else the ``latest`` pointer.
+
+    Files of interrupted saves (``.name.tmp-*``) never count.
+    """
+    folder = Folder(format_name(folder_template, {"run_name": run_name}))
+    found = checkpoints_in(folder, filename, run_name)
+    if found and any(field in filename for field in ("{batch}", "{epoch}", "{sample}", "{token}")):
+        return folder.join(found[-1][1])
+    if latest_filename is not None:
+        return folder.resolve_latest(format_name(latest_filename, {"run_name": run_name, "rank": 0}))
+    return folder.join(found[-1][1]) if found else None

@@ -1,0 +1,52 @@
+"""Random number generator states as tensors, so a resumed run draws the same numbers (dropout, augmentation).
+
+Python's ``random``, NumPy's global generator (when NumPy is installed), torch's CPU generator and
+every CUDA device's generator are captured as integer tensors: safe for ``torch.load(weights_only=True)``
+and of a fixed shape per kind, so every rank's states can be all-gathered into one checkpoint.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+from lightning_utilities.core.imports import RequirementCache
+
+_NUMPY_AVAILABLE = RequirementCache("numpy")
+
+
+def capture_rng_state() -> dict[str, torch.Tensor]:
+    """This process's generator states, as tensors."""
+    version, python_state, gauss = random.getstate()
+    state = {
+        "python": torch.tensor([version, *python_state], dtype=torch.int64),
+        "python_gauss": torch.tensor([float("nan") if gauss is None else gauss], dtype=torch.float64),
+        "torch": torch.get_rng_state(),
+    }
+    if _NUMPY_AVAILABLE:
+        import numpy
+
+        _, keys, position, has_gauss, cached_gaussian = numpy.random.get_state(legacy=True)
+        state["numpy"] = torch.tensor([*numpy.asarray(keys).tolist(), position, has_gauss], dtype=torch.int64)
+        state["numpy_gauss"] = torch.tensor([cached_gaussian], dtype=torch.float64)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back what :func:`capture_rng_state` returned (kinds missing on either side are left alone)."""
+    python_state = [int(value) for value in state["python"].tolist()]
+    gauss = float(state["python_gauss"][0])
+    random.setstate((python_state[0], tuple(python_state[1:]), None if gauss != gauss else gauss))
+    torch.set_rng_state(state["torch"])
+    if _NUMPY_AVAILABLE and "numpy" in state:
+        import numpy
+
+        values = state["numpy"].tolist()
+        keys = numpy.array(values[:624], dtype=numpy.uint32)
+        cached = float(state["numpy_gauss"][0])
+        numpy.random.set_state(("MT19937", keys, int(values[624]), int(values[625]), cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(state["cuda"]))

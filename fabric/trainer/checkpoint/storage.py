@@ -1,0 +1,174 @@
+"""Where checkpoints live: file names from templates, the ``latest`` pointer, listing and pruning, uploads.
+
+Folders are local paths or fsspec URLs (``memory://``, ``s3://``, ``gs://`` with their backends).
+``latest`` is a symlink on a local disk and, on object stores (which have no links), a small text file
+``<latest>.symlink`` holding the target's name. It is moved only after the checkpoint it names is
+complete, and both forms are replaced atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import queue
+import re
+import string
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+#: Fields a file name template may use.
+NAME_FIELDS = ("run_name", "epoch", "batch", "sample", "token", "batch_in_epoch", "rank")
+POINTER_SUFFIX = ".symlink"
+
+
+def check_template(template: str, what: str) -> str:
+    """Fail now, naming the field, if ``template`` uses a field outside :data:`NAME_FIELDS`."""
+    fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    unknown = sorted({field for field in fields if field not in NAME_FIELDS})
+    if unknown:
+        raise ValueError(f"{what}={template!r} uses {unknown}; the fields it may use are {list(NAME_FIELDS)}.")
+    return template
+
+
+def format_name(template: str, values: Mapping[str, Any]) -> str:
+    return template.format(**{field: values[field] for field in NAME_FIELDS if field in values})
+
+
+def template_pattern(template: str, run_name: str) -> re.Pattern[str]:
+    """A regex matching names made from ``template`` for ``run_name``, capturing the numeric fields."""
+    pattern, groups = "", set()
+    for literal, field, _, _ in string.Formatter().parse(template):
+        pattern += re.escape(literal)
+        if field is None:
+            continue
+        if field == "run_name":
+            pattern += re.escape(run_name)
+        elif field in groups:
+            pattern += rf"(?P={field})"
+        else:
+            groups.add(field)
+            pattern += rf"(?P<{field}>\d+)"
+    return re.compile(pattern)
+
+
+class Folder:
+    """A checkpoint folder on some filesystem (a local path or an fsspec URL)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.fs, self.path = url_to_fs(url)
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def join(self, name: str) -> str:
+        """The URL (or local path) of ``name`` in this folder."""
+        if self.is_local:
+            return os.path.join(self.url, name)
+        return f"{self.url.rstrip('/')}/{name}"
+
+    def names(self) -> list[str]:
+        """Names of the entries in the folder (none if it does not exist)."""
+        if not self.fs.exists(self.path):
+            return []
+        return [posixpath.basename(entry.rstrip("/")) for entry in self.fs.ls(self.path, detail=False)]
+
+    def exists(self, name: str) -> bool:
+        return bool(self.fs.exists(posixpath.join(self.path, name)))
+
+    def remove(self, name: str) -> None:
+        self.fs.rm(posixpath.join(self.path, name), recursive=True)
+
+    def point_latest(self, latest_name: str, target_name: str) -> None:
+        """Make ``latest_name`` name ``target_name``, replacing the previous pointer atomically."""
+        if self.is_local:
+            os.makedirs(self.url, exist_ok=True)
+            temporary = os.path.join(self.url, f".{latest_name}.tmp-{os.getpid()}")
+            if os.path.lexists(temporary):
+                os.remove(temporary)
+            os.symlink(target_name, temporary)
+            os.replace(temporary, os.path.join(self.url, latest_name))
+        else:
+            self.fs.pipe(posixpath.join(self.path, latest_name + POINTER_SUFFIX), target_name.encode())
+
+    def resolve_latest(self, latest_name: str) -> str | None:
+        """The URL the ``latest`` pointer names, or None when there is no pointer or its target is gone."""
+        if self.is_local:
+            link = os.path.join(self.url, latest_name)
+            if os.path.islink(link) and os.path.exists(link):
+                return os.path.join(self.url, os.readlink(link))
+            return None
+        pointer = posixpath.join(self.path, latest_name + POINTER_SUFFIX)
+        if not self.fs.exists(pointer):
+            return None
+        target = self.fs.cat(pointer).decode().strip()
+        return self.join(target) if self.exists(target) else None
+
+
+def checkpoints_in(folder: Folder, template: str, run_name: str) -> list[tuple[tuple[int, ...], str]]:
+    """``((epoch, batch, sample, token), name)`` of every complete checkpoint of ``run_name``, oldest first.
+
+    Temporary files of interrupted saves start with ``.`` and never match the template.
+    """
+    pattern = template_pattern(template, run_name)
+    found = []
+    for name in folder.names():
+        match = pattern.fullmatch(name)
+        if match is None or name.startswith("."):
+            continue
+        numbers = match.groupdict()
+        found.append((tuple(int(numbers.get(field) or 0) for field in ("batch", "epoch", "sample", "token")), name))
+    return sorted(found)
+
+
+class Uploader:
+    """Copies finished checkpoints to remote storage on a background thread, so training continues.
+
+    The queue is bounded: a save waits only when ``max_pending`` uploads are already queued. An upload
+    error is raised at the next :meth:`submit` or at :meth:`wait`, never lost.
+    """
+
+    def __init__(self, max_pending: int = 1) -> None:
+        self._queue: queue.Queue[tuple[Callable[[], None], ...] | None] = queue.Queue(maxsize=max_pending)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="checkpoint-uploader", daemon=True)
+        self._thread.start()
+
+    def submit(self, *steps: Callable[[], None]) -> None:
+        """Run ``steps`` in order on the upload thread (e.g. upload, then move ``latest``, then prune)."""
+        self._raise_error()
+        self._queue.put(steps)
+
+    def wait(self) -> None:
+        """Block until every submitted upload finished; raise the first error any of them had."""
+        self._queue.join()
+        self._raise_error()
+
+    def close(self) -> None:
+        self.wait()
+        self._queue.put(None)
+        self._thread.join()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"Uploading a checkpoint failed: {error}") from error
+
+    def _run(self) -> None:
+        while True:
+            steps = self._queue.get()
+            try:
+                if steps is None:
+                    return
+                if self._error is None:
+                    for step in steps:
+                        step()
+            except BaseException as error:  # handed to the training thread by _raise_error
+                self._error = error
+            finally:
+                self._queue.task_done()

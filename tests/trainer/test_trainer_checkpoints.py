@@ -1,0 +1,284 @@
+"""Trainer checkpoints: bit-exact resume (end of epoch, mid-epoch), autoresume, retention, latest, remote, errors."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric.trainer.callback import Callback
+from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
+from fabric.trainer.schedulers import LinearWithWarmupScheduler
+from fabric.trainer.state import State
+from fabric.trainer.trainer import Trainer
+from fabric.utilities.exceptions import CheckpointError
+
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class DropoutNet(nn.Module):
+    """Dropout makes the result depend on the RNG state, so an exact resume needs it restored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.net(batch[0])  # type: ignore[no-any-return]
+
+    def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return F.cross_entropy(outputs, batch[1])
+
+
+class CountBatches(Callback):
+    """A stateful callback: its count must resume with the trainer."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def batch_end(self, state: State, logger: Any) -> None:
+        self.count += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.count = state_dict["count"]
+
+
+class StopAt(Callback):
+    """Ends training after ``batch`` batches, like a crash would, but with max_duration (and the schedule) intact."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def batch_end(self, state: State, logger: Any) -> None:
+        if int(state.timestamp.batch) == self.batch:
+            state.stop_training()
+
+
+def _data() -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 8, generator=generator)
+    return TensorDataset(x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())
+
+
+def _trainer(initial: nn.Module, **kwargs: Any) -> Trainer:
+    model = copy.deepcopy(initial)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    options: dict[str, Any] = {
+        "train_dataloader": DataLoader(_data(), batch_size=8, shuffle=True),  # 6 batches per epoch
+        "max_duration": "10ba",
+        "optimizers": optimizer,
+        "schedulers": LinearWithWarmupScheduler(t_warmup="3ba"),
+        "callbacks": [CountBatches(), CountBatches()],
+        "progress_bar": False,
+        "seed": 7,
+        "accelerator": "cpu",
+    }
+    options.update(kwargs)
+    return Trainer(model=model, **options)
+
+
+def _weights(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.state.model.parameters()]
+
+
+@pytest.fixture(scope="module")
+def initial() -> nn.Module:
+    torch.manual_seed(0)
+    return DropoutNet()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(initial: nn.Module) -> list[torch.Tensor]:
+    trainer = _trainer(initial)
+    trainer.fit()
+    return _weights(trainer)
+
+
+@pytest.mark.parametrize("stop_at", [4, 6, 7])  # mid-epoch, end of epoch 1, one batch into epoch 2
+def test_resume_gives_bit_identical_weights(
+    tmp_path: Path, initial: nn.Module, uninterrupted: list[torch.Tensor], stop_at: int
+) -> None:
+    callbacks = [CountBatches(), CountBatches(), StopAt(stop_at)]
+    first = _trainer(initial, callbacks=callbacks, save_folder=str(tmp_path), save_interval="1000ba")
+    first.fit()  # saves at the end of training
+    (checkpoint,) = first.saver.saved  # type: ignore[union-attr]
+    torch.manual_seed(12345)  # a new process: whatever RNG state it happens to have
+    resumed = _trainer(initial, load_path=checkpoint)
+    assert int(resumed.state.timestamp.batch) == stop_at
+    assert [callback.count for callback in resumed.state.callbacks[:2]] == [stop_at, stop_at]
+    resumed.fit()
+    for ours, reference in zip(_weights(resumed), uninterrupted, strict=True):
+        assert torch.equal(ours, reference)
+    assert int(resumed.state.timestamp.sample) == 10 * 8
+
+
+def test_autoresume_picks_the_newest_complete_checkpoint(tmp_path: Path, initial: nn.Module) -> None:
+    first = _trainer(initial, max_duration="5ba", save_folder=str(tmp_path / "{run_name}"), save_interval="1ba")
+    first.fit()
+    folder = tmp_path / first.run_name
+    assert sorted(os.listdir(folder)) == sorted([*(f"ep0-ba{n}-rank0.pt" for n in range(1, 6)), "latest-rank0.pt"])
+    assert os.readlink(folder / "latest-rank0.pt") == "ep0-ba5-rank0.pt"
+    (folder / ".ep1-ba9-rank0.pt.tmp-999").write_bytes(b"half a checkpoint")  # an interrupted save
+    resumed = _trainer(
+        initial, save_folder=str(tmp_path / "{run_name}"), run_name=first.run_name, autoresume=True, save_interval="1ba"
+    )
+    assert int(resumed.state.timestamp.batch) == 5
+
+
+def test_autoresume_without_a_checkpoint_starts_from_load_path_or_scratch(tmp_path: Path, initial: nn.Module) -> None:
+    trainer = _trainer(initial, save_folder=str(tmp_path), run_name="fresh", autoresume=True)
+    assert int(trainer.state.timestamp.batch) == 0
+    with pytest.raises(ValueError, match="autoresume=True needs save_folder and run_name"):
+        _trainer(initial, save_folder=str(tmp_path), autoresume=True)
+
+
+def test_retention_keeps_the_newest_and_prunes_what_an_earlier_run_left(tmp_path: Path, initial: nn.Module) -> None:
+    first = _trainer(initial, max_duration="4ba", save_folder=str(tmp_path), run_name="job", save_interval="1ba")
+    first.fit()
+    assert len([name for name in os.listdir(tmp_path) if name.startswith("ep")]) == 4
+    second = _trainer(
+        initial,
+        max_duration="7ba",
+        save_folder=str(tmp_path),
+        run_name="job",
+        save_interval="1ba",
+        save_num_checkpoints_to_keep=2,
+        autoresume=True,
+    )
+    second.fit()
+    assert sorted(name for name in os.listdir(tmp_path) if name.startswith("ep")) == [
+        "ep0-ba6-rank0.pt",
+        "ep1-ba7-rank0.pt",
+    ]
+    assert os.readlink(tmp_path / "latest-rank0.pt") == "ep1-ba7-rank0.pt"
+
+
+def test_save_overwrite_is_refused_unless_asked(tmp_path: Path, initial: nn.Module) -> None:
+    _trainer(initial, max_duration="2ba", save_folder=str(tmp_path), run_name="a", save_interval="2ba").fit()
+    with pytest.raises(FileExistsError, match="save_overwrite=True"):
+        _trainer(initial, max_duration="2ba", save_folder=str(tmp_path), run_name="a", save_interval="2ba").fit()
+    again = _trainer(
+        initial, max_duration="2ba", save_folder=str(tmp_path), run_name="a", save_interval="2ba", save_overwrite=True
+    )
+    again.fit()
+
+
+def test_memory_filesystem_round_trip_with_background_upload(
+    initial: nn.Module, uninterrupted: list[torch.Tensor]
+) -> None:
+    first = _trainer(initial, max_duration="4ba", save_folder="memory://ckpts/{run_name}", save_interval="2ba")
+    first.fit()
+    first.close()
+    fs = fsspec.filesystem("memory")
+    names = sorted(path.rsplit("/", 1)[-1] for path in fs.ls(f"/ckpts/{first.run_name}", detail=False))
+    assert names == ["ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt", "latest-rank0.pt.symlink"]
+    assert fs.cat(f"/ckpts/{first.run_name}/latest-rank0.pt.symlink") == b"ep0-ba4-rank0.pt"
+    resumed = _trainer(
+        initial, save_folder="memory://ckpts/{run_name}", run_name=first.run_name, autoresume=True, save_interval="2ba"
+    )
+    resumed.fit()
+    for ours, reference in zip(_weights(resumed), uninterrupted, strict=True):
+        assert torch.equal(ours, reference)
+
+
+def test_corrupt_foreign_and_mismatching_checkpoints_fail_and_change_nothing(
+    tmp_path: Path, initial: nn.Module
+) -> None:
+    trainer = _trainer(initial, max_duration="2ba")
+    trainer.fit()
+    before = (_weights(trainer), copy.deepcopy(trainer.state.optimizers[0].state_dict()), trainer.state.timestamp)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    wider = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Dropout(0.3), nn.Linear(64, 3))
+    other = _trainer(DropoutNet(), max_duration="1ba", save_folder=str(tmp_path), run_name="other", save_interval="1ba")
+    other.state.model.module.net = wider  # type: ignore[union-attr]
+    other.save_checkpoint(str(tmp_path / "wider.pt"))
+    for path in (garbage, foreign, tmp_path / "wider.pt"):
+        with pytest.raises(CheckpointError, match=str(path.name)):
+            trainer.load_checkpoint(str(path))
+        assert all(torch.equal(a, b) for a, b in zip(_weights(trainer), before[0], strict=True))
+        assert trainer.state.timestamp == before[2]
+        torch.testing.assert_close(trainer.state.optimizers[0].state_dict(), before[1])
+
+
+def test_weights_only_and_ignored_parts(tmp_path: Path, initial: nn.Module) -> None:
+    trainer = _trainer(initial, max_duration="3ba")
+    trainer.fit()
+    trainer.save_checkpoint(str(tmp_path / "full.pt"))
+    trainer.save_checkpoint(str(tmp_path / "weights.pt"), weights_only=True)
+    assert set(torch.load(tmp_path / "weights.pt", weights_only=True)) == {"model", "meta"}
+    for path, options in (
+        ("weights.pt", {"load_weights_only": True}),
+        ("full.pt", {"load_ignore_keys": ["timestamp"]}),
+    ):
+        fresh = _trainer(initial, load_path=str(tmp_path / path), **options)
+        assert int(fresh.state.timestamp.batch) == 0  # a fine-tuning start: the clock was not loaded
+        assert all(torch.equal(a, b) for a, b in zip(_weights(fresh), _weights(trainer), strict=True))
+    with pytest.raises(ValueError, match="load_ignore_keys has \\['weights'\\]"):
+        _trainer(initial, load_path=str(tmp_path / "full.pt"), load_ignore_keys=["weights"])
+
+
+def test_bad_save_options_fail_at_construction(tmp_path: Path, initial: nn.Module) -> None:
+    with pytest.raises(ValueError, match=r"save_filename='ep\{epochs\}.pt' uses \['epochs'\]"):
+        _trainer(initial, save_folder=str(tmp_path), save_filename="ep{epochs}.pt")
+    with pytest.raises(ValueError, match="save_num_checkpoints_to_keep=0"):
+        _trainer(initial, save_folder=str(tmp_path), save_num_checkpoints_to_keep=0)
+    with pytest.raises(ValueError, match="save_interval='2xx'"):
+        _trainer(initial, save_folder=str(tmp_path), save_interval="2xx")
+
+
+def _resume_job(folder: Path, max_batches: int, interval: str = "1ba") -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "trainer_resume.py"), str(folder), str(max_batches), interval],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_sigterm_saves_at_the_next_batch_and_exits_with_the_preemption_code(tmp_path: Path) -> None:
+    job = _resume_job(tmp_path, 100_000, interval="1000000ba")
+    assert job.stdout is not None
+    assert job.stdout.readline().startswith("training")  # the SIGTERM handler is installed once fit() runs
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode == PREEMPTED_EXIT_CODE, stderr
+    saved = [name for name in os.listdir(tmp_path / "job") if name.startswith("ep")]
+    assert len(saved) == 1 and os.readlink(tmp_path / "job" / "latest-rank0.pt") == saved[0]
+    resumed = _resume_job(tmp_path, int(saved[0].split("-ba")[1].split("-")[0]) + 3)
+    stdout, stderr = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, stderr
+    assert "resumed at batch" in stdout
+
+
+def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    job = _resume_job(tmp_path, 100_000)
+    assert job.stdout is not None
+    job.stdout.readline()
+    while True:  # wait until one checkpoint is complete and the next one is being written
+        names = os.listdir(tmp_path / "job")
+        if any(name.startswith("ep") for name in names) and any(name.startswith(".ep") for name in names):
+            break
+    job.kill()
+    job.communicate(timeout=60)
+    resumed = _resume_job(tmp_path, 0)
+    stdout, stderr = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, stderr
+    assert "resumed at batch" in stdout
