@@ -198,8 +198,9 @@ class Fabric:
         for optimizer in optimizers:
             if move_to_device:
                 optimizer_to_device(optimizer, self.device)
-        wrapped_module = self._wrap_module(module)
-        wrapped_optimizers = [wrap_optimizer(self._strategy.setup_optimizer(opt), self._strategy) for opt in optimizers]
+        forward_module, set_up_optimizers = self._strategy.setup_module_and_optimizers(module, optimizers)
+        wrapped_module = self._wrap_set_up_module(forward_module, module)
+        wrapped_optimizers = [wrap_optimizer(opt, self._strategy) for opt in set_up_optimizers]
         return (wrapped_module, *wrapped_optimizers) if optimizers else wrapped_module
 
     def setup_module(self, module: nn.Module, move_to_device: bool = True) -> FabricModule:
@@ -222,7 +223,10 @@ class Fabric:
         return module
 
     def _wrap_module(self, module: nn.Module) -> FabricModule:
-        wrapped = FabricModule(self._strategy.setup_module(module), self._strategy, original_module=module)
+        return self._wrap_set_up_module(self._strategy.setup_module(module), module)
+
+    def _wrap_set_up_module(self, forward_module: nn.Module, original_module: nn.Module) -> FabricModule:
+        wrapped = FabricModule(forward_module, self._strategy, original_module=original_module)
         self._wrapped_modules.add(wrapped)
         return wrapped
 

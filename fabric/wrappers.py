@@ -142,6 +142,9 @@ class FabricOptimizer:
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         return self._fabric_strategy.optimizer_step(self._fabric_original, closure)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._fabric_strategy.optimizer_zero_grad(self._fabric_original, set_to_none)
+
     def state_dict(self) -> dict[str, Any]:
         return self._fabric_strategy.get_optimizer_state(self._fabric_original)
 

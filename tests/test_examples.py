@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -55,3 +56,66 @@ def test_ddp_example_trains_on_two_ranks_with_identical_replicas(tmp_path: Path)
     assert "2 ranks, replicas identical: True" in result.stdout
     losses = [float(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("epoch")]
     assert len(losses) == 2 and losses[1] < losses[0]
+
+
+def test_fsdp_example_trains_on_two_ranks_and_resumes_from_its_sharded_checkpoint(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "fsdp_train.py"), "--steps", "20"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=240,
+    )
+    assert "2 ranks, rank 0 holds 9,729 of 19,458 parameters" in result.stdout
+    summary = re.search(r"loss ([\d.]+) -> ([\d.]+); resumed at step 20, weights identical: True", result.stdout)
+    assert summary is not None, result.stdout
+    assert float(summary.group(2)) < float(summary.group(1))
+    assert (tmp_path / "checkpoints" / "fsdp" / ".metadata").is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_deepspeed_example_trains_saves_and_consolidates_on_two_ranks(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    command = [sys.executable, str(ROOT / "examples" / "deepspeed_train.py"), "--stage", "3", "--epochs", "2"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600, check=True)
+    assert "2 ranks, ZeRO stage 3: checkpoint of step 32 reloaded" in result.stdout
+    losses = [float(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("epoch")]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    assert (tmp_path / "runs" / "deepspeed" / "consolidated.pt").is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_deepspeed_example_runs_under_the_cli(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    cli = [sys.executable, "-m", "fabric_cli", "run", "model", "--accelerator=cpu", "--devices=2"]
+    command = [*cli, "--strategy=deepspeed_stage_2", str(ROOT / "examples" / "deepspeed_train.py"), "--epochs", "1"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600, check=True)
+    assert "2 ranks, ZeRO stage 2: checkpoint of step 16 reloaded" in result.stdout
+
+
+def _trainer_example(tmp_path: Path, *launch: str) -> list[float]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    script = str(ROOT / "examples" / "trainer_train.py")
+    command = [*launch, script] if launch else [sys.executable, script]
+    result = subprocess.run(
+        [*command, "--epochs", "2", *([] if launch else ["--accelerator", "cpu"])],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=300,
+    )
+    assert re.search(r"done: \d rank\(s\), \d+ batches, 8192 samples", result.stdout), result.stdout
+    return [float(value) for value in re.findall(r"eval: metrics/eval/accuracy: ([0-9.]+)", result.stdout)]
+
+
+def test_trainer_example_learns_in_one_process_and_on_two_ranks_through_the_cli(tmp_path: Path) -> None:
+    one_process = _trainer_example(tmp_path)
+    cli = [sys.executable, "-m", "fabric_cli", "run", "model", "--accelerator=cpu", "--devices=2", "--strategy=ddp"]
+    two_ranks = _trainer_example(tmp_path, *cli)
+    for accuracies in (one_process, two_ranks):
+        assert len(accuracies) == 2 and accuracies[-1] > 0.6  # 4 classes: chance is 0.25

@@ -325,7 +325,7 @@ class Strategy:
                     earlier.load_state_dict(earlier_backup)
                 raise CheckpointError(
                     f"Entry {key!r} of {path!s} could not be loaded into {type(target).__name__}: "
-                    f"{type(error).__name__}: {error}. Nothing was changed."
+                    f"{type(error).__name__}: {str(error).rstrip('.')}. Nothing was changed."
                 ) from error
             loaded.append((target, backup))
 

@@ -1,0 +1,403 @@
+"""DeepSpeed ZeRO: optimizer state (stage 1), gradients (2) and parameters (3) sharded across ranks.
+
+``fabric.setup(model, optimizer)`` builds one DeepSpeed engine from the model and its optimizer; from
+then on ``fabric.backward`` is ``engine.backward`` and ``optimizer.step()`` is ``engine.step()``. The
+``deepspeed`` package (extra ``[deepspeed]``) is imported only when this strategy is built.
+
+Behaviour a user relies on:
+
+- Gradient accumulation is the loop's: gradients add up over ``fabric.backward`` calls until
+  ``optimizer.step()`` (the config gets ``managed_gradient_accumulation: false``). Under stages 0 and 1
+  gradients are reduced only in ``step()``, so ``fabric.no_backward_sync`` has nothing to skip; under
+  stages 2 and 3 every backward reduce-scatters, which ZeRO's partitioning needs and which cannot be
+  skipped. ``no_backward_sync`` is therefore accepted and changes nothing; the results are correct.
+- Gradient clipping is DeepSpeed's: set ``"gradient_clipping": <max norm>`` in the config;
+  ``fabric.clip_gradients`` raises.
+- Checkpoints are directories in DeepSpeed's sharded layout (see :mod:`fabric.strategies.deepspeed_checkpoint`).
+  Loading needs the world size they were saved with; :func:`convert_zero_checkpoint_to_fp32` turns one
+  into a single file that a single-device Fabric loads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from fabric.accelerators.accelerator import Accelerator
+from fabric.plugins.environments import ClusterEnvironment
+from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
+from fabric.plugins.precision.precision import Precision
+from fabric.strategies import deepspeed_checkpoint as checkpoints
+from fabric.strategies.deepspeed_config import (
+    ConfigArg,
+    check_stage,
+    complete_config,
+    read_config,
+    with_micro_batch_size,
+    zero_stage,
+)
+from fabric.strategies.deepspeed_precision import DeepSpeedPrecision
+from fabric.strategies.launchers.launcher import Launcher
+from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
+from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.utilities.checkpoint_state import Stateful
+from fabric.utilities.data import shard_dataloader
+from fabric.utilities.exceptions import CheckpointError
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
+#: The release this integration is tested with; older ones lack ``managed_gradient_accumulation``.
+MIN_DEEPSPEED_VERSION = (0, 19, 8)
+
+
+class DeepSpeedStrategy(ParallelStrategy):
+    """Trains through DeepSpeed engines, one process per device (``fabric.launch()`` re-runs the script).
+
+    Args:
+        config: a DeepSpeed config dict or the path of a JSON file. Fabric fills in what it leaves out
+            and raises if it contradicts Fabric's settings (see :mod:`fabric.strategies.deepspeed_config`).
+        stage: the ZeRO stage (0-3); ``None`` takes it from the config, else 2.
+        offload_optimizer: keep optimizer state (and the optimizer step) on the CPU (stage 2 or 3).
+        offload_parameters: keep parameters on the CPU between uses (stage 3).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: ConfigArg = None,
+        stage: int | None = None,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+    ) -> None:
+        check_stage(stage)
+        super().__init__(
+            accelerator=accelerator,
+            precision=precision,
+            cluster_environment=cluster_environment,
+            parallel_devices=parallel_devices,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self._user_config = read_config(config)
+        self._stage = stage
+        self._offload_optimizer = offload_optimizer
+        self._offload_parameters = offload_parameters
+        self._config: dict[str, Any] | None = None
+        self._batch_size: int | None = None
+        self._engines: list[tuple[nn.Module, Optimizer | None, DeepSpeedEngine]] = []
+
+    def connect(
+        self,
+        *,
+        accelerator: Accelerator,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None,
+        devices: list[torch.device],
+        num_nodes: int,
+        cluster_environment: ClusterEnvironment | None = None,
+    ) -> None:
+        """Also settle the config against Fabric's precision and world size, so a conflict fails now."""
+        if checkpoint_io is not None:
+            raise ValueError("DeepSpeedStrategy saves through DeepSpeed's own checkpointing; remove the CheckpointIO.")
+        super().connect(
+            accelerator=accelerator,
+            precision=precision,
+            checkpoint_io=None,
+            devices=devices,
+            num_nodes=num_nodes,
+            cluster_environment=cluster_environment,
+        )
+        self._config = complete_config(
+            self._user_config,
+            stage=self._stage,
+            offload_optimizer=self._offload_optimizer,
+            offload_parameters=self._offload_parameters,
+            precision=self.precision.name,
+            world_size=self.world_size,
+        )
+        self._precision = DeepSpeedPrecision(self.precision.name, device_type=self.accelerator.device_type)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The config DeepSpeed receives (Fabric's settings filled in)."""
+        if self._config is None:
+            raise RuntimeError("DeepSpeedStrategy has no config yet; it must be set up through Fabric.")
+        return with_micro_batch_size(self._config, self._batch_size)
+
+    @property
+    def zero_stage(self) -> int:
+        return zero_stage(self.config)
+
+    @property
+    def launcher(self) -> Launcher | None:
+        if self._launcher is None:
+            self._launcher = SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+        return self._launcher
+
+    def setup_environment(self) -> None:
+        """Join the process group, then hand it to DeepSpeed's communication layer.
+
+        DeepSpeed reads this process's ranks from the environment (``deepspeed.zero.Init`` needs
+        ``LOCAL_RANK``), which rank 0 of a job Fabric launched itself does not have: export them.
+        """
+        deepspeed = _import_deepspeed(self.parallel_devices[0].type)
+        super().setup_environment()
+        for name, value in (
+            ("RANK", self.global_rank),
+            ("LOCAL_RANK", self.local_rank),
+            ("WORLD_SIZE", self.world_size),
+        ):
+            os.environ.setdefault(name, str(value))
+        deepspeed.init_distributed(self.process_group_backend, dist_init_required=False, timeout=self.timeout)
+
+    # --- modules and optimizers -------------------------------------------------------------------
+
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: Sequence[Optimizer]
+    ) -> tuple[nn.Module, list[Optimizer]]:
+        """One engine from the module and its optimizer; the user keeps (a wrapper of) their optimizer."""
+        if len(optimizers) > 1:
+            raise ValueError(
+                f"DeepSpeed trains a model with exactly one optimizer, got {len(optimizers)}. Combine the parameter "
+                "groups into one optimizer, or set up each model with its own optimizer."
+            )
+        optimizer = optimizers[0] if optimizers else None
+        return self._initialize(module, optimizer), list(optimizers)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """An engine without an optimizer (for evaluation); train with ``fabric.setup(model, optimizer)``."""
+        engine: nn.Module = self._initialize(module, None)
+        return engine
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        raise ValueError(
+            "DeepSpeed builds one engine from a model and its optimizer: set them up together with "
+            "`model, optimizer = fabric.setup(model, optimizer)` instead of setup_module()/setup_optimizers()."
+        )
+
+    def _initialize(self, module: nn.Module, optimizer: Optimizer | None) -> DeepSpeedEngine:
+        deepspeed = _import_deepspeed(self.root_device.type)
+        engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config)
+        self._engines.append((module, optimizer, engine))
+        return engine
+
+    def module_to_device(self, module: nn.Module) -> None:
+        """Under ZeRO-3 the engine places the (partitioned) parameters itself."""
+        if self.zero_stage != 3:
+            super().module_to_device(module)
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Under ZeRO-3, ``deepspeed.zero.Init`` partitions each parameter as soon as it is created."""
+        context = super().module_init_context(empty_init)
+        if self.zero_stage != 3:
+            return context
+        if not dist.is_initialized():
+            raise RuntimeError("ZeRO-3 builds modules already partitioned: call fabric.launch() before init_module().")
+        deepspeed = _import_deepspeed(self.root_device.type)
+        context.enter_context(deepspeed.zero.Init(config_dict_or_path=self.config))  # type: ignore[attr-defined]
+        return context
+
+    def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+        """Shard like DDP; the batch size also becomes DeepSpeed's micro batch size unless configured."""
+        self._batch_size = dataloader.batch_size
+        return shard_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank)
+
+    # --- the step -----------------------------------------------------------------------------------
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        engine = self._engine(module=module) if module is not None else self._only_engine()
+        self.backward_in_progress = True
+        try:
+            engine.backward(tensor, *args, **kwargs)
+        finally:
+            self.backward_in_progress = False
+
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        if closure is not None:
+            raise ValueError(
+                "DeepSpeed steps through its engine, which takes no optimizer closure; call the closure yourself "
+                "before optimizer.step()."
+            )
+        return self._engine(optimizer=optimizer).step()
+
+    def optimizer_zero_grad(self, optimizer: Optimizer, set_to_none: bool = True) -> None:
+        """Through DeepSpeed's optimizer: the torch optimizer's groups now hold DeepSpeed's flat float32
+        partitions, whose gradient buffers (kept across steps when offloading) must not be dropped."""
+        self._engine(optimizer=optimizer).optimizer.zero_grad(set_to_none=set_to_none)
+
+    def clip_gradients_norm(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor:
+        raise RuntimeError(
+            f"DeepSpeed clips gradients inside engine.step(): remove fabric.clip_gradients(max_norm={max_norm}) and "
+            f"set 'gradient_clipping': {max_norm} in the DeepSpeed config instead."
+        )
+
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
+        raise RuntimeError(
+            "DeepSpeed does not clip gradients by value; clip by norm with 'gradient_clipping' in its config."
+        )
+
+    def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """This rank's shard of the optimizer state, as DeepSpeed keeps it."""
+        state: dict[str, Any] = self._engine(optimizer=optimizer).optimizer.state_dict()
+        return state
+
+    def _engine(self, *, module: nn.Module | None = None, optimizer: Optimizer | None = None) -> DeepSpeedEngine:
+        for original, original_optimizer, engine in self._engines:
+            if module is not None and module in (original, engine):
+                return engine
+            if optimizer is not None and optimizer is original_optimizer:
+                return engine
+        what = f"module {type(module).__name__}" if module is not None else f"optimizer {type(optimizer).__name__}"
+        raise RuntimeError(f"The {what} was not set up with this DeepSpeedStrategy: call fabric.setup() first.")
+
+    def _only_engine(self) -> DeepSpeedEngine:
+        if len(self._engines) != 1:
+            raise RuntimeError(
+                f"{len(self._engines)} models are set up with DeepSpeed; say which one with "
+                "fabric.backward(loss, model=model)."
+            )
+        return self._engines[0][2]
+
+    # --- checkpoints ------------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: PathType, state: dict[str, Any]) -> None:
+        """Every rank writes its shard with ``engine.save_checkpoint``; ``latest`` moves only when all are done."""
+        directory = Path(path)
+        module_key, engine = self._engine_in(state)
+        client_state = {
+            key: self._state_of(value) for key, value in state.items() if not isinstance(value, (nn.Module, Optimizer))
+        }
+        client_state[checkpoints.MODULE_KEY_ENTRY] = module_key
+        checkpoints.prepare_directory(directory)  # on every rank, so that a bad path fails everywhere at once
+        tag = self.broadcast(checkpoints.new_tag())
+        engine.save_checkpoint(
+            os.fspath(directory), tag=tag, client_state={"fabric_client_state": client_state}, save_latest=False
+        )
+        self.barrier("deepspeed checkpoint shards")
+        if self.is_global_zero:
+            checkpoints.commit(directory, tag)
+
+    def load_checkpoint(
+        self, path: PathType, state: dict[str, Any] | None = None, strict: bool = True, weights_only: bool = True
+    ) -> dict[str, Any]:
+        """Fill the engine (and its optimizer, if ``state`` holds it) and the client entries in place.
+
+        Everything that can be checked without loading (the directory, the world size, the client keys)
+        is checked first. DeepSpeed's loader unpickles its own objects, so ``weights_only`` does not apply:
+        load only DeepSpeed checkpoints you trust.
+        """
+        if state is None:
+            raise ValueError(
+                "Loading a DeepSpeed checkpoint needs the state to fill: fabric.load(path, {'model': model})."
+            )
+        directory = Path(path)
+        module_key, engine = self._engine_in(state)
+        tag = checkpoints.latest_tag(directory)
+        load_optimizer = any(isinstance(value, Optimizer) for value in state.values())
+        if load_optimizer:
+            checkpoints.check_world_size(directory, tag, self.world_size)
+        client_state = checkpoints.read_client_state(directory, tag)
+        client_state.pop(checkpoints.MODULE_KEY_ENTRY, None)
+        keys = [key for key in state if key in client_state]
+        missing = [key for key, value in state.items() if key not in client_state and key != module_key]
+        missing = [key for key in missing if not isinstance(state[key], Optimizer)]
+        if strict and missing:
+            raise CheckpointError(
+                f"{directory!s} has no entry for {missing}; it holds {sorted(client_state)}. "
+                "Pass strict=False to load only the entries that exist."
+            )
+        for key in keys:
+            self._check_fits(state[key], client_state[key], strict, where=f"Entry {key!r} of {directory!s}")
+        loaded_path, _ = engine.load_checkpoint(
+            os.fspath(directory),
+            tag=tag,
+            load_module_strict=strict,
+            load_optimizer_states=load_optimizer,
+            load_lr_scheduler_states=False,
+        )
+        if loaded_path is None:
+            raise CheckpointError(f"DeepSpeed could not load {directory!s} (tag {tag!r}).")
+        self._load_unvalidated_state(directory, state, client_state, keys)
+        for key in keys:
+            if not isinstance(state[key], Stateful):
+                state[key] = client_state[key]
+        return {key: value for key, value in client_state.items() if key not in state}
+
+    def _engine_in(self, state: dict[str, Any]) -> tuple[str, DeepSpeedEngine]:
+        modules = [(key, value) for key, value in state.items() if isinstance(value, nn.Module)]
+        if len(modules) != 1:
+            raise ValueError(
+                f"A DeepSpeed checkpoint holds exactly one model set up with fabric.setup(); the state has "
+                f"{len(modules)} modules ({[key for key, _ in modules]})."
+            )
+        key, module = modules[0]
+        engine = self._engine(module=module)
+        for other, value in state.items():
+            if isinstance(value, Optimizer) and self._engine(optimizer=value) is not engine:
+                raise ValueError(f"state[{other!r}] is not the optimizer set up with state[{key!r}].")
+        return key, engine
+
+    def __repr__(self) -> str:
+        stage = self._config["zero_optimization"]["stage"] if self._config else self._stage
+        return f"DeepSpeedStrategy(stage={stage}, devices={len(self._parallel_devices or [])})"
+
+
+def convert_zero_checkpoint_to_fp32(checkpoint_dir: PathType, output_file: PathType) -> None:
+    """Gather a sharded checkpoint into one file of full float32 weights plus the saved client entries.
+
+    Runs in one process, without a process group (``deepspeed.utils.zero_to_fp32``). The file loads with a
+    single-device Fabric: ``fabric.load(output_file, {"model": model, "step": 0})``. Optimizer state is not
+    consolidated.
+    """
+    _import_deepspeed(None)
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    def gather(directory: str, tag: str) -> dict[str, torch.Tensor]:
+        state_dict: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(directory, tag=tag)
+        return state_dict
+
+    checkpoints.consolidate(Path(checkpoint_dir), Path(output_file), gather)
+
+
+def _import_deepspeed(device_type: str | None) -> Any:
+    """Import ``deepspeed`` on first use, with a clear message when it is missing or too old.
+
+    For a CPU job DeepSpeed is told to use its CPU accelerator, which it would not pick on a GPU machine.
+    """
+    if device_type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # otherwise DeepSpeed picks CUDA on a GPU machine
+    try:
+        import deepspeed
+    except ImportError as error:
+        raise ImportError(
+            "strategy='deepspeed*' needs the deepspeed package: pip install 'torch-fabric[deepspeed]'."
+        ) from error
+    version = tuple(int(part) for part in deepspeed.__version__.split("+")[0].split(".")[:3])
+    if version < MIN_DEEPSPEED_VERSION:
+        wanted = ".".join(map(str, MIN_DEEPSPEED_VERSION))
+        raise ImportError(f"DeepSpeedStrategy needs deepspeed>={wanted}, found {deepspeed.__version__}.")
+    return deepspeed

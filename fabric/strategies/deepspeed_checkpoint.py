@@ -1,0 +1,105 @@
+"""DeepSpeed checkpoint directories: atomic saves, checks before a load, and consolidation to one file.
+
+A checkpoint is a directory in DeepSpeed's own layout (``engine.save_checkpoint``): one subdirectory
+per save (a *tag*) with every rank's shard, and a ``latest`` file naming the complete one. Fabric writes
+each save under a new tag and only then replaces ``latest`` (write to a temporary file, then rename),
+so a save that fails or is killed midway leaves ``latest`` on the previous, complete checkpoint.
+DeepSpeed's tools (``zero_to_fp32``, ``ds_to_universal``) read the same ``latest`` file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fabric.plugins.io.torch_io import TorchCheckpointIO
+from fabric.utilities.exceptions import CheckpointError
+
+LATEST = "latest"
+TAG_PREFIX = "fabric-"
+#: Client-state entry naming the key under which the model was saved (so consolidation can put it back).
+MODULE_KEY_ENTRY = "fabric_deepspeed_module_key"
+_OPTIMIZER_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")
+
+
+def new_tag() -> str:
+    return f"{TAG_PREFIX}{uuid.uuid4().hex}"
+
+
+def prepare_directory(directory: Path) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"{os.fspath(directory)!r} is a file; DeepSpeed checkpoints are directories.")
+    directory.mkdir(parents=True, exist_ok=True)
+
+
+def commit(directory: Path, tag: str) -> None:
+    """Point ``latest`` at the complete ``tag`` (atomically), then delete every other save by Fabric."""
+    temporary = directory / f".{LATEST}.{uuid.uuid4().hex}"
+    temporary.write_text(tag)
+    os.replace(temporary, directory / LATEST)
+    for entry in directory.iterdir():
+        if entry.is_dir() and entry.name.startswith(TAG_PREFIX) and entry.name != tag:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def latest_tag(directory: Path) -> str:
+    """The tag of the complete checkpoint in ``directory``; a ``CheckpointError`` if there is none."""
+    pointer = directory / LATEST
+    if not directory.is_dir() or not pointer.is_file():
+        hint = " For a consolidated single file, load it with a single-device Fabric." if directory.is_file() else ""
+        raise CheckpointError(
+            f"{os.fspath(directory)!r} is not a DeepSpeed checkpoint directory (no {LATEST!r} file in it).{hint}"
+        )
+    tag = pointer.read_text().strip()
+    if not (directory / tag).is_dir():
+        raise CheckpointError(f"{os.fspath(directory)!r}: {LATEST!r} names {tag!r}, which does not exist.")
+    return tag
+
+
+def saved_world_size(directory: Path, tag: str) -> int:
+    """How many data-parallel ranks wrote the optimizer shards of ``tag``."""
+    ranks = {int(m.group(1)) for f in (directory / tag).iterdir() if (m := _OPTIMIZER_SHARD.fullmatch(f.name))}
+    return len(ranks)
+
+
+def read_client_state(directory: Path, tag: str) -> dict[str, Any]:
+    """The user's own entries (``"step": 5``, ...) saved next to the model, without loading any shard.
+
+    DeepSpeed pickles its own objects into these files, so they are read without ``weights_only``:
+    load only DeepSpeed checkpoints you trust.
+    """
+    files = sorted((directory / tag).glob("*model_states.pt"))
+    if not files:
+        raise CheckpointError(f"{os.fspath(directory / tag)!r} holds no DeepSpeed model state file.")
+    saved = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
+    client_state = saved.get("fabric_client_state")
+    if not isinstance(client_state, dict):
+        raise CheckpointError(f"{os.fspath(files[0])!r} was not written by Fabric's DeepSpeedStrategy.")
+    return client_state
+
+
+def check_world_size(directory: Path, tag: str, world_size: int) -> None:
+    saved = saved_world_size(directory, tag)
+    if saved and saved != world_size:
+        raise CheckpointError(
+            f"{os.fspath(directory)!r} was saved by {saved} ranks and this job has {world_size}; DeepSpeed cannot "
+            "re-shard it directly. Consolidate it with fabric.strategies.deepspeed.convert_zero_checkpoint_to_fp32"
+            "(directory, file) and load the file with a single-device Fabric, or convert it with DeepSpeed's "
+            "ds_to_universal and set 'load_universal_checkpoint': true in the config."
+        )
+
+
+def consolidate(directory: Path, output_file: Path, gather: Callable[[str, str], dict[str, torch.Tensor]]) -> None:
+    """Write the full float32 weights and the client state into one ``fabric.load``-able file."""
+    tag = latest_tag(directory)
+    client_state = read_client_state(directory, tag)
+    module_key = client_state.pop(MODULE_KEY_ENTRY, "model")
+    state_dict = gather(os.fspath(directory), tag)
+    TorchCheckpointIO().save_checkpoint({**client_state, module_key: state_dict}, output_file)

@@ -1,0 +1,122 @@
+"""ZeRO stages 1, 2, 3 and the offloading variants in one 2-rank job (start it with torchrun):
+``deepspeed_train.py OUT_DIR``.
+
+For each strategy, every rank trains the same small model on its half of the data (two micro-batches per
+step, the first under ``no_backward_sync``), saves a sharded checkpoint, loads it into a freshly
+initialised engine, and computes the single-process full-batch reference itself with plain torch.
+Each rank writes what it saw to ``OUT_DIR/rank{R}.json``; checkpoints go to ``OUT_DIR/<strategy>``.
+"""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import deepspeed
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric import Fabric
+from fabric.strategies.launchers.process_exit import exit_process
+
+STEPS = 3
+LR = 0.05
+
+out_dir = Path(sys.argv[1])
+x = torch.randn(32, 6, generator=torch.Generator().manual_seed(1))
+y = x.sum(dim=1, keepdim=True).sin()
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def reference() -> list[list[float]]:
+    """One process, the full batch, plain torch."""
+    model = make_model(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+def full_parameters(model: torch.nn.Module) -> list[list[float]]:
+    params = list(model.parameters())
+    with deepspeed.zero.GatheredParameters(params):  # a no-op below stage 3
+        return [p.detach().float().flatten().tolist() for p in params]
+
+
+def optimizer_tensors(engine: Any) -> list[torch.Tensor]:
+    """This rank's shard of the optimizer: its fp32 master partitions and the Adam moments."""
+    base = engine.optimizer.optimizer
+    tensors = [p.detach().clone() for group in base.param_groups for p in group["params"]]
+    for state in base.state.values():
+        tensors += [value.detach().clone() for _, value in sorted(state.items())]
+    return tensors
+
+
+def setup(fabric: Fabric, seed: int) -> tuple[Any, Any]:
+    with fabric.init_module():
+        model = make_model(seed)
+    return fabric.setup(model, torch.optim.Adam(model.parameters(), lr=LR))
+
+
+def run(strategy: str) -> dict[str, Any]:
+    fabric = Fabric(accelerator="cpu", strategy=strategy, devices=2)
+    fabric.launch()
+    model, optimizer = setup(fabric, seed=0)
+    loader = fabric.setup_dataloaders(DataLoader(TensorDataset(x, y), batch_size=8))
+    losses = []
+    for _ in range(STEPS):
+        batches = list(loader)
+        optimizer.zero_grad()
+        with fabric.no_backward_sync(model):
+            fabric.backward(F.mse_loss(model(batches[0][0]), batches[0][1]) / 2)
+        loss = F.mse_loss(model(batches[1][0]), batches[1][1]) / 2
+        fabric.backward(loss)
+        optimizer.step()
+        losses.append(fabric.all_reduce(loss.detach()).item())
+    trained = full_parameters(model)
+    engine = model._forward_module
+    partition = None
+    if fabric.strategy.zero_stage == 3:
+        params = list(engine.module.parameters())
+        partition = sum(p.ds_tensor.numel() for p in params) / sum(p.ds_numel for p in params)
+
+    checkpoint = out_dir / strategy
+    fabric.save(checkpoint, {"model": model, "optimizer": optimizer, "step": 5})
+    saved_optimizer = optimizer_tensors(engine)
+    fresh_model, fresh_optimizer = setup(fabric, seed=123)
+    state = {"model": fresh_model, "optimizer": fresh_optimizer, "step": 0}
+    remainder = fabric.load(checkpoint, state)
+    loaded_optimizer = optimizer_tensors(fresh_model._forward_module)
+    return {
+        "micro_batch_size": fabric.strategy.config["train_micro_batch_size_per_gpu"],
+        "losses": losses,
+        "params": trained,
+        "partition_fraction": partition,
+        "loaded_step": state["step"],
+        "remainder": sorted(remainder),
+        "loaded_params_equal": full_parameters(fresh_model) == trained,
+        "loaded_optimizer_equal": len(saved_optimizer) == len(loaded_optimizer) > 0
+        and all(torch.equal(a, b) for a, b in zip(saved_optimizer, loaded_optimizer, strict=True)),
+        "world_size": fabric.world_size,
+    }
+
+
+results: dict[str, Any] = {"reference": reference()}
+for name in (
+    "deepspeed_stage_1",
+    "deepspeed_stage_2",
+    "deepspeed_stage_3",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3_offload",
+):
+    results[name] = run(name)
+rank = torch.distributed.get_rank()
+(out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+exit_process(0, run_registered_cleanups=True)

@@ -1,0 +1,265 @@
+"""DeepSpeed ZeRO on 2 real CPU ranks (gloo), its checkpoints, and the config Fabric hands to it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fabric import Fabric
+from fabric.plugins.environments import find_free_port
+from fabric.strategies import deepspeed_checkpoint as checkpoints
+from fabric.strategies.deepspeed import DeepSpeedStrategy, convert_zero_checkpoint_to_fp32
+from fabric.strategies.deepspeed_config import complete_config, with_micro_batch_size
+from fabric.utilities.exceptions import CheckpointError
+
+SCRIPTS = Path(__file__).parent / "scripts"
+STRATEGIES = [f"deepspeed_stage_{name}" for name in ("1", "2", "3", "2_offload", "3_offload")]
+needs_deepspeed = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None,
+    reason="deepspeed is not installed (pip install 'torch-fabric[deepspeed]')",
+)
+
+
+def _fabric(**kwargs: Any) -> Fabric:
+    """A 2-process Fabric on CPU: built and validated, but no process group joined (nothing launched)."""
+    return Fabric(accelerator="cpu", devices=2, **kwargs)
+
+
+# --- the 2-rank job ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """Every strategy trained, saved and reloaded in one torchrun job (the first run compiles a C++ op)."""
+    out_dir = tmp_path_factory.mktemp("deepspeed")
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={find_free_port()}"]
+    result = subprocess.run(
+        [*command, str(SCRIPTS / "deepspeed_train.py"), str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out_dir, [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_stage_trains_like_one_process_on_the_full_batch(
+    job: tuple[Path, list[dict[str, Any]]], strategy: str
+) -> None:
+    ranks = [result[strategy] for result in job[1]]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["params"] == ranks[1]["params"], "ranks disagree on the trained weights"
+    for trained, expected in zip(ranks[0]["params"], job[1][0]["reference"], strict=True):
+        torch.testing.assert_close(torch.tensor(trained), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+    assert ranks[0]["losses"][-1] < ranks[0]["losses"][0]
+    assert ranks[0]["micro_batch_size"] == 8, "the dataloader's batch size fills the config"
+
+
+@needs_deepspeed
+def test_stage_3_keeps_about_half_of_the_parameters_on_each_rank(job: tuple[Path, list[dict[str, Any]]]) -> None:
+    for result in job[1]:
+        assert 0.45 < result["deepspeed_stage_3"]["partition_fraction"] < 0.55
+        assert 0.45 < result["deepspeed_stage_3_offload"]["partition_fraction"] < 0.55
+        assert result["deepspeed_stage_2"]["partition_fraction"] is None
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sharded_checkpoint_reloads_weights_optimizer_state_and_client_state_exactly(
+    job: tuple[Path, list[dict[str, Any]]], strategy: str
+) -> None:
+    for result in job[1]:
+        got = result[strategy]
+        assert got["loaded_params_equal"] and got["loaded_optimizer_equal"]
+        assert got["loaded_step"] == 5 and got["remainder"] == []
+    directory = job[0] / strategy
+    tags = [entry.name for entry in directory.iterdir() if entry.name.startswith(checkpoints.TAG_PREFIX)]
+    assert tags == [checkpoints.latest_tag(directory)]
+    assert checkpoints.saved_world_size(directory, tags[0]) == 2
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_consolidated_checkpoint_loads_on_one_device(
+    job: tuple[Path, list[dict[str, Any]]], tmp_path: Path, strategy: str
+) -> None:
+    output = tmp_path / "consolidated.pt"
+    convert_zero_checkpoint_to_fp32(job[0] / strategy, output)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    state = {"model": model, "step": 0}
+    Fabric(accelerator="cpu", devices=1).load(output, state)
+    assert state["step"] == 5
+    trained = job[1][0][strategy]["params"]
+    assert [p.detach().flatten().tolist() for p in model.parameters()] == trained
+
+
+@needs_deepspeed
+def test_loading_with_another_world_size_fails_naming_the_ways_out(job: tuple[Path, list[dict[str, Any]]]) -> None:
+    directory = job[0] / "deepspeed_stage_2"
+    with pytest.raises(CheckpointError, match="saved by 2 ranks and this job has 1") as error:
+        checkpoints.check_world_size(directory, checkpoints.latest_tag(directory), world_size=1)
+    assert "convert_zero_checkpoint_to_fp32" in str(error.value) and "universal" in str(error.value)
+
+
+@needs_deepspeed
+def test_an_interrupted_save_leaves_the_previous_checkpoint_in_place(
+    job: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    directory = tmp_path / "checkpoint"
+    shutil.copytree(job[0] / "deepspeed_stage_2", directory)
+    good = checkpoints.latest_tag(directory)
+    # A save killed midway: its tag directory holds only some shards and `latest` was never moved.
+    partial = directory / checkpoints.new_tag()
+    partial.mkdir()
+    shutil.copy(next((directory / good).glob("*optim_states.pt")), partial)
+    assert checkpoints.latest_tag(directory) == good
+    convert_zero_checkpoint_to_fp32(directory, tmp_path / "from_good.pt")
+    assert torch.load(tmp_path / "from_good.pt", weights_only=True)["step"] == 5
+    # The next complete save moves `latest` and clears what the interrupted one left behind.
+    shutil.copytree(directory / good, directory / "fabric-next")
+    checkpoints.commit(directory, "fabric-next")
+    assert checkpoints.latest_tag(directory) == "fabric-next"
+    assert sorted(entry.name for entry in directory.iterdir() if entry.is_dir()) == ["fabric-next"]
+
+
+def test_loading_a_file_as_a_deepspeed_checkpoint_points_to_single_device_loading(tmp_path: Path) -> None:
+    file = tmp_path / "weights.pt"
+    file.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"not a DeepSpeed checkpoint directory.*single-device Fabric"):
+        checkpoints.latest_tag(file)
+
+
+# --- what Fabric puts into the config, and what it refuses ------------------------------------------
+
+
+def test_fabric_fills_what_the_config_leaves_out() -> None:
+    config = complete_config(
+        {}, stage=3, offload_optimizer=True, offload_parameters=True, precision="bf16-mixed", world_size=2
+    )
+    assert config["zero_optimization"] == {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "cpu"},
+    }
+    assert config["bf16"] == {"enabled": True} and "fp16" not in config
+    assert config["gradient_accumulation_steps"] == 1 and config["managed_gradient_accumulation"] is False
+    assert config["gradient_clipping"] == 0.0
+    assert with_micro_batch_size(config, 16)["train_micro_batch_size_per_gpu"] == 16
+    assert with_micro_batch_size(config, None)["train_micro_batch_size_per_gpu"] == 1
+
+
+def test_what_the_config_sets_is_kept() -> None:
+    given = {
+        "zero_optimization": {"stage": 1},
+        "fp16": {"enabled": True, "loss_scale": 0},
+        "gradient_clipping": 0.5,
+        "gradient_accumulation_steps": 4,
+        "train_micro_batch_size_per_gpu": 2,
+    }
+    config = complete_config(
+        given, stage=None, offload_optimizer=False, offload_parameters=False, precision="16-mixed", world_size=2
+    )
+    assert config["zero_optimization"]["stage"] == 1
+    assert config["fp16"] == {"enabled": True, "loss_scale": 0}
+    assert config["gradient_clipping"] == 0.5
+    assert config["gradient_accumulation_steps"] == 4 and "managed_gradient_accumulation" not in config
+    assert with_micro_batch_size(config, 64)["train_micro_batch_size_per_gpu"] == 2
+    assert given["zero_optimization"] == {"stage": 1}, "the user's dict is not modified"
+
+
+def test_registered_names_choose_the_stage_and_offloading() -> None:
+    expected = {
+        "deepspeed": (2, set()),
+        "deepspeed_stage_1": (1, set()),
+        "deepspeed_stage_2": (2, set()),
+        "deepspeed_stage_2_offload": (2, {"offload_optimizer"}),
+        "deepspeed_stage_3": (3, set()),
+        "deepspeed_stage_3_offload": (3, {"offload_optimizer", "offload_param"}),
+    }
+    for name, (stage, offloaded) in expected.items():
+        strategy = _fabric(strategy=name).strategy
+        assert isinstance(strategy, DeepSpeedStrategy)
+        zero = strategy.config["zero_optimization"]
+        assert zero["stage"] == stage, name
+        assert {key for key in zero if key.startswith("offload")} == offloaded, name
+
+
+def test_config_from_a_json_file(tmp_path: Path) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}))
+    strategy = _fabric(strategy=DeepSpeedStrategy(config=str(path)), precision="bf16-mixed").strategy
+    assert isinstance(strategy, DeepSpeedStrategy)
+    assert strategy.zero_stage == 3
+    with pytest.raises(FileNotFoundError, match=r"missing\.json"):
+        DeepSpeedStrategy(config=tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{stage: 3")
+    with pytest.raises(ValueError, match=r"bad\.json.*not valid JSON"):
+        DeepSpeedStrategy(config=tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize(
+    ("config", "precision", "message"),
+    [
+        ({"fp16": {"enabled": True}}, "bf16-mixed", r"enables fp16.*precision is 'bf16-mixed'"),
+        ({"bf16": {"enabled": True}}, None, r"enables bf16.*precision is '32-true'.*precision='bf16-mixed'"),
+        ({"fp16": {"enabled": False}}, "16-mixed", r"disables fp16.*precision is '16-mixed'"),
+        ({}, "64-true", r"precision='64-true' is not supported with DeepSpeed.*'bf16-mixed'"),
+        ({}, "bf16-true", r"precision='bf16-true' is not supported"),
+    ],
+)
+def test_a_precision_the_config_contradicts_fails_at_construction(
+    config: dict[str, Any], precision: str | None, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        _fabric(strategy=DeepSpeedStrategy(config=config), precision=precision)
+
+
+def test_a_stage_the_config_contradicts_fails_naming_both() -> None:
+    with pytest.raises(ValueError, match=r"zero_optimization.stage=3.*asks for stage 2"):
+        _fabric(strategy=DeepSpeedStrategy(config={"zero_optimization": {"stage": 3}}, stage=2))
+    with pytest.raises(ValueError, match=r"stage=5 is not supported. Accepted values: \[0, 1, 2, 3\]"):
+        DeepSpeedStrategy(stage=5)
+    with pytest.raises(ValueError, match="offload_parameters=True needs ZeRO stage 3, but the stage is 2"):
+        _fabric(strategy=DeepSpeedStrategy(stage=2, offload_parameters=True))
+
+
+def test_batch_sizes_that_do_not_add_up_for_this_world_size_fail_at_construction() -> None:
+    config = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8}
+    with pytest.raises(ValueError, match=r"train_batch_size=32 .*=8 x gradient_accumulation_steps=1 x .* size 2"):
+        _fabric(strategy=DeepSpeedStrategy(config=config))
+    assert _fabric(strategy=DeepSpeedStrategy(config={"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8}))
+
+
+def test_steps_deepspeed_cannot_take_are_refused_with_the_alternative() -> None:
+    strategy = _fabric(strategy="deepspeed").strategy
+    model = torch.nn.Linear(2, 2)
+    first, second = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="exactly one optimizer, got 2"):
+        strategy.setup_module_and_optimizers(model, [first, second])
+    with pytest.raises(ValueError, match=r"fabric.setup\(model, optimizer\)"):
+        strategy.setup_optimizer(first)
+    with pytest.raises(RuntimeError, match=r"'gradient_clipping': 1\.5 in the DeepSpeed config"):
+        strategy.clip_gradients_norm(model, first, max_norm=1.5)
+
+
+def test_importing_fabric_and_choosing_deepspeed_does_not_import_it() -> None:
+    code = (
+        "import sys; from fabric import Fabric; import fabric.strategies.deepspeed; "
+        "Fabric(accelerator='cpu', strategy='deepspeed_stage_3', devices=2); print('deepspeed' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "False"
