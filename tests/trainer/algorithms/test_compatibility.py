@@ -1,0 +1,153 @@
+"""All 19 algorithms pairwise: declared incompatibilities are rejected, every other pair trains together.
+
+Each compatible pair runs through the Trainer for 4 batches on a small residual conv net whose batches are
+dicts holding images, labels and token ids (so image methods and SeqLengthWarmup all find their inputs), with
+the time-based methods set to act from the first batches on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+import fabric.trainer.algorithms as algorithms
+from fabric.trainer.algorithm import Algorithm
+from fabric.trainer.passes import check_compatibility
+
+
+def _factories(image_task: ModuleType) -> dict[str, Callable[[], Algorithm]]:
+    """One way to build each algorithm, with settings that make it act within 4 batches of this task."""
+    keys = {"input_key": "inputs", "target_key": "targets"}
+    return {
+        "BlurPool": lambda: algorithms.BlurPool(min_channels=4),
+        "ChannelsLast": lambda: algorithms.ChannelsLast(),
+        "ColOut": lambda: algorithms.ColOut(input_key="inputs"),
+        "CutMix": lambda: algorithms.CutMix(**keys),
+        "CutOut": lambda: algorithms.CutOut(input_key="inputs"),
+        "EMA": lambda: algorithms.EMA(half_life="1ba"),
+        "Factorize": lambda: algorithms.Factorize(min_channels=4, latent_channels=0.5, min_features=4),
+        "GhostBatchNorm": lambda: algorithms.GhostBatchNorm(ghost_batch_size=4),
+        "GradientClipping": lambda: algorithms.GradientClipping("norm", 1.0),
+        "LabelSmoothing": lambda: algorithms.LabelSmoothing(target_key="targets"),
+        "LayerFreezing": lambda: algorithms.LayerFreezing(freeze_start=0.25, freeze_level=0.5, interval="batch"),
+        "MixUp": lambda: algorithms.MixUp(**keys),
+        "ProgressiveResizing": lambda: algorithms.ProgressiveResizing(delay_fraction=0.0, **keys),
+        "SAM": lambda: algorithms.SAM(),
+        "SWA": lambda: algorithms.SWA(swa_start="1ba", swa_end="3ba", update_interval="1ba", anneal_steps=1),
+        "SelectiveBackprop": lambda: algorithms.SelectiveBackprop(start=0.0, end=1.0, interrupt=0, **keys),
+        "SeqLengthWarmup": lambda: algorithms.SeqLengthWarmup(duration=0.5, min_seq_length=4, max_seq_length=8),
+        "StochasticDepth": lambda: algorithms.StochasticDepth(image_task.ResidualBlock, "branch", drop_rate=0.5),
+        "WeightStandardization": lambda: algorithms.WeightStandardization(n_last_layers_ignore=1),
+    }
+
+
+def test_every_algorithm_is_exported_and_has_a_factory_here(image_task: ModuleType) -> None:
+    assert sorted(_factories(image_task)) == sorted(algorithms.__all__)
+    assert len(algorithms.__all__) == 19
+    for name in algorithms.__all__:
+        assert issubclass(getattr(algorithms, name), Algorithm)
+
+
+def test_plain_functions_are_exported_and_nothing_loads_before_first_use() -> None:
+    import fabric.trainer.functional as functional
+
+    for name in functional.__all__:
+        function = getattr(functional, name)
+        assert callable(function) and function.__module__.startswith("fabric.trainer.algorithms."), name
+    script = (
+        "import sys, fabric.trainer.algorithms, fabric.trainer.functional\n"
+        "print(sorted(m for m in sys.modules if m.startswith('fabric.trainer.algorithms.')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
+def _declared_clash(first: type[Algorithm], second: type[Algorithm]) -> type[Algorithm] | None:
+    """The class that declares the pair incompatible (its docstring gives the reason), if either does."""
+    if issubclass(second, first.incompatible_with):
+        return first
+    if issubclass(first, second.incompatible_with):
+        return second
+    return None
+
+
+def _pairs() -> list[tuple[str, str]]:
+    return list(itertools.combinations(sorted(algorithms.__all__), 2))
+
+
+@pytest.fixture(scope="module")
+def dict_batch_model(image_task: ModuleType) -> type[torch.nn.Module]:
+    class DictBatchResNet(image_task.SmallResNet):  # type: ignore[name-defined, misc]
+        """SmallResNet over ``{"inputs": images, "targets": labels, "input_ids": tokens}`` batches."""
+
+        def forward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+            output: torch.Tensor = self.net(batch["inputs"])
+            return output
+
+        def loss(self, outputs: torch.Tensor, batch: Mapping[str, Any], reduction: str = "mean") -> torch.Tensor:
+            return F.cross_entropy(outputs, batch["targets"], reduction=reduction)
+
+    return DictBatchResNet
+
+
+class _Samples(Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, image_task: ModuleType, count: int) -> None:
+        self.images, self.labels = image_task.synthetic_patterns(count, seed=3).tensors
+        self.tokens = torch.randint(0, 50, (count, 16), generator=torch.Generator().manual_seed(3))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"inputs": self.images[index], "targets": self.labels[index], "input_ids": self.tokens[index]}
+
+
+@pytest.mark.parametrize(("first", "second"), _pairs(), ids=["+".join(pair) for pair in _pairs()])
+def test_each_pair_is_rejected_with_its_reason_or_trains_together(
+    first: str,
+    second: str,
+    image_task: ModuleType,
+    dict_batch_model: type[torch.nn.Module],
+    one_thread: None,
+) -> None:
+    factories = _factories(image_task)
+    pair = [factories[first](), factories[second]()]
+    declaring = _declared_clash(type(pair[0]), type(pair[1]))
+    if declaring is not None:
+        other = type(pair[1]) if declaring is type(pair[0]) else type(pair[0])
+        with pytest.raises(ValueError, match=f"{declaring.__name__} cannot run together with {other.__name__}"):
+            check_compatibility(pair)
+        documentation = (declaring.__doc__ or "") + (sys.modules[declaring.__module__].__doc__ or "")
+        assert other.__name__ in documentation, f"{declaring.__name__}'s documentation does not say why"
+        return
+
+    from fabric.trainer.trainer import Trainer
+
+    torch.manual_seed(0)
+    model = dict_batch_model(width=4)
+    trainer = Trainer(
+        model,
+        DataLoader(_Samples(image_task, 32), batch_size=8),
+        max_duration="4ba",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
+        algorithms=pair,
+        accelerator="cpu",
+        devices=1,
+        progress_bar=False,
+        seed=0,
+    )
+    trainer.fit()
+    assert int(trainer.state.timestamp.batch) == 4
+    assert math.isfinite(float(trainer.state.loss))
+    assert all(torch.isfinite(parameter).all() for parameter in model.parameters())
+    trainer.close()
