@@ -28,8 +28,9 @@ from torch.utils.data import DataLoader
 from fabric.fabric import Fabric
 from fabric.loggers.logger import Logger as FabricLogger
 from fabric.trainer.algorithm import Algorithm
+from fabric.trainer.algorithms.surgery import reapply_surgery
 from fabric.trainer.callback import Callback
-from fabric.trainer.checkpoint.checkpointer import TrainerCheckpointer, find_resume_checkpoint
+from fabric.trainer.checkpoint.checkpointer import TrainerCheckpointer, find_resume_checkpoint, read_surgery_records
 from fabric.trainer.checkpoint.dataloader_position import capture_epoch_start, resume_iterator
 from fabric.trainer.checkpoint.preemption import PreemptionWatch, TrainingPreempted
 from fabric.trainer.checkpoint.saver import CheckpointSaver
@@ -148,6 +149,18 @@ class Trainer:
         self.logger = Logger(self.state, destinations)
         self.engine = Engine(self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=destinations)
         self.engine.run_event(Event.INIT)  # before set-up, so model surgery happens on the plain model
+        if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
+            assert save_folder is not None
+            found = None
+            if self.fabric.is_global_zero:
+                found = find_resume_checkpoint(save_folder, save_filename, save_latest_filename, self.run_name)
+            found = self.fabric.broadcast(found)
+            if found is not None:
+                load_path, load_weights_only, load_ignore_keys = found, False, ()
+        if load_path is not None:  # surgery the checkpoint was saved with, and this run does not do itself
+            reapply_surgery(
+                self.state.model, read_surgery_records(load_path), self.state.optimizers, self.state.algorithms
+            )
 
         self._setup_model_and_optimizers()
         lr_schedule, torch_schedulers = self._setup_schedulers(_as_list(schedulers))
@@ -188,14 +201,6 @@ class Trainer:
         self._preemption = PreemptionWatch() if saver is not None else None
         if saver is not None:
             saver.bind(self.checkpointer.save, self.run_name)
-        if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
-            assert save_folder is not None
-            found = None
-            if self.fabric.is_global_zero:
-                found = find_resume_checkpoint(save_folder, save_filename, save_latest_filename, self.run_name)
-            found = self.fabric.broadcast(found)
-            if found is not None:
-                load_path, load_weights_only, load_ignore_keys = found, False, ()
         if load_path is not None:
             self.load_checkpoint(
                 load_path, weights_only=load_weights_only, strict=load_strict, ignore_keys=load_ignore_keys
@@ -334,10 +339,12 @@ class Trainer:
         position, self._resume_position = self._resume_position, None
         if position is not None and position.epoch_start is not None:
             batches_done = self._batches_done_after_resume(position)
-            self._epoch_start = position.epoch_start
+            same_world = position.world_size == self.fabric.world_size
+            # With another world size the loader is sharded differently: this epoch's order cannot be rebuilt.
+            self._epoch_start = position.epoch_start if same_world else capture_epoch_start(dataloader)
             if batches_done == 0:
                 self.engine.run_event(Event.EPOCH_START)
-            return resume_iterator(dataloader, position.epoch_start, batches_done)
+            return resume_iterator(dataloader, self._epoch_start, batches_done)
         self.engine.run_event(Event.EPOCH_START)
         self._epoch_start = capture_epoch_start(dataloader)
         return iter(dataloader)

@@ -282,3 +282,34 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path: Path
     stdout, stderr = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, stderr
     assert "resumed at batch" in stdout
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.net(batch[0])  # type: ignore[no-any-return]
+
+    def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return F.cross_entropy(outputs, batch[1])
+
+
+def test_model_surgery_is_reapplied_when_its_checkpoint_loads_into_a_fresh_model(tmp_path: Path) -> None:
+    from fabric.trainer.algorithms.ghost_batchnorm import GhostBatchNorm
+
+    trained = _trainer(
+        BatchNormNet(), algorithms=[GhostBatchNorm(ghost_batch_size=4)], callbacks=[], max_duration="3ba"
+    )
+    trained.fit()
+    trained.save_checkpoint(str(tmp_path / "ghost.pt"))
+    assert type(trained.state.model.module.net[1]).__name__ != "BatchNorm1d"  # type: ignore[index, union-attr]
+
+    fresh = _trainer(BatchNormNet(), callbacks=[], load_path=str(tmp_path / "ghost.pt"))  # no GhostBatchNorm here
+    assert type(fresh.state.model.module.net[1]) is type(trained.state.model.module.net[1])  # type: ignore[index, union-attr]
+    batch = next(iter(DataLoader(_data(), batch_size=16)))
+    trained.state.model.eval()
+    fresh.state.model.eval()
+    with torch.no_grad():
+        assert torch.equal(fresh.state.model(batch), trained.state.model(batch))

@@ -16,6 +16,7 @@ the model once, at ``Event.INIT``. Three things make that safe:
 from __future__ import annotations
 
 import importlib
+import sys
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -185,6 +186,12 @@ def reapply_surgery(
 
 def _surgery_class(path: str) -> type[SurgeryAlgorithm]:
     module_name, _, class_name = path.rpartition(".")
+    if not module_name.startswith("fabric.trainer.algorithms.") and module_name not in sys.modules:
+        # A checkpoint must not make us import arbitrary modules: user surgery classes are found only
+        # when their module is already imported.
+        raise ValueError(
+            f"The checkpoint records surgery by {path!r}; import {module_name!r} before loading to re-apply it."
+        )
     try:
         kind = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError, ValueError):

@@ -8,9 +8,14 @@ generator states, stacked by rank) and ``meta``. A weights-only checkpoint holds
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 from typing import Any
 
+import fsspec
+import torch
+
+from fabric.trainer.algorithms.surgery import surgery_records
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
 from fabric.trainer.checkpoint.storage import Folder, checkpoints_in, format_name
 from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
@@ -31,7 +36,12 @@ class TrainerCheckpointer:
     def save(self, path: str, weights_only: bool = False) -> None:
         """Write a checkpoint of the Trainer to ``path`` (every rank must call this)."""
         fabric = self.state.fabric
-        meta = {"format": CHECKPOINT_FORMAT, "world_size": fabric.world_size, "run_name": self.run_name}
+        meta = {
+            "format": CHECKPOINT_FORMAT,
+            "world_size": fabric.world_size,
+            "run_name": self.run_name,
+            "surgery": surgery_records(self.state.algorithms),
+        }
         if weights_only:
             fabric.save(path, {"model": self.state.model, "meta": meta})
             return
@@ -71,7 +81,8 @@ class TrainerCheckpointer:
                 "number generators are not restored, so random draws (dropout, augmentation) differ from the first run."
             )
             return
-        restore_rng_state({kind: states[fabric.global_rank] for kind, states in rng.items()})
+        # clone: a row of the stacked tensor is a view at an offset, which torch.set_rng_state cannot take
+        restore_rng_state({kind: states[fabric.global_rank].clone() for kind, states in rng.items()})
 
 
 def find_resume_checkpoint(
@@ -88,3 +99,20 @@ def find_resume_checkpoint(
     if latest_filename is not None:
         return folder.resolve_latest(format_name(latest_filename, {"run_name": run_name, "rank": 0}))
     return folder.join(found[-1][1]) if found else None
+
+
+def read_surgery_records(path: str) -> list[dict[str, Any]]:
+    """The model surgery a checkpoint file was saved with (``meta["surgery"]``), read without loading its tensors.
+
+    Only single-file checkpoints are read (memory-mapped when local); anything unreadable gives ``[]``,
+    and the real load reports the problem.
+    """
+    try:
+        if os.path.isfile(path):
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        else:
+            with fsspec.open(path, "rb") as file:
+                checkpoint = torch.load(file, map_location="cpu", weights_only=True)
+        return list(checkpoint.get("meta", {}).get("surgery", []))
+    except Exception:  # the real load, later, reports what is wrong with the file
+        return []
