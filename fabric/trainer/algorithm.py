@@ -21,6 +21,8 @@ class Algorithm(ABC):
     allow_multiple_instances: ClassVar[bool] = False
     #: Algorithm classes this one cannot run together with (the class docstring says why).
     incompatible_with: ClassVar[tuple[type[Algorithm], ...]] = ()
+    #: Why those cannot run together; part of the error a user sees.
+    incompatibility_reason: ClassVar[str] = ""
 
     @abstractmethod
     def match(self, event: Event, state: State) -> bool:

@@ -44,7 +44,8 @@ def check_compatibility(algorithms: Sequence[Algorithm]) -> None:
     for algorithm in algorithms:
         clashes = [other for other in algorithms if isinstance(other, type(algorithm).incompatible_with)]
         if clashes:
+            kind = type(algorithm)
+            reason = kind.incompatibility_reason or f"see {kind.__name__}'s documentation"
             raise ValueError(
-                f"{type(algorithm).__name__} cannot run together with {type(clashes[0]).__name__} "
-                f"(see {type(algorithm).__name__}'s documentation); remove one of them."
+                f"{kind.__name__} cannot run together with {type(clashes[0]).__name__}: {reason}. Remove one of them."
             )

@@ -308,6 +308,8 @@ class Trainer:
         batches = self._batches
         while length is None or int(state.timestamp.batch_in_epoch) < length:
             run_event(Event.BEFORE_DATALOADER)
+            if self._epoch_start is None:
+                self._epoch_start = capture_epoch_start(state.dataloader)
             try:
                 batch = next(batches)
             except StopIteration:
@@ -346,7 +348,7 @@ class Trainer:
                 self.engine.run_event(Event.EPOCH_START)
             return resume_iterator(dataloader, self._epoch_start, batches_done)
         self.engine.run_event(Event.EPOCH_START)
-        self._epoch_start = capture_epoch_start(dataloader)
+        self._epoch_start = None  # captured right before the first fetch, after any BEFORE_DATALOADER draws
         return iter(dataloader)
 
     def _batches_done_after_resume(self, position: DataPosition) -> int:

@@ -65,6 +65,10 @@ class SAM(Algorithm):
     """SAM (see the module docstring)."""
 
     incompatible_with = (MixUp, CutMix, LabelSmoothing)
+    incompatibility_reason = (
+        "SAM recomputes the loss on the batch without firing events, so batch and target changes made at those "
+        "events would be missing from its second gradient"
+    )
 
     def __init__(self, rho: float = 0.05, epsilon: float = 1e-12, interval: int = 1) -> None:
         self.rho, self.epsilon = _check_positive("rho", rho), _check_positive("epsilon", epsilon)

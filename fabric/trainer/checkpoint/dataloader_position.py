@@ -9,6 +9,10 @@ samples are never fetched or collated. Only samplers whose order is a function o
 skipped this way (see :data:`UNDERSTOOD_SAMPLERS`); for others the finished batches are fetched and
 dropped ("replayed"), with a warning.
 
+With persistent workers, the copy's workers are handed to the loader at the end of the resumed epoch,
+so later epochs reuse them as an uninterrupted run would. To resume a resumed epoch again, pass the
+same epoch start and count ``batches_done`` from the epoch's beginning.
+
 What stays approximate: random numbers drawn inside worker processes (``num_workers > 0``) depend on
 how many samples each worker fetched before, so random augmentation there differs after a resume
 (with ``num_workers=0`` it is exact, because the caller restores the global generators).
@@ -71,10 +75,12 @@ def resume_iterator(dataloader: Iterable[Any], epoch_start: dict[str, Any], batc
     """The rest of the epoch that began at ``epoch_start``, from batch ``batches_done`` on.
 
     Yields the batches an uninterrupted iterator would have yielded from there (same samples, order,
-    collation and device). The random state current at the first ``next()`` is what fetching continues
-    with, and once exhausted the loader is as after an uninterrupted epoch, so the next epoch's shuffle
-    matches too. Skips by index for :data:`UNDERSTOOD_SAMPLERS` over a map-style dataset; otherwise
-    fetches and drops the finished batches, warning once which sampler or dataset forced it.
+    collation and device). The global random state current at the first ``next()`` is what fetching
+    continues with (with ``batches_done=0`` the loader's own first draws come from it too, as a
+    checkpoint taken before the first batch is also taken before them), and once exhausted the loader is
+    as after an uninterrupted epoch, so the next epoch's shuffle matches too. Skips by index for
+    :data:`UNDERSTOOD_SAMPLERS` over a map-style dataset; otherwise fetches and drops the finished batches,
+    warning once which sampler or dataset forced it.
     """
     _check_epoch_start(dataloader, epoch_start)
     if isinstance(batches_done, bool) or not isinstance(batches_done, int) or batches_done < 0:
@@ -102,11 +108,14 @@ def _resumed_batches(
     end = object()
     try:
         _restore_epoch_start(dataloader, epoch_start)
-        stream = None
-        if skip_by_index:
-            assert isinstance(dataloader, DataLoader)
-            stream = _IndexStreamAfter(dataloader._index_sampler, batches_done, on_positioned=restore_current)
-        resumed = _resuming_copy(dataloader, epoch_start, stream)
+        if batches_done == 0:  # saved before the epoch's first fetch, so also before the loader drew anything
+            restore_current()
+        resumed = _resuming_copy(
+            dataloader,
+            epoch_start,
+            skip=batches_done if skip_by_index else 0,
+            on_positioned=restore_current if skip_by_index else None,
+        )
         batches = iter(resumed)
         if not skip_by_index:
             next(itertools.islice(batches, batches_done, batches_done), None)  # fetch and drop
@@ -133,29 +142,39 @@ class _Once:
             function(self._argument)
 
 
-class _IndexStreamAfter:
-    """An index sampler's stream from its ``skip``-th item on; calls ``on_positioned`` once it got there.
+class _ResumedIndexStream:
+    """Stands in for a loader's index sampler in the resuming copy: the sampler's stream from item ``skip`` on.
 
-    The wrapped sampler draws its random numbers when its first item is taken, so the first remaining
-    item is taken before ``on_positioned`` (which gives the caller back the random state for fetching).
+    ``on_positioned`` runs once the stream got there, after every random draw of the wrapped sampler
+    (samplers draw at ``iter()`` or at their first item, so the first remaining item is taken first).
+    Each ``iter()`` here calls ``iter()`` on the sampler at once, because the copy's new loader iterator
+    calls it as often and at the same moments as the interrupted epoch's did; except that an epoch reusing
+    persistent workers called it once less, which the first ``free_iters`` calls make up for by doing nothing.
     """
 
-    def __init__(self, index_sampler: Iterable[Any], skip: int, on_positioned: Callable[[], None]) -> None:
+    def __init__(
+        self, index_sampler: Iterable[Any], skip: int, on_positioned: Callable[[], None] | None, free_iters: int
+    ) -> None:
         self.index_sampler = index_sampler
         self.skip = skip
         self.on_positioned = on_positioned
+        self.free_iters = free_iters
         # Fabric's loader announces the epoch to ``batch_sampler.sampler``; keep that reaching the real one.
         self.sampler = getattr(index_sampler, "sampler", None)
 
     def __iter__(self) -> Iterator[Any]:
-        # A generator: DataLoader workers call ``iter()`` twice and use the second, so nothing may run before
-        # the first ``next()``.
+        if self.free_iters > 0:
+            self.free_iters -= 1
+            return iter(())
+        return self._after_skip(iter(self.index_sampler))
+
+    def _after_skip(self, indices: Iterator[Any]) -> Iterator[Any]:
         end = object()
-        indices = iter(self.index_sampler)
         try:
             first = next(itertools.islice(indices, self.skip, None), end)
         finally:
-            self.on_positioned()
+            if self.on_positioned is not None:
+                self.on_positioned()
         if first is not end:
             yield first
             yield from indices
@@ -270,20 +289,21 @@ def _restore_epoch_start(dataloader: Iterable[Any], epoch_start: Mapping[str, An
 
 
 def _resuming_copy(
-    dataloader: Iterable[Any], epoch_start: Mapping[str, Any], stream: _IndexStreamAfter | None
+    dataloader: Iterable[Any], epoch_start: Mapping[str, Any], skip: int, on_positioned: Callable[[], None] | None
 ) -> Iterable[Any]:
-    """A copy of the loader (same class, so Fabric still moves batches) reading indices from ``stream``.
+    """A copy of the loader (same class, so Fabric still moves batches) whose index stream starts at ``skip``.
 
-    Without a stream the copy keeps the loader's own sampler; plain iterables are returned as they are.
+    Plain iterables are returned as they are: they can only be replayed.
     """
     if not isinstance(dataloader, DataLoader):
         return dataloader
     resumed = copy.copy(dataloader)
-    if stream is not None:
-        # DataLoader forbids re-assigning these after __init__; on our own copy it is safe.
-        object.__setattr__(resumed, "batch_sampler" if dataloader._auto_collation else "sampler", stream)
+    reused_workers = not epoch_start["draws_base_seed"]
+    stream = _ResumedIndexStream(dataloader._index_sampler, skip, on_positioned, free_iters=int(reused_workers))
+    # DataLoader forbids re-assigning these after __init__; on our own copy it is safe.
+    object.__setattr__(resumed, "batch_sampler" if dataloader._auto_collation else "sampler", stream)
     object.__setattr__(resumed, "_iterator", None)  # its own workers, never the original's
-    if not epoch_start["draws_base_seed"]:
+    if reused_workers:
         # Persistent workers were seeded in an earlier epoch, so this epoch drew no seed: the copy's fresh
         # workers draw theirs from a throwaway generator.
         object.__setattr__(resumed, "generator", torch.Generator())
