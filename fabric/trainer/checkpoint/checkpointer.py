@@ -45,9 +45,8 @@ class TrainerCheckpointer:
         if weights_only:
             fabric.save(path, {"model": self.state.model, "meta": meta})
             return
-        rng = {kind: fabric.all_gather(value) for kind, value in capture_rng_state().items()}
         entries: dict[str, Any] = {"model": self.state.model, **self._optimizers()}
-        entries.update(trainer=self.trainer_state, rng=rng, meta=meta)
+        entries.update(trainer=self.trainer_state, rng=RngStates(fabric), meta=meta)
         fabric.save(path, entries)
 
     def load(
@@ -64,10 +63,11 @@ class TrainerCheckpointer:
             self.trainer_state.ignore = frozenset(key for key in ignore_keys if key in SECTIONS)
             entries["trainer"] = self.trainer_state
             if "rng" not in ignore_keys:
-                entries["rng"] = None
+                entries["rng"] = RngStates(self.state.fabric)
         self.state.fabric.load(path, entries, strict=strict)
-        if entries.get("rng") is not None:
-            self._restore_rng(entries["rng"])
+        rng = entries.get("rng")
+        if isinstance(rng, RngStates) and rng.loaded is not None:
+            self._restore_rng(rng.loaded)
 
     def _optimizers(self) -> dict[str, Any]:
         return {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.state.optimizers)}
@@ -83,6 +83,25 @@ class TrainerCheckpointer:
             return
         # clone: a row of the stacked tensor is a view at an offset, which torch.set_rng_state cannot take
         restore_rng_state({kind: states[fabric.global_rank].clone() for kind, states in rng.items()})
+
+
+class RngStates:
+    """Every rank's generator states, stacked by rank: gathered when saved, held back when loaded.
+
+    A stateful object (rather than a plain entry) so that sharded strategies can load it in place too.
+    ``load_state_dict`` only keeps the states; the checkpointer applies this rank's row once the whole
+    load succeeded. Saving and loading it are collectives, as are ``fabric.save`` and ``fabric.load``.
+    """
+
+    def __init__(self, fabric: Any) -> None:
+        self.fabric = fabric
+        self.loaded: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {kind: self.fabric.all_gather(value) for kind, value in capture_rng_state().items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.loaded = dict(state_dict)
 
 
 def find_resume_checkpoint(
