@@ -33,21 +33,28 @@ class Engine:
         check_compatibility(algorithms)
         self.state = state
         self.logger = logger
-        self._algorithms: dict[Event, tuple[Algorithm, ...]] = {}
+        ordered: dict[Event, tuple[Algorithm, ...]] = {}
         for event in Event:
-            ordered = list(algorithms)
+            in_order = list(algorithms)
             for algorithm_pass in passes:
-                ordered = algorithm_pass(ordered, event)
-            self._algorithms[event] = tuple(ordered)
+                in_order = algorithm_pass(in_order, event)
+            ordered[event] = tuple(in_order)
         per_observer = [observer.handlers() for observer in [*callbacks, *loggers]]
-        self._handlers: dict[Event, tuple[Handler, ...]] = {
-            event: tuple(handlers[event] for handlers in per_observer if event in handlers) for event in Event
-        }
+        # Only events something listens to get an entry: most events of a plain run cost one dict lookup.
+        self._work: dict[Event, tuple[tuple[Algorithm, ...], tuple[Handler, ...]]] = {}
+        for event in Event:
+            handlers = tuple(observer[event] for observer in per_observer if event in observer)
+            if ordered[event] or handlers:
+                self._work[event] = (ordered[event], handlers)
 
     def run_event(self, event: Event) -> None:
+        work = self._work.get(event)
+        if work is None:
+            return
+        algorithms, handlers = work
         state, logger = self.state, self.logger
-        for algorithm in self._algorithms[event]:
+        for algorithm in algorithms:
             if algorithm.match(event, state):
                 algorithm.apply(event, state, logger)
-        for handler in self._handlers[event]:
+        for handler in handlers:
             handler(state, logger)

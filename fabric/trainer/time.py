@@ -309,6 +309,13 @@ def _counter(name: str, value: int | Time[int], unit: TimeUnit) -> Time[int]:
         raise type(error)(f"{name}: {error}") from None
 
 
+def _count(name: str, value: int | Time[int], unit: TimeUnit) -> int:
+    """``value`` as a count of ``unit``; a plain non-negative int (the per-batch case) skips building a Time."""
+    if type(value) is int and value >= 0:
+        return value
+    return int(_counter(name, value, unit).value)
+
+
 def _clock(name: str, value: timedelta) -> timedelta:
     if not isinstance(value, timedelta):
         raise TypeError(f"{name} must be a datetime.timedelta, got {type(value).__name__}.")
@@ -455,20 +462,24 @@ class Timestamp:
         """The clock after one more batch of ``samples`` samples and ``tokens`` tokens (global counts).
 
         ``duration`` is the batch's wall-clock time: it becomes ``batch_wct`` and adds to the other clocks.
+        This runs once per batch, so only the arguments are validated; the new counters are valid by construction.
         """
-        samples_time = _counter("to_next_batch samples", samples, TimeUnit.SAMPLE)
-        tokens_time = _counter("to_next_batch tokens", tokens, TimeUnit.TOKEN)
+        added_samples = _count("to_next_batch samples", samples, TimeUnit.SAMPLE)
+        added_tokens = _count("to_next_batch tokens", tokens, TimeUnit.TOKEN)
         duration = _clock("to_next_batch duration", duration)
-        return self.copy(
-            batch=self._batch.value + 1,
-            sample=self._sample + samples_time,
-            token=self._token + tokens_time,
-            batch_in_epoch=self._batch_in_epoch.value + 1,
-            sample_in_epoch=self._sample_in_epoch + samples_time,
-            token_in_epoch=self._token_in_epoch + tokens_time,
-            total_wct=self._total_wct + duration,
-            epoch_wct=self._epoch_wct + duration,
-            batch_wct=duration,
+        return _trusted_timestamp(
+            self._epoch,
+            _trusted_time(self._batch.value + 1, TimeUnit.BATCH),
+            _trusted_time(self._sample.value + added_samples, TimeUnit.SAMPLE),
+            _trusted_time(self._token.value + added_tokens, TimeUnit.TOKEN) if added_tokens else self._token,
+            _trusted_time(self._batch_in_epoch.value + 1, TimeUnit.BATCH),
+            _trusted_time(self._sample_in_epoch.value + added_samples, TimeUnit.SAMPLE),
+            _trusted_time(self._token_in_epoch.value + added_tokens, TimeUnit.TOKEN)
+            if added_tokens
+            else self._token_in_epoch,
+            self._total_wct + duration,
+            self._epoch_wct + duration,
+            duration,
         )
 
     def to_next_epoch(self, duration: timedelta = _ZERO) -> Timestamp:
@@ -594,6 +605,36 @@ class Timestamp:
         counts = ", ".join(f"{name}={getattr(self, f'_{name}').value}" for name in _COUNTERS)
         clocks = ", ".join(f"{name}={getattr(self, f'_{name}')!r}" for name in _CLOCKS)
         return f"Timestamp({counts}, {clocks})"
+
+
+def _trusted_time(value: int, unit: TimeUnit) -> Time[int]:
+    """A Time built without validation, for values that are valid by construction (hot path)."""
+    time: Time[int] = object.__new__(Time)
+    object.__setattr__(time, "_value", value)
+    object.__setattr__(time, "_unit", unit)
+    return time
+
+
+def _trusted_timestamp(*fields: Any) -> Timestamp:
+    """A Timestamp from its fields in slot order (epoch, batch, sample, token, the in-epoch counts, clocks)."""
+    timestamp: Timestamp = object.__new__(Timestamp)
+    for name, value in zip(_FIELD_ORDER, fields, strict=True):
+        object.__setattr__(timestamp, name, value)
+    return timestamp
+
+
+_FIELD_ORDER = (
+    "_epoch",
+    "_batch",
+    "_sample",
+    "_token",
+    "_batch_in_epoch",
+    "_sample_in_epoch",
+    "_token_in_epoch",
+    "_total_wct",
+    "_epoch_wct",
+    "_batch_wct",
+)
 
 
 def _rebuild_timestamp(fields: dict[str, Any]) -> Timestamp:
