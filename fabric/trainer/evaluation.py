@@ -88,7 +88,7 @@ def run_evaluators(state: State, engine: Engine, logger: Logger, evaluators: Seq
             for evaluator in evaluators:
                 _run_evaluator(state, engine, logger, evaluator)
     finally:
-        state.dataloader_label = None
+        state.dataloader_label = state.eval_batches = None
         model.train(was_training)
     engine.run_event(Event.EVAL_AFTER_ALL)
 
@@ -100,6 +100,7 @@ def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Eval
     for metric in metrics.values():
         metric.reset()
     state.dataloader_label = evaluator.label
+    state.eval_batches = _batches_in(evaluator)
     state.eval_timestamp = Timestamp()
     run_event(Event.EVAL_START)
     for index, batch in enumerate(evaluator.dataloader):
@@ -118,3 +119,10 @@ def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Eval
     state.metrics.update(values)
     logger.log_metrics(values)
     run_event(Event.EVAL_END)
+
+
+def _batches_in(evaluator: Evaluator) -> int | None:
+    length = len(evaluator.dataloader) if hasattr(evaluator.dataloader, "__len__") else None  # type: ignore[arg-type]
+    if evaluator.subset_num_batches == -1:
+        return length
+    return evaluator.subset_num_batches if length is None else min(length, evaluator.subset_num_batches)

@@ -51,6 +51,8 @@ class State:
     predict_timestamp: Timestamp = field(default_factory=Timestamp)
     #: The label of the evaluator being run (``"eval"`` by default), None outside evaluation.
     dataloader_label: str | None = None
+    #: Batches the running evaluation will take, when known (its dataloader's length, or its subset).
+    eval_batches: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_duration is not None and self.max_duration.unit == TimeUnit.DURATION:

@@ -197,10 +197,12 @@ class Trainer:
             on_load_position=self._set_resume_position,
         )
         self.checkpointer = TrainerCheckpointer(self.state, trainer_state, self.run_name)
-        self.saver = saver
-        self._preemption = PreemptionWatch() if saver is not None else None
-        if saver is not None:
-            saver.bind(self.checkpointer.save, self.run_name)
+        # save_* options build one saver; CheckpointSaver objects passed in callbacks work the same way.
+        savers = [callback for callback in self.state.callbacks if isinstance(callback, CheckpointSaver)]
+        for each in savers:
+            each.bind(self.checkpointer.save, self.run_name)
+        self.saver = savers[0] if savers else None
+        self._preemption = PreemptionWatch() if self.saver is not None else None
         if load_path is not None:
             self.load_checkpoint(
                 load_path, weights_only=load_weights_only, strict=load_strict, ignore_keys=load_ignore_keys
@@ -455,8 +457,9 @@ class Trainer:
         """Wait for checkpoint uploads, then flush and close the loggers. Safe to call twice."""
         if not self._closed:
             self._closed = True
-            if self.saver is not None:
-                self.saver.close()
+            for callback in self.state.callbacks:
+                if isinstance(callback, CheckpointSaver):
+                    callback.close()
             self.logger.close()
 
 

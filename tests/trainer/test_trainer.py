@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -458,3 +459,21 @@ def test_fit_without_duration_or_data_says_what_is_missing() -> None:
         _trainer(max_duration=None).fit()
     with pytest.raises(ValueError, match="fit\\(\\) needs a train_dataloader"):
         _trainer(train_dataloader=None).fit()
+
+
+def test_progress_bars_count_training_and_evaluation_batches() -> None:
+    import io
+
+    from fabric.trainer.loggers.progress_bar import ProgressBarLogger
+
+    stream = io.StringIO()
+    trainer = _trainer(
+        loggers=[ProgressBarLogger(stream=stream)],
+        eval_dataloader=DataLoader(_data(24), batch_size=8),
+        max_duration="1ep",
+    )
+    trainer.fit()
+    trainer.close()
+    output = stream.getvalue()
+    assert "6/6" in output  # the training bar: 6 batches in the run
+    assert re.search(r"eval: .*\| *\d/3 ", output)  # the eval bar knows its 3 batches

@@ -313,3 +313,13 @@ def test_model_surgery_is_reapplied_when_its_checkpoint_loads_into_a_fresh_model
     fresh.state.model.eval()
     with torch.no_grad():
         assert torch.equal(fresh.state.model(batch), trained.state.model(batch))
+
+
+def test_a_checkpoint_saver_can_be_passed_as_a_callback(tmp_path: Path, initial: nn.Module) -> None:
+    from fabric.trainer.checkpoint.saver import CheckpointSaver
+
+    saver = CheckpointSaver(str(tmp_path), filename="step{batch}.pt", save_interval="2ba", num_checkpoints_to_keep=1)
+    trainer = _trainer(initial, max_duration="4ba", callbacks=[saver])
+    trainer.fit()
+    assert sorted(os.listdir(tmp_path)) == ["latest-rank0.pt", "step4.pt"]
+    assert trainer.saver is saver

@@ -73,7 +73,8 @@ class ProgressBarLogger(LoggerDestination):
     def eval_start(self, state: State, logger: Any) -> None:
         self._close_eval_bar()
         label = state.dataloader_label or "eval"
-        self._eval_bar = self._new_bar("eval" if label == "eval" else f"eval {label}", None, leave=False)
+        description = "eval" if label == "eval" else f"eval {label}"
+        self._eval_bar = self._new_bar(description, state.eval_batches, leave=False)
 
     def eval_batch_end(self, state: State, logger: Any) -> None:
         if self._eval_bar is not None:
