@@ -355,7 +355,7 @@ class Trainer:
 
     def _batches_done_after_resume(self, position: DataPosition) -> int:
         """Batches of the epoch already trained; with another world size, counted from the samples done."""
-        if position.world_size == self.fabric.world_size:
+        if position.world_size == self.fabric.world_size or position.samples_done == 0:
             return position.batches_done
         batch_size = getattr(self.state.dataloader, "batch_size", None) or 1
         done = position.samples_done // (batch_size * self.fabric.world_size)

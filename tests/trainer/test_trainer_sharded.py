@@ -46,3 +46,43 @@ def test_sharded_training_resumes_bit_identically(strategy: str, tmp_path: Path)
     for ours, reference in zip(resumed["weights"], straight["weights"], strict=True):
         assert torch.equal(ours, reference)
     assert not all(torch.equal(a, b) for a, b in zip(first["weights"], straight["weights"], strict=True))
+
+
+def test_a_two_rank_fsdp_checkpoint_resumes_in_one_process(tmp_path: Path) -> None:
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fabric.trainer import Trainer
+
+    _train("fsdp", tmp_path / "run", "2ep", tmp_path / "first.pt")
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    class Regressor(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def forward(self, batch: Any) -> Any:
+            return self.net(batch[0])
+
+        def loss(self, outputs: Any, batch: Any) -> Any:
+            return torch.nn.functional.mse_loss(outputs, batch[1])
+
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    regressor = Regressor()
+    with pytest.warns(UserWarning, match="saved by 2 rank\\(s\\) and this run has 1: random number generators"):
+        trainer = Trainer(
+            model=regressor,
+            train_dataloader=DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8),
+            max_duration="3ep",
+            optimizers=torch.optim.Adam(regressor.parameters(), lr=1e-2),
+            load_path=str(tmp_path / "run" / "ep2-ba8-rank0.pt"),
+            progress_bar=False,
+            accelerator="cpu",
+        )
+    first = torch.load(tmp_path / "first.pt", weights_only=True)
+    for ours, saved in zip(trainer.state.model.parameters(), first["weights"], strict=True):
+        assert torch.equal(ours.detach(), saved)  # the shards were put back together
+    assert (int(trainer.state.timestamp.batch), int(trainer.state.timestamp.sample)) == (8, 128)
+    trainer.fit()  # one more epoch: 8 batches of 8 samples on one process
+    assert (int(trainer.state.timestamp.batch), int(trainer.state.timestamp.sample)) == (16, 192)

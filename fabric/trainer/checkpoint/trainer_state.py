@@ -26,6 +26,9 @@ from fabric.trainer.time import Timestamp
 SECTIONS = ("timestamp", "schedulers", "algorithms", "callbacks", "dataloader", "microbatch_size")
 
 
+_EMPTY_SECTIONS: dict[str, Any] = {"schedulers": [], "algorithms": {}, "callbacks": {}}
+
+
 def unique_names(objects: Iterable[object]) -> list[str]:
     """``["EMA", "EMA-1", "SpeedMonitor"]``: class names, numbered from the second instance of a class on."""
     seen: dict[str, int] = {}
@@ -94,6 +97,8 @@ class TrainerCheckpointState:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         sections = [name for name in SECTIONS if name not in self.ignore]
+        # Sharded (DCP) checkpoints drop empty containers: an absent list or dict section was empty.
+        state_dict = {**{name: empty for name, empty in _EMPTY_SECTIONS.items()}, **state_dict}
         missing = [name for name in sections if name not in state_dict]
         if missing:
             raise ValueError(f"the trainer entry has no {missing}; it holds {sorted(state_dict)}.")
