@@ -477,3 +477,19 @@ def test_progress_bars_count_training_and_evaluation_batches() -> None:
     output = stream.getvalue()
     assert "6/6" in output  # the training bar: 6 batches in the run
     assert re.search(r"eval: .*\| *\d/3 ", output)  # the eval bar knows its 3 batches
+
+
+def test_torchmetrics_metrics_are_updated_through_the_model_and_computed_per_round() -> None:
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    class WithTorchmetrics(Classifier):
+        def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
+            return {"accuracy": torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")}
+
+    model = WithTorchmetrics()
+    data = _data(20, seed=4)
+    trainer = _trainer(model, eval_dataloader=DataLoader(data, batch_size=8))
+    with torch.no_grad():
+        expected = (model(data.tensors).argmax(-1) == data.tensors[1]).float().mean().item()
+    assert trainer.eval() == {"metrics/eval/accuracy": pytest.approx(expected)}
+    assert trainer.eval() == {"metrics/eval/accuracy": pytest.approx(expected)}  # reset between rounds
