@@ -7,6 +7,7 @@ algorithm whose ``match`` is true, in an order decided by passes (:mod:`fabric.t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -38,6 +39,15 @@ class Algorithm(ABC):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Restore :meth:`state_dict`."""
+
+    def exported_weights(self, state: State) -> AbstractContextManager[None]:
+        """While a weights-only checkpoint (the deployable model) is written, the model holds these weights.
+
+        Default: the training weights, unchanged. An algorithm that keeps better weights to deploy (EMA's
+        average) swaps them in here and the training weights back on exit, so full checkpoints and training
+        never see them.
+        """
+        return nullcontext()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

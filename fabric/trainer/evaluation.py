@@ -1,6 +1,7 @@
 """Evaluation: ``Evaluator`` (a labelled eval dataloader) and the loop that runs evaluators with their events.
 
-Per round: EVAL_BEFORE_ALL; per evaluator: EVAL_START, per batch EVAL_BATCH_START,
+The random number generators are put back after a round, so evaluating (or not) never changes
+training. Per round: EVAL_BEFORE_ALL; per evaluator: EVAL_START, per batch EVAL_BATCH_START,
 EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END; the metrics are computed (synced across
 ranks), stored in ``state.metrics["metrics/<label>/<name>"]`` and logged; EVAL_END. Then
 EVAL_AFTER_ALL. The model runs in eval mode without gradients and returns to train mode afterwards.
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 
+from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalInput
@@ -81,6 +83,9 @@ def run_evaluators(state: State, engine: Engine, logger: Logger, evaluators: Seq
     """One evaluation round over ``evaluators``, with its events; leaves the model in its previous mode."""
     model = state.model
     was_training = model.training
+    # Evaluation draws random numbers (e.g. a DataLoader iterator takes a seed); putting the generators back
+    # afterwards keeps training independent of how often it evaluates, and resumes exact.
+    training_rng = capture_rng_state()
     engine.run_event(Event.EVAL_BEFORE_ALL)
     model.eval()
     try:
@@ -91,6 +96,7 @@ def run_evaluators(state: State, engine: Engine, logger: Logger, evaluators: Seq
         state.dataloader_label = state.eval_batches = None
         model.train(was_training)
     engine.run_event(Event.EVAL_AFTER_ALL)
+    restore_rng_state(training_rng)
 
 
 def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Evaluator) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
 from fabric.trainer.microbatch import batch_size
@@ -28,6 +29,7 @@ def run_prediction(
     was_training = model.training
     outputs: list[Any] = []
     state.predict_timestamp = Timestamp()
+    training_rng = capture_rng_state()  # like evaluation, predicting leaves training's random draws alone
     model.eval()
     try:
         with torch.no_grad():
@@ -49,4 +51,5 @@ def run_prediction(
             run_event(Event.PREDICT_END)
     finally:
         model.train(was_training)
+        restore_rng_state(training_rng)
     return outputs

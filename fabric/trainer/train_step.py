@@ -93,7 +93,9 @@ class TrainStep:
         state.batch = full_batch
         if self._scaler is not None:
             for optimizer in state.optimizers:
-                self.fabric.strategy.precision.unscale_gradients(optimizer)
+                # The scaler tracks optimizers by identity and the step goes to the user's optimizer, not
+                # Fabric's wrapper: unscaling the wrapper would make the step unscale a second time.
+                self.fabric.strategy.precision.unscale_gradients(getattr(optimizer, "optimizer", optimizer))
         run_event(Event.AFTER_TRAIN_BATCH)
         for optimizer in state.optimizers:
             optimizer.step()

@@ -2,8 +2,9 @@
 ``deepspeed_train.py OUT_DIR``.
 
 For each strategy, every rank trains the same small model on its half of the data (two micro-batches per
-step, the first under ``no_backward_sync``), saves a sharded checkpoint, loads it into a freshly
-initialised engine, and computes the single-process full-batch reference itself with plain torch.
+step, the first under ``no_backward_sync``), takes ``model.state_dict()``, saves a sharded checkpoint,
+loads it into a freshly initialised engine, and computes the single-process full-batch reference itself
+with plain torch.
 Each rank writes what it saw to ``OUT_DIR/rank{R}.json``; checkpoints go to ``OUT_DIR/<strategy>``.
 """
 
@@ -87,6 +88,15 @@ def run(strategy: str) -> dict[str, Any]:
         params = list(engine.module.parameters())
         partition = sum(p.ds_tensor.numel() for p in params) / sum(p.ds_numel for p in params)
 
+    # model.state_dict() gives full tensors under every stage (ZeRO-3 gathers them); the module's own is partitioned.
+    state_dict = [value.float().flatten().tolist() for value in model.state_dict().values()]
+    own_state_numel = sum(value.numel() for value in engine.module.state_dict().values())
+    try:
+        model.state_dict(keep_vars=True)
+        keep_vars_error = ""
+    except ValueError as error:
+        keep_vars_error = str(error)
+
     checkpoint = out_dir / strategy
     fabric.save(checkpoint, {"model": model, "optimizer": optimizer, "step": 5})
     saved_optimizer = optimizer_tensors(engine)
@@ -99,6 +109,9 @@ def run(strategy: str) -> dict[str, Any]:
         "losses": losses,
         "params": trained,
         "partition_fraction": partition,
+        "state_dict": state_dict,
+        "own_state_numel": own_state_numel,
+        "keep_vars_error": keep_vars_error,
         "loaded_step": state["step"],
         "remainder": sorted(remainder),
         "loaded_params_equal": full_parameters(fresh_model) == trained,

@@ -493,3 +493,25 @@ def test_torchmetrics_metrics_are_updated_through_the_model_and_computed_per_rou
         expected = (model(data.tensors).argmax(-1) == data.tensors[1]).float().mean().item()
     assert trainer.eval() == {"metrics/eval/accuracy": pytest.approx(expected)}
     assert trainer.eval() == {"metrics/eval/accuracy": pytest.approx(expected)}  # reset between rounds
+
+
+def test_evaluating_does_not_change_training() -> None:
+    class DropoutClassifier(Classifier):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3))
+
+    torch.manual_seed(0)
+    model = DropoutClassifier()
+    weights = []
+    for eval_interval in ("1ba", "1000ba"):
+        trainer = _trainer(
+            copy.deepcopy(model),
+            train_dataloader=DataLoader(_data(), batch_size=8, shuffle=True),
+            eval_dataloader=DataLoader(_data(16), batch_size=8, shuffle=True),
+            eval_interval=eval_interval,
+            max_duration="8ba",
+        )
+        trainer.fit()
+        weights.append([p.detach() for p in trainer.state.model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))

@@ -273,7 +273,8 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path: Path
     assert job.stdout is not None
     job.stdout.readline()
     while True:  # wait until one checkpoint is complete and the next one is being written
-        names = os.listdir(tmp_path / "job")
+        assert job.poll() is None, "the job ended before a save could be interrupted"
+        names = os.listdir(tmp_path / "job") if (tmp_path / "job").is_dir() else []
         if any(name.startswith("ep") for name in names) and any(name.startswith(".ep") for name in names):
             break
     job.kill()

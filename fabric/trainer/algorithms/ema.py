@@ -10,12 +10,18 @@ Events: the average is started (a copy of the weights) at the first update at or
 at ``BATCH_END`` (``update_interval`` in ``ba``) or ``EPOCH_END`` (in ``ep``), whenever the count is a multiple of
 the interval. Evaluation uses the average: it is swapped into the model at ``EVAL_BEFORE_ALL`` and swapped out at
 ``EVAL_AFTER_ALL``, so training continues on the raw weights. The model is left holding the raw weights at the
-end of training; :meth:`EMA.copy_to` puts the average into a model. :meth:`state_dict` holds the average, so a
-resumed run continues it exactly.
+end of training; :meth:`EMA.copy_to` puts the average into a model.
+
+Checkpoints: a weights-only checkpoint (``save_weights_only=True`` or ``trainer.save_checkpoint(path,
+weights_only=True)``: the model to deploy) holds the average, swapped in only while it is written
+(:meth:`EMA.exported_weights`). A full checkpoint holds the raw weights plus :meth:`state_dict` (the average), so a
+resumed run continues both exactly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -106,9 +112,7 @@ class EMA(Algorithm):
         return event in (Event.EVAL_BEFORE_ALL, Event.EVAL_AFTER_ALL) and self.averages is not None
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
-        tensors = model_tensors(state.model)
-        if self.averages is not None and self.averages[0].device != tensors[0].device:  # loaded from a checkpoint
-            self.averages = [average.to(tensor.device) for average, tensor in zip(self.averages, tensors, strict=True)]
+        tensors = self._model_tensors(state)
         if event is self._update_event:
             if self.averages is None:
                 self.averages = [tensor.detach().clone() for tensor in tensors]
@@ -116,6 +120,25 @@ class EMA(Algorithm):
                 _average_into(self.averages, tensors, self.smoothing)
         elif (event is Event.EVAL_BEFORE_ALL) != self._swapped:
             self._swap(tensors)
+
+    @contextmanager
+    def exported_weights(self, state: State) -> Iterator[None]:
+        """The model holds the average inside (once averaging started): what a weights-only checkpoint saves."""
+        swap = self.averages is not None and not self._swapped  # during evaluation it holds the average already
+        if swap:
+            self._swap(self._model_tensors(state))
+        try:
+            yield
+        finally:
+            if swap:
+                self._swap(self._model_tensors(state))
+
+    def _model_tensors(self, state: State) -> list[torch.Tensor]:
+        """The model's tensors, with the average moved to their device first (it loads onto the CPU)."""
+        tensors = model_tensors(state.model)
+        if self.averages is not None and self.averages[0].device != tensors[0].device:
+            self.averages = [average.to(tensor.device) for average, tensor in zip(self.averages, tensors, strict=True)]
+        return tensors
 
     @torch.no_grad()
     def _swap(self, tensors: list[torch.Tensor]) -> None:

@@ -8,7 +8,8 @@
 
 Event: ``AFTER_TRAIN_BATCH``, when the gradients of the whole batch are complete, already all-reduced across
 ranks and already unscaled when a GradScaler is used, and the optimizer has not stepped yet. The clipping
-therefore uses ``torch.nn.utils`` directly and never unscales again.
+therefore uses ``torch.nn.utils`` directly and never unscales again. Under DeepSpeed the gradients live inside its
+engine, which clips them itself: ``INIT`` refuses the combination, naming the config key to use instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fabric.strategies.deepspeed import DeepSpeedStrategy
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
 from fabric.trainer.state import State
@@ -80,9 +82,16 @@ class GradientClipping(Algorithm):
         self.clipping_type, self.clipping_threshold = clipping_type, float(clipping_threshold)
 
     def match(self, event: Event, state: State) -> bool:
-        return event is Event.AFTER_TRAIN_BATCH
+        return event is Event.AFTER_TRAIN_BATCH or event is Event.INIT
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
+        if event is Event.INIT:
+            if isinstance(getattr(state.fabric, "strategy", None), DeepSpeedStrategy):
+                raise ValueError(
+                    f"{self!r} cannot clip under DeepSpeed, whose engine holds the gradients: remove it and set "
+                    f"'gradient_clipping': {self.clipping_threshold} (a norm) in the DeepSpeed config instead."
+                )
+            return
         apply_gradient_clipping(state.model, self.clipping_type, self.clipping_threshold)
 
     def __repr__(self) -> str:

@@ -2,14 +2,17 @@
 
 A full checkpoint holds ``model``, ``optimizer_0``, ``optimizer_1``, ... (Fabric saves the precision
 plugin's scaler with them), ``trainer`` (:class:`TrainerCheckpointState`), ``rng`` (every rank's
-generator states, stacked by rank) and ``meta``. A weights-only checkpoint holds ``model`` and
-``meta``. Loading goes through ``fabric.load``, which validates every entry before changing anything.
+generator states, stacked by rank) and ``meta``. A weights-only checkpoint (the deployable model) holds
+``model`` and ``meta``, with the weights the algorithms export (:meth:`Algorithm.exported_weights`: EMA's
+average); a full checkpoint keeps the training weights, so a resume is exact. Loading goes through
+``fabric.load``, which validates every entry before changing anything.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Collection
+from contextlib import ExitStack
 from typing import Any
 
 import fsspec
@@ -43,7 +46,10 @@ class TrainerCheckpointer:
             "surgery": surgery_records(self.state.algorithms),
         }
         if weights_only:
-            fabric.save(path, {"model": self.state.model, "meta": meta})
+            with ExitStack() as exports:
+                for algorithm in self.state.algorithms:
+                    exports.enter_context(algorithm.exported_weights(self.state))
+                fabric.save(path, {"model": self.state.model, "meta": meta})
             return
         entries: dict[str, Any] = {"model": self.state.model, **self._optimizers()}
         entries.update(trainer=self.trainer_state, rng=RngStates(fabric), meta=meta)
