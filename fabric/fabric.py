@@ -217,6 +217,7 @@ class Fabric:
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def _prepare_module(self, module: nn.Module, move_to_device: bool) -> nn.Module:
+        self._strategy.guard_uninitialised(module)
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
@@ -327,7 +328,8 @@ class Fabric:
     def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """Build a module directly on the device and in the precision's dtype.
 
-        ``empty_init=True`` skips weight initialisation: only use it when a checkpoint is loaded next.
+        ``empty_init=True`` skips weight initialisation: only use it when a checkpoint is loaded next. The
+        set-up module refuses to run (naming the tensors) until ``load`` or ``load_raw`` filled what was skipped.
         """
         return self._strategy.module_init_context(empty_init)
 
@@ -408,7 +410,9 @@ class Fabric:
         remainder = self._strategy.load_checkpoint(path, unwrapped, strict=strict, weights_only=weights_only)
         if state is not None and unwrapped is not None:
             for key, value in unwrapped.items():
-                if not isinstance(value, (nn.Module, Optimizer)) and value is not _unwrap(state[key]):
+                if isinstance(value, nn.Module):
+                    self._strategy.module_loaded(value)
+                elif not isinstance(value, Optimizer) and value is not _unwrap(state[key]):
                     state[key] = value
         self.barrier("load")
         return remainder
@@ -417,7 +421,10 @@ class Fabric:
         self, path: PathType, obj: nn.Module | Optimizer, strict: bool = True, *, weights_only: bool = True
     ) -> None:
         """Load a bare state dict (e.g. ``torch.save(model.state_dict(), path)``) into a module or optimizer."""
-        self._strategy.load_raw(path, _unwrap(obj), strict=strict, weights_only=weights_only)
+        target = _unwrap(obj)
+        self._strategy.load_raw(path, target, strict=strict, weights_only=weights_only)
+        if isinstance(target, nn.Module):
+            self._strategy.module_loaded(target)
 
     # --- logging, callbacks, misc -----------------------------------------------------------------
 

@@ -79,10 +79,14 @@ class FabricModule(nn.Module):
 
     # ``state_dict`` and friends act on the original module so checkpoints carry no wrapper prefix.
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._original_module.state_dict(*args, **kwargs)
+        """The original module's state dict, as the strategy presents it (full tensors under ZeRO-3)."""
+        return self._strategy.module_state_dict(self._original_module, *args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        return self._original_module.load_state_dict(state_dict, strict=strict, assign=assign)
+        """Load into the original module; a module built with ``empty_init=True`` may run from then on."""
+        result = self._original_module.load_state_dict(state_dict, strict=strict, assign=assign)
+        self._strategy.module_loaded(self._original_module)
+        return result
 
     def __getattr__(self, name: str) -> Any:
         try:

@@ -79,6 +79,23 @@ def test_stage_3_keeps_about_half_of_the_parameters_on_each_rank(job: tuple[Path
 
 @needs_deepspeed
 @pytest.mark.parametrize("strategy", STRATEGIES)
+def test_state_dict_of_the_set_up_model_holds_the_full_trained_tensors(
+    job: tuple[Path, list[dict[str, Any]]], strategy: str
+) -> None:
+    total = sum(len(values) for values in job[1][0][strategy]["params"])
+    for result in job[1]:
+        got = result[strategy]
+        assert got["state_dict"] == got["params"]  # gathered on every rank, in parameter order
+        if "stage_3" in strategy:  # the partitioned module's own state dict is (nearly) empty: the test means it
+            assert got["own_state_numel"] < total / 2
+            assert "keep_vars=True) is not available under ZeRO-3" in got["keep_vars_error"]
+            assert "fabric.save()" in got["keep_vars_error"]
+        else:
+            assert got["own_state_numel"] == total and got["keep_vars_error"] == ""
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_sharded_checkpoint_reloads_weights_optimizer_state_and_client_state_exactly(
     job: tuple[Path, list[dict[str, Any]]], strategy: str
 ) -> None:

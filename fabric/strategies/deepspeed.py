@@ -260,6 +260,30 @@ class DeepSpeedStrategy(ParallelStrategy):
             "DeepSpeed does not clip gradients by value; clip by norm with 'gradient_clipping' in its config."
         )
 
+    def module_state_dict(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        """Full tensors on every rank, also under ZeRO-3, where each rank holds only a partition of each parameter.
+
+        Under stage 3 this is a collective: every rank must call ``model.state_dict()``. The parameters are
+        gathered (``deepspeed.zero.GatheredParameters``), copied, and partitioned again, so the result costs
+        the full model's memory on every rank. The values are the module's own (half precision under
+        ``*-mixed``), not the optimizer's float32 master weights. ``fabric.save`` is unaffected (sharded).
+        """
+        if self.zero_stage != 3:
+            return super().module_state_dict(module, *args, **kwargs)
+        if kwargs.get("keep_vars") or (len(args) > 2 and args[2]):
+            raise ValueError(
+                "state_dict(keep_vars=True) is not available under ZeRO-3: the parameters hold only this rank's "
+                "partition. Call state_dict() for full copies, or save with fabric.save() (sharded) and consolidate "
+                "with fabric.strategies.deepspeed.convert_zero_checkpoint_to_fp32."
+            )
+        deepspeed = _import_deepspeed(self.root_device.type)
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            state = module.state_dict(*args, **kwargs)
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    state[key] = value.detach().clone()
+        return state
+
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """This rank's shard of the optimizer state, as DeepSpeed keeps it."""
         state: dict[str, Any] = self._engine(optimizer=optimizer).optimizer.state_dict()

@@ -22,7 +22,6 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
-from torch.utils.hooks import RemovableHandle
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import ClusterEnvironment
@@ -122,8 +121,6 @@ class FSDPStrategy(ParallelStrategy):
         self._mesh: DeviceMesh | None = None
         # Original parameter -> its sharded replacement, so optimizers built before setup can be re-pointed.
         self._replacements: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
-        # Modules built on the meta device with tensors no reset_parameters() initialised: they must be loaded.
-        self._awaiting_load: weakref.WeakKeyDictionary[nn.Module, RemovableHandle] = weakref.WeakKeyDictionary()
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._checkpointer = ShardedCheckpointer(self)
 
@@ -196,7 +193,8 @@ class FSDPStrategy(ParallelStrategy):
         fully_shard(module, **options)
         uninitialised = self._materialise(module)
         if uninitialised:
-            self._awaiting_load[module] = module.register_forward_pre_hook(_refuse_forward(uninitialised))
+            reason = "belong to modules without reset_parameters(), so nothing initialised them"
+            self.refuse_forward_until_loaded(module, uninitialised, reason)
         sharded = dict(module.named_parameters())
         for name, original in originals.items():
             self._replacements[id(original)] = (weakref.ref(original), sharded[name])
@@ -237,12 +235,6 @@ class FSDPStrategy(ParallelStrategy):
                     initialised.update(f"{prefix}.{name}" if prefix else name for name, _ in local)
         tensors = [*module.named_parameters(), *module.named_buffers()]
         return [name for name, _ in tensors if name not in initialised]
-
-    def module_loaded(self, module: nn.Module) -> None:
-        """A checkpoint filled ``module``: lift the guard against using uninitialised weights."""
-        handle = self._awaiting_load.pop(module, None)
-        if handle is not None:
-            handle.remove()
 
     # --- optimizers ----------------------------------------------------------------------------------
 
@@ -327,13 +319,8 @@ class FSDPStrategy(ParallelStrategy):
     ) -> dict[str, Any]:
         """Load a sharded directory (any number of ranks saved it) or a full file into the sharded objects."""
         if state is not None and self._checkpointer.is_sharded(path):
-            remainder = self._checkpointer.load_sharded(path, state, strict)
-        else:
-            remainder = super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
-        for value in (state or {}).values():
-            if isinstance(value, nn.Module):
-                self.module_loaded(value)
-        return remainder
+            return self._checkpointer.load_sharded(path, state, strict)
+        return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
 
     def __repr__(self) -> str:
         return (
@@ -348,19 +335,6 @@ def _has_meta_tensors(module: nn.Module) -> bool:
 
 def _optimizer_parameters(optimizer: Optimizer) -> Iterable[torch.Tensor]:
     return (parameter for group in optimizer.param_groups for parameter in group["params"])
-
-
-def _refuse_forward(names: list[str]) -> Callable[..., None]:
-    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-
-    def refuse(module: nn.Module, args: Any) -> None:
-        raise RuntimeError(
-            f"{type(module).__name__} was built with fabric.init_module(empty_init=True) and {len(names)} of its "
-            f"tensors ({shown}) belong to modules without reset_parameters(), so nothing initialised them. "
-            "Load a checkpoint into it with fabric.load() before using it."
-        )
-
-    return refuse
 
 
 @contextlib.contextmanager

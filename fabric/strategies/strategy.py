@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
@@ -27,7 +29,7 @@ from fabric.strategies.launchers.launcher import Launcher
 from fabric.utilities.checkpoint_state import Stateful, check_module_state, check_optimizer_state
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.exceptions import CheckpointError
-from fabric.utilities.init import SkipParameterInit
+from fabric.utilities.init import SkipParameterInit, refuse_forward_until_loaded, uninitialised_tensors
 
 #: Checkpoint entry holding the precision plugin's state (the loss scale of ``16-mixed``), if any.
 PRECISION_STATE_KEY = "fabric_precision_state"
@@ -49,6 +51,8 @@ class Strategy:
         self._launcher: Launcher | None = None
         #: True while :meth:`backward` runs; lets wrappers tell ``fabric.backward`` from ``loss.backward``.
         self.backward_in_progress = False
+        # Modules built with empty_init whose forward is refused until a checkpoint fills them.
+        self._awaiting_load: weakref.WeakKeyDictionary[nn.Module, RemovableHandle] = weakref.WeakKeyDictionary()
 
     # --- wiring (done once by the connector) -------------------------------------------------------
 
@@ -162,6 +166,23 @@ class Strategy:
     def module_to_device(self, module: nn.Module) -> None:
         module.to(self.root_device)
 
+    def guard_uninitialised(self, module: nn.Module) -> None:
+        """Refuse the forward of a module built with ``empty_init=True`` until a load fills the tensors it
+        left uninitialised (called by ``fabric.setup`` before the module is set up)."""
+        names = uninitialised_tensors(module)
+        if names:
+            self.refuse_forward_until_loaded(module, names, "were never initialised (empty_init=True skips it)")
+
+    def refuse_forward_until_loaded(self, module: nn.Module, names: list[str], reason: str) -> None:
+        """Make ``module``'s forward raise, naming the uninitialised ``names``, until :meth:`module_loaded`."""
+        self._awaiting_load[module] = refuse_forward_until_loaded(module, names, reason)
+
+    def module_loaded(self, module: nn.Module) -> None:
+        """A checkpoint filled ``module``: lift the guard against using uninitialised weights."""
+        handle = self._awaiting_load.pop(module, None)
+        if handle is not None:
+            handle.remove()
+
     def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Adapt a dataloader to the strategy (e.g. shard it across ranks). One process keeps all data."""
         return dataloader
@@ -243,6 +264,10 @@ class Strategy:
 
     def get_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         return module.state_dict()
+
+    def module_state_dict(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        """What ``state_dict()`` of the module ``fabric.setup`` returned gives: the module's own by default."""
+        return module.state_dict(*args, **kwargs)
 
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         return optimizer.state_dict()

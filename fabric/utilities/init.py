@@ -1,19 +1,38 @@
-"""Skip weight initialisation while building a module whose weights a checkpoint will overwrite."""
+"""Building a module without initialising its weights, and refusing to run it until a checkpoint fills them.
+
+``fabric.init_module(empty_init=True)`` saves the (often dominant) time of initialising a large model
+that is about to be loaded. Until the load its tensors hold arbitrary memory, so every strategy guards
+such a module: its forward raises, naming the tensors and the ways out, until ``fabric.load`` or
+``fabric.load_raw`` filled it.
+"""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
 from typing import Any
 
+import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
+
+#: Tensor attribute: the tensor's version counter when ``SkipParameterInit`` left it uninitialised.
+_SKIPPED_AT_VERSION = "_fabric_init_skipped_at_version"
 
 
 class SkipParameterInit(TorchFunctionMode):
-    """Turns every ``torch.nn.init`` function into a no-op, leaving parameters uninitialised.
+    """Turns every ``torch.nn.init`` function into a no-op and remembers the tensors it left uninitialised.
 
-    Saves the (often dominant) time spent initialising a large model that is about to be loaded from a
-    checkpoint. The parameters hold arbitrary memory until then, so only use it before a load.
+    When the context ends each such tensor is stamped with its version counter, so that
+    :func:`uninitialised_tensors` can later tell whether anything wrote to it since (a
+    ``load_state_dict``, an in-place initialisation).
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._skipped: list[weakref.ref[torch.Tensor]] = []
 
     def __torch_function__(
         self,
@@ -23,5 +42,40 @@ class SkipParameterInit(TorchFunctionMode):
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
         if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs.get("tensor") if kwargs else None
+            tensor = args[0] if args else kwargs.get("tensor") if kwargs else None
+            if isinstance(tensor, torch.Tensor):
+                self._skipped.append(weakref.ref(tensor))
+            return tensor
         return func(*args, **(kwargs or {}))
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        super().__exit__(exc_type, exc, traceback)  # type: ignore[no-untyped-call]
+        for reference in self._skipped:
+            tensor = reference()
+            if tensor is not None:
+                setattr(tensor, _SKIPPED_AT_VERSION, tensor._version)
+        self._skipped.clear()
+
+
+def uninitialised_tensors(module: nn.Module) -> list[str]:
+    """Names of ``module``'s tensors that :class:`SkipParameterInit` left uninitialised and nothing filled since."""
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return [name for name, tensor in tensors if getattr(tensor, _SKIPPED_AT_VERSION, None) == tensor._version]
+
+
+def refuse_forward_until_loaded(module: nn.Module, names: list[str], reason: str) -> RemovableHandle:
+    """Make ``module``'s forward raise an error naming ``names`` (and ``reason``, why they hold no
+    values) until the returned handle is removed, which a load into the module does."""
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    message = (
+        f"{type(module).__name__} was built with fabric.init_module(empty_init=True) and {len(names)} of its "
+        f"tensors ({shown}) {reason}. Load a checkpoint into it with fabric.load() or fabric.load_raw() before "
+        "using it, or build it without empty_init=True to initialise it."
+    )
+
+    def refuse(module: nn.Module, args: Any) -> None:
+        raise RuntimeError(message)
+
+    return module.register_forward_pre_hook(refuse)
