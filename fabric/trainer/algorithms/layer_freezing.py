@@ -3,9 +3,11 @@
 From ``freeze_start`` (a fraction of training) on, the share of frozen layers grows linearly to ``freeze_level``
 at the end of training: ``freeze_level * (elapsed - freeze_start) / (1 - freeze_start)``. Layers are the modules
 that own parameters directly, in registration order (the input side first). A frozen layer's parameters get
-``requires_grad=False`` and leave every optimizer's param groups together with their optimizer state, so they
-stop changing (weight decay included) and cost no weight-gradient work. From "FreezeOut: Accelerate Training
-by Progressively Freezing Layers" (Brock et al., 2017); schedule as in Composer.
+``requires_grad=False`` and no gradient, and every optimizer drops their state (moments etc.), so they stop
+changing (PyTorch optimizers skip parameters without a gradient, weight decay included) and cost no
+weight-gradient work. They stay listed in the param groups, so an optimizer checkpoint keeps its shape and a
+run resumes; the algorithm's state (how many layers are frozen) re-freezes them on load. From "FreezeOut:
+Accelerate Training by Progressively Freezing Layers" (Brock et al., 2017); schedule as in Composer.
 
 Events: ``EPOCH_END`` (``interval="epoch"``, as Composer) or ``BATCH_END`` (``interval="batch"``). Freezing is
 never undone. Under DDP, parameters that stop receiving gradients need ``find_unused_parameters=True`` on the
@@ -54,19 +56,21 @@ def freeze_layers(
     freeze_level: float = 1.0,
 ) -> int:
     """Freeze the first layers of ``model`` due after ``elapsed`` of training; returns how many are frozen."""
-    layers = parameter_layers(model)
-    count = int(freeze_fraction(elapsed, freeze_start, freeze_level) * len(layers))
-    frozen = [parameter for layer in layers[:count] for parameter in layer.parameters(recurse=False)]
+    count = int(freeze_fraction(elapsed, freeze_start, freeze_level) * len(parameter_layers(model)))
+    freeze_first_layers(model, optimizers, count)
+    return count
+
+
+def freeze_first_layers(model: nn.Module, optimizers: Sequence[Optimizer], count: int) -> None:
+    """Freeze the first ``count`` parameter layers: no gradient, no optimizer state (they stay in the groups)."""
+    frozen = [parameter for layer in parameter_layers(model)[:count] for parameter in layer.parameters(recurse=False)]
     for parameter in frozen:
         parameter.requires_grad_(False)
         parameter.grad = None
     frozen_ids = {id(parameter) for parameter in frozen}
     for optimizer in optimizers:
-        for group in optimizer.param_groups:
-            group["params"] = [p for p in group["params"] if id(p) not in frozen_ids]
         for stale in [p for p in optimizer.state if id(p) in frozen_ids]:
             del optimizer.state[stale]
-    return count
 
 
 class LayerFreezing(Algorithm):
@@ -79,8 +83,11 @@ class LayerFreezing(Algorithm):
             raise ValueError(f"LayerFreezing: interval={interval!r}; use one of {', '.join(_INTERVAL_EVENTS)}.")
         self.interval = interval
         self.frozen_layers = 0
+        self._state: State | None = None
 
     def match(self, event: Event, state: State) -> bool:
+        if event is Event.INIT:  # remember the state, so a checkpoint's freezing can be re-applied on load
+            self._state = state
         return event is _INTERVAL_EVENTS[self.interval]
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
@@ -88,6 +95,14 @@ class LayerFreezing(Algorithm):
         self.frozen_layers = freeze_layers(state.model, state.optimizers, elapsed, self.freeze_start, self.freeze_level)
         if logger is not None:
             logger.log_metrics({"layer_freezing/frozen_layers": self.frozen_layers})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"frozen_layers": self.frozen_layers}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.frozen_layers = int(state_dict["frozen_layers"])
+        if self._state is not None:
+            freeze_first_layers(self._state.model, self._state.optimizers, self.frozen_layers)
 
     def __repr__(self) -> str:
         return f"LayerFreezing(freeze_start={self.freeze_start}, freeze_level={self.freeze_level})"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 from torch import nn
 
 from fabric.trainer.algorithms.layer_freezing import LayerFreezing, freeze_fraction, parameter_layers
+from fabric.trainer.callback import Callback
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
 from fabric.trainer.state import State
@@ -34,7 +37,7 @@ def test_freeze_fraction_follows_the_schedule() -> None:
     assert freeze_fraction(0.6, freeze_start=0.0, freeze_level=0.5) == pytest.approx(0.3)
 
 
-def test_frozen_layers_are_bit_identical_and_gone_from_the_optimizer() -> None:
+def test_frozen_layers_are_bit_identical_and_their_optimizer_state_is_gone() -> None:
     model = _model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
     _step(model, optimizer)  # the optimizer holds state for every parameter
@@ -47,10 +50,8 @@ def test_frozen_layers_are_bit_identical_and_gone_from_the_optimizer() -> None:
     assert algorithm.frozen_layers == 2 and layers[:2] == [model[0], model[2]]
     frozen = [p for layer in layers[:2] for p in layer.parameters()]
     trained = [p for layer in layers[2:] for p in layer.parameters()]
-    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    assert not any(id(p) in in_optimizer for p in frozen) and all(id(p) in in_optimizer for p in trained)
-    assert not any(p in optimizer.state for p in frozen)
-    assert all(not p.requires_grad for p in frozen)
+    assert not any(p in optimizer.state for p in frozen) and all(p in optimizer.state for p in trained)
+    assert all(not p.requires_grad and p.grad is None for p in frozen)
 
     frozen_before = [p.detach().clone() for p in frozen]
     trained_before = [p.detach().clone() for p in trained]
@@ -72,7 +73,7 @@ def test_batch_interval_freezes_at_batch_end_and_nothing_before_freeze_start() -
     state.timestamp = Timestamp(batch=10)
     engine.run_event(Event.BATCH_END)
     assert not any(p.requires_grad for p in model.parameters())
-    assert sum(len(group["params"]) for group in optimizer.param_groups) == 0
+    assert not optimizer.state
 
 
 @pytest.mark.parametrize(
@@ -119,7 +120,44 @@ def test_the_trainer_freezes_through_its_wrapped_optimizer() -> None:
     trainer.fit()
     trainer.close()
     # Frozen share 0.5 * epochs / 4 of the 4 layers: none after epoch 1, one after epochs 2 and 3, two after 4.
-    in_optimizer = {id(p) for group in trainer.state.optimizers[0].param_groups for p in group["params"]}
     layers = [model.net[0], model.net[2], model.net[3], model.net[4]]
-    assert [id(layer.weight) in in_optimizer for layer in layers] == [False, False, True, True]
+    assert [layer.weight.requires_grad for layer in layers] == [False, False, True, True]
     assert not torch.equal(model.net[0].weight, first_before)  # it trained during the first epoch
+
+
+def test_a_run_with_frozen_layers_resumes_bit_identically(tmp_path: Path) -> None:
+    from fabric.trainer.trainer import Trainer
+
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 2))
+    torch.manual_seed(0)
+    initial = Regression()
+
+    def trainer(duration: str, **kwargs: Any) -> Trainer:
+        model = copy.deepcopy(initial)
+        return Trainer(
+            model=model,
+            train_dataloader=torch.utils.data.DataLoader(data, batch_size=8),
+            max_duration=duration,
+            optimizers=torch.optim.Adam(model.parameters(), lr=0.01),
+            algorithms=[LayerFreezing(freeze_start=0.0, freeze_level=0.75, interval="batch")],
+            progress_bar=False,
+            seed=0,
+            accelerator="cpu",
+            **kwargs,
+        )
+
+    straight = trainer("12ba")
+    straight.fit()
+
+    class StopAtFive(Callback):
+        def batch_end(self, state: State, logger: Any) -> None:
+            if int(state.timestamp.batch) == 5:
+                state.stop_training()  # max_duration (and so the freezing schedule) stays 12ba until here
+
+    first = trainer("12ba", save_folder=str(tmp_path), save_interval="5ba", callbacks=[StopAtFive()])
+    first.fit()
+    resumed = trainer("12ba", load_path=str(tmp_path / "ep1-ba5-rank0.pt"))
+    assert resumed.state.algorithms[0].frozen_layers == first.state.algorithms[0].frozen_layers > 0
+    resumed.fit()
+    for ours, reference in zip(resumed.state.model.parameters(), straight.state.model.parameters(), strict=True):
+        assert torch.equal(ours, reference)
