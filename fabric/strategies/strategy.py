@@ -35,6 +35,9 @@ from fabric.utilities.init import SkipParameterInit, refuse_forward_until_loaded
 PRECISION_STATE_KEY = "fabric_precision_state"
 
 
+_WEAK_REGISTRIES = (weakref.WeakSet, weakref.WeakKeyDictionary)
+
+
 class Strategy:
     """Single-process behaviour; see :class:`~fabric.strategies.SingleDeviceStrategy`."""
 
@@ -53,6 +56,21 @@ class Strategy:
         self.backward_in_progress = False
         # Modules built with empty_init whose forward is refused until a checkpoint fills them.
         self._awaiting_load: weakref.WeakKeyDictionary[nn.Module, RemovableHandle] = weakref.WeakKeyDictionary()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawned ranks receive a pickled copy. Weak registries of this process's modules cannot be pickled
+        # and mean nothing there: they travel as their class and arrive empty.
+        return {
+            key: type(value) if isinstance(value, _WEAK_REGISTRIES) else value for key, value in self.__dict__.items()
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(
+            {
+                key: value() if isinstance(value, type) and issubclass(value, _WEAK_REGISTRIES) else value
+                for key, value in state.items()
+            }
+        )
 
     # --- wiring (done once by the connector) -------------------------------------------------------
 
