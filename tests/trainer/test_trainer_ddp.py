@@ -53,3 +53,19 @@ def test_auto_microbatching_agrees_across_ranks_when_only_one_runs_out_of_memory
     ranks = _train(tmp_path, "2", "auto_oom")
     assert [rank["microbatch"] for rank in ranks] == [4, 4]  # rank 1 failed at 8; both halved together
     _assert_same_training(ranks, one_process)
+
+
+def test_one_loss_per_optimizer_on_two_ranks_matches_one_process(tmp_path: Path) -> None:
+    script = SCRIPT.parent / "trainer_gan_ddp.py"
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    results = []
+    for devices in (1, 2):
+        out = tmp_path / f"gan{devices}.pt"
+        run = subprocess.run(
+            [sys.executable, str(script), str(devices), str(out)], capture_output=True, text=True, timeout=300, env=env
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        results.append(torch.load(out, weights_only=True))
+    one, two = results
+    assert two["ranks_identical"]
+    torch.testing.assert_close(two["params"], one["params"], rtol=1e-5, atol=1e-6)
