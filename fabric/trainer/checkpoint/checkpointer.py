@@ -10,6 +10,7 @@ average); a full checkpoint keeps the training weights, so a resume is exact. Lo
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Collection
 from contextlib import ExitStack
@@ -94,7 +95,9 @@ class TrainerCheckpointer:
 class RngStates:
     """Every rank's generator states, stacked by rank: gathered when saved, held back when loaded.
 
-    A stateful object (rather than a plain entry) so that sharded strategies can load it in place too.
+    Stored as one serialized blob (bytes), not as tensors: sharded strategies (DCP) then load it whole
+    with any number of ranks, instead of resharding a tensor whose first dimension is the old world size.
+    The blob is a ``torch.save`` of plain tensors and is read back with ``weights_only=True``.
     ``load_state_dict`` only keeps the states; the checkpointer applies this rank's row once the whole
     load succeeded. Saving and loading it are collectives, as are ``fabric.save`` and ``fabric.load``.
     """
@@ -104,10 +107,16 @@ class RngStates:
         self.loaded: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {kind: self.fabric.all_gather(value) for kind, value in capture_rng_state().items()}
+        stacked = {kind: self.fabric.all_gather(value).cpu() for kind, value in capture_rng_state().items()}
+        buffer = io.BytesIO()
+        torch.save(stacked, buffer)
+        return {"per_rank": buffer.getvalue()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.loaded = dict(state_dict)
+        blob = state_dict["per_rank"]
+        if not isinstance(blob, bytes):
+            raise ValueError(f"the rng entry holds a {type(blob).__name__}, not the serialized states of every rank")
+        self.loaded = torch.load(io.BytesIO(blob), weights_only=True)
 
 
 def find_resume_checkpoint(
