@@ -7,7 +7,6 @@ the strategy, which owns the accelerator, the precision plugin and checkpoint I/
 from __future__ import annotations
 
 import contextlib
-import gc
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -22,7 +21,7 @@ from torch.utils.data import DataLoader
 from fabric.connector import AcceleratorArg, Plugin, PrecisionArg, StrategyArg, resolve
 from fabric.plugins.io.checkpoint_io import PathType
 from fabric.plugins.precision.precision import Precision
-from fabric.strategies.launchers.process_exit import register_cleanup
+from fabric.strategies.launchers.process_exit import prepare_fast_shutdown, register_cleanup
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
 from fabric.utilities.device_parser import DevicesArg
@@ -170,7 +169,7 @@ class Fabric:
         for module in list(self._wrapped_modules):
             module.release_strategy_wrapper()
         self._strategy.teardown()
-        gc.collect()
+        prepare_fast_shutdown()  # collects the released group and wrappers, then makes finalisation cheap
 
     def _check_launched(self) -> None:
         if self._strategy.needs_launch and not self._launched:

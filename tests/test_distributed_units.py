@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,3 +187,22 @@ def test_ddp_options_reach_distributed_data_parallel(one_rank_group: None) -> No
 def test_default_timeout_is_torchs_and_configurable() -> None:
     assert DDPStrategy().timeout == timedelta(minutes=30)
     assert DDPStrategy(timeout=timedelta(seconds=5)).timeout == timedelta(seconds=5)
+
+
+def test_fast_shutdown_still_writes_what_an_unclosed_file_in_a_reference_cycle_buffered(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    target = tmp_path / "log.txt"
+    code = f"""
+from fabric.strategies.launchers.process_exit import prepare_fast_shutdown
+class Holder:
+    def __init__(self):
+        self.file = open({str(target)!r}, "w")
+        self.me = self  # a cycle: only a garbage collection would close and flush the file
+holder = Holder()
+holder.file.write("buffered line")
+prepare_fast_shutdown()
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert target.read_text() == "buffered line"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
+import io
 import os
 import sys
 import traceback
@@ -36,6 +38,29 @@ def run_cleanups() -> None:
         except Exception:
             print("fabric: a cleanup at exit failed:", file=sys.stderr)
             traceback.print_exc()
+
+
+def prepare_fast_shutdown() -> None:
+    """Make the interpreter's own shutdown cheap, without skipping it.
+
+    Python's finalisation runs full garbage collections over every live object; with torch loaded that
+    is most of the 0.2-0.3 s a process takes to end, and rank 0 pays it after waiting for the other
+    ranks to pay theirs. So: flush every open writable file (data a program left in a buffer reaches the
+    OS even if its file object ends up never collected), collect what is garbage now (finalizers run),
+    then freeze the survivors so the final collections skip them. Shutdown still happens normally:
+    atexit handlers, module teardown and reference-count deallocation all run; only reference cycles
+    that become garbage after this point are left to the operating system to reclaim.
+    """
+    for obj in gc.get_objects():
+        if isinstance(obj, _BUFFERED_FILES):
+            with contextlib.suppress(Exception):  # closed, detached or broken files have nothing to flush
+                if not obj.closed and obj.writable():
+                    obj.flush()
+    gc.collect()
+    gc.freeze()
+
+
+_BUFFERED_FILES = (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
 
 
 def exit_process(code: int, run_registered_cleanups: bool = False) -> NoReturn:
