@@ -21,7 +21,13 @@ def consolidate_command(checkpoint_dir: Path, output: Path) -> None:
 
     if not is_distributed_checkpoint(checkpoint_dir):
         raise click.UsageError(f"{str(checkpoint_dir)!r} is not a sharded checkpoint directory (no .metadata file).")
-    entries = consolidate(checkpoint_dir, output)
+    from fabric.utilities.exceptions import CheckpointError
+
+    try:
+        entries = consolidate(checkpoint_dir, output)
+    except CheckpointError as error:  # corrupt, or holds objects safe loading refuses: one line, exit 1
+        click.echo(f"fabric: error: {error}", err=True)
+        raise SystemExit(1) from error
     click.echo(f"wrote {output} ({entries} entries)")
 
 

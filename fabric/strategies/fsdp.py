@@ -319,7 +319,7 @@ class FSDPStrategy(ParallelStrategy):
     ) -> dict[str, Any]:
         """Load a sharded directory (any number of ranks saved it) or a full file into the sharded objects."""
         if state is not None and self._checkpointer.is_sharded(path):
-            return self._checkpointer.load_sharded(path, state, strict)
+            return self._checkpointer.load_sharded(path, state, strict, weights_only)
         return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
 
     def __repr__(self) -> str:

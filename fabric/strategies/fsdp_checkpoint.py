@@ -113,9 +113,9 @@ class ShardedCheckpointer:
             return value.state_dict()
         return value
 
-    def load_sharded(self, path: PathType, state: dict[str, Any], strict: bool) -> dict[str, Any]:
+    def load_sharded(self, path: PathType, state: dict[str, Any], strict: bool, weights_only: bool) -> dict[str, Any]:
         """Load into the sharded objects of ``state``; return the checkpoint entries not asked for."""
-        available = read_metadata_keys(path)
+        available = read_metadata_keys(path, weights_only=weights_only)
         missing = [key for key in state if key not in available]
         if strict and missing:
             raise CheckpointError(
@@ -129,7 +129,7 @@ class ShardedCheckpointer:
         if PRECISION_STATE_KEY in available and self.strategy.precision.state_dict():
             targets[PRECISION_STATE_KEY] = _copy_tensors(self.strategy.precision.state_dict())
         try:
-            load_shards(targets, path, strict=strict)
+            load_shards(targets, path, strict=strict, weights_only=weights_only)
         except CheckpointError as error:
             for optimizer, backup in backups:  # reading the state dict may have initialised the optimizer
                 optimizer.load_state_dict(backup)
@@ -144,7 +144,7 @@ class ShardedCheckpointer:
             elif not isinstance(target, Stateful):
                 state[key] = targets[key]
         rest = available - set(state) - {PRECISION_STATE_KEY}
-        return read_whole(path, keys=rest) if rest else {}
+        return read_whole(path, keys=rest, weights_only=weights_only) if rest else {}
 
 
 def _parameter_names(module: nn.Module, optimizer: Optimizer) -> list[str]:

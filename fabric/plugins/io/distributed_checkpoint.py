@@ -70,65 +70,81 @@ def publish(temporary: Path, target: Path) -> None:
         shutil.rmtree(previous) if previous.is_dir() else previous.unlink()
 
 
-def read_metadata_keys(path: PathType) -> set[str]:
-    """The top-level entries (``"model"``, ``"step"``, ...) a sharded checkpoint holds."""
+def _reader(path: PathType, weights_only: bool) -> Any:
+    """DCP's file reader; under ``weights_only`` the one that refuses anything but DCP's own metadata."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    metadata = FileSystemReader(os.fspath(path)).read_metadata()
+    from fabric.plugins.io.safe_dcp import SafeFileSystemReader
+
+    return (SafeFileSystemReader if weights_only else FileSystemReader)(os.fspath(path))
+
+
+def read_metadata_keys(path: PathType, weights_only: bool = True) -> set[str]:
+    """The top-level entries (``"model"``, ``"step"``, ...) a sharded checkpoint holds."""
+    with _as_checkpoint_error(path, "is not a readable sharded checkpoint"):
+        metadata = _reader(path, weights_only).read_metadata()
     planner_data = metadata.planner_data or {}
     return {str(planner_data[key][0]) if key in planner_data else key for key in metadata.state_dict_metadata}
 
 
-def load_shards(state: dict[str, Any], path: PathType, strict: bool = True) -> None:
+def load_shards(state: dict[str, Any], path: PathType, strict: bool = True, weights_only: bool = True) -> None:
     """Fill the tensors and values of ``state`` in place from the checkpoint (a collective)."""
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    with _as_checkpoint_error(f"{os.fspath(path)!r} could not be loaded"):
-        load(state, checkpoint_id=os.fspath(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
+    from fabric.plugins.io.safe_dcp import SafeLoadPlanner
+
+    planner = (SafeLoadPlanner if weights_only else DefaultLoadPlanner)(allow_partial_load=not strict)
+    with _as_checkpoint_error(path, "could not be loaded"):
+        load(state, storage_reader=_reader(path, weights_only), planner=planner)
 
 
-def read_whole(path: PathType, keys: set[str] | None = None) -> dict[str, Any]:
+def read_whole(path: PathType, keys: set[str] | None = None, weights_only: bool = True) -> dict[str, Any]:
     """Read a sharded checkpoint (or only its top-level ``keys``) whole into this process.
 
     Needs no process group. Optimizer states come back in the plain ``optimizer.state_dict()`` form.
     """
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from fabric.plugins.io.safe_dcp import SafeWholeLoadPlanner
 
     # The private loader fills ``checkpoint`` itself (``dcp.load`` would fill a copy): what torch's own
     # ``format_utils.dcp_to_torch_save`` does.
     checkpoint: dict[str, Any] = {}
-    with _as_checkpoint_error(f"{os.fspath(path)!r} is not a readable sharded checkpoint"):
-        _load_state_dict(
-            checkpoint,
-            storage_reader=FileSystemReader(os.fspath(path)),
-            planner=_EmptyStateDictLoadPlanner(keys=keys),  # type: ignore[no-untyped-call]
-            no_dist=True,
-        )
+    planner = (SafeWholeLoadPlanner if weights_only else _EmptyStateDictLoadPlanner)(keys=keys)  # type: ignore[no-untyped-call]
+    with _as_checkpoint_error(path, "is not a readable sharded checkpoint"):
+        _load_state_dict(checkpoint, storage_reader=_reader(path, weights_only), planner=planner, no_dist=True)
     return {key: numbered_optimizer_state(value) for key, value in checkpoint.items()}
 
 
 @contextlib.contextmanager
-def _as_checkpoint_error(what: str) -> Iterator[None]:
+def _as_checkpoint_error(path: PathType, what: str) -> Iterator[None]:
     """Report DCP's errors (its ``CheckpointException`` is a ``BaseException`` holding each rank's own
-    error) as one :class:`CheckpointError` naming the causes."""
+    error) as one :class:`CheckpointError`: ``path``, ``what`` went wrong, and the causes."""
     from torch.distributed.checkpoint.api import CheckpointException
 
+    prefix = f"{os.fspath(path)!r} {what}"
     try:
         yield
     except CheckpointException as error:
-        causes = sorted({f"{type(cause).__name__}: {cause}" for cause, _ in error.failures.values()})
-        raise CheckpointError(f"{what}: {'; '.join(causes)}") from error
+        causes = sorted({_describe(cause) for cause, _ in error.failures.values()})
+        raise CheckpointError(f"{prefix}: {'; '.join(causes)}") from error
+    except CheckpointError as error:
+        raise CheckpointError(f"{prefix}: {error}") from error
     except (OSError, ValueError, RuntimeError, KeyError, AssertionError, pickle.UnpicklingError) as error:
-        raise CheckpointError(f"{what}: {type(error).__name__}: {error}") from error
+        raise CheckpointError(f"{prefix}: {_describe(error)}") from error
+
+
+def _describe(cause: BaseException) -> str:
+    """One rank's error; ours (a refused entry, ...) say what they are without their type name."""
+    return str(cause) if isinstance(cause, CheckpointError) else f"{type(cause).__name__}: {cause}"
 
 
 def read_checkpoint(checkpoint_io: CheckpointIO, path: PathType, *, weights_only: bool = True) -> Any:
     """Read a checkpoint file with ``checkpoint_io``, or a whole sharded checkpoint directory."""
     if is_distributed_checkpoint(path):
-        return read_whole(path)
+        return read_whole(path, weights_only=weights_only)
     return checkpoint_io.load_checkpoint(path, weights_only=weights_only)
 
 

@@ -60,12 +60,12 @@ class TorchCheckpointIO(CheckpointIO):
                     # Garbage also fails the safe unpickler; never advise unsafe loading for it.
                     raise CheckpointError(
                         f"{os.fspath(path)!r} is not a readable checkpoint (corrupt or not written by "
-                        f"torch.save): {_unpickler_detail(error)}"
+                        f"torch.save): {refusal_detail(error)}"
                     ) from error
                 raise CheckpointError(
                     f"{os.fspath(path)!r} holds objects that safe loading (weights_only=True) refuses. "
                     "Only if you trust where this file came from, load it with weights_only=False. "
-                    f"Details: {_unpickler_detail(error)}"
+                    f"Details: {refusal_detail(error)}"
                 ) from error
             except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
                 raise CheckpointError(
@@ -89,13 +89,15 @@ def _starts_like_torch_save(file: Any) -> bool:
     return bool(head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"))
 
 
-def _unpickler_detail(error: BaseException) -> str:
+def refusal_detail(error: BaseException) -> str:
     """The line of torch's long weights-only message that says what was refused (e.g. the class)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     for index, line in enumerate(lines):
         if "WeightsUnpickler error:" in line:
             detail = line.split("WeightsUnpickler error:", 1)[1].strip()
-            return detail or (lines[index + 1] if index + 1 < len(lines) else line)
+            detail = detail or (lines[index + 1] if index + 1 < len(lines) else line)
+            # torch goes on to advise allow-listing the global: wrong advice for an untrusted file.
+            return detail.split(" Please use `torch.serialization", 1)[0].rstrip(".")
     return lines[0] if lines else type(error).__name__
 
 
