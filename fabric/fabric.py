@@ -215,6 +215,20 @@ class Fabric:
         wrapped = [wrap_optimizer(self._strategy.setup_optimizer(opt), self._strategy) for opt in optimizers]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
+    def mark_forward_method(self, module: FabricModule, method: str | Callable[..., Any]) -> None:
+        """Run ``module.<method>(...)`` like ``module(...)``: through the strategy's wrapper (DDP synchronises
+        its gradients, FSDP gathers the parameters) and under the precision.
+
+        Needed for any method other than ``forward`` that runs the model, e.g. ``model.training_step(batch)``;
+        under DDP, FSDP and DeepSpeed an unmarked one raises instead of training wrongly.
+        """
+        if not isinstance(module, FabricModule):
+            raise TypeError(
+                f"mark_forward_method() needs the module returned by fabric.setup(); got an un-set-up "
+                f"{type(module).__name__}. Call `model = fabric.setup(model)` first."
+            )
+        module.mark_forward_method(method)
+
     def _prepare_module(self, module: nn.Module, move_to_device: bool) -> nn.Module:
         self._strategy.guard_uninitialised(module)
         module = self._strategy.precision.convert_module(module)

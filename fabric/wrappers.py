@@ -1,7 +1,8 @@
 """What ``fabric.setup*`` hands back: thin wrappers that route the user's calls through the strategy.
 
 - :class:`FabricModule` runs ``forward`` (and methods marked with :meth:`~FabricModule.mark_forward_method`)
-  under the precision plugin and hides itself from ``state_dict`` keys.
+  through the strategy's wrapper (DDP, FSDP, DeepSpeed) under the precision plugin, refuses unmarked
+  methods that would run parameters past that wrapper, and hides itself from ``state_dict`` keys.
 - :func:`wrap_optimizer` returns an object that *is* the user's optimizer (same class, same state,
   so LR schedulers accept it) whose ``step`` goes through the strategy.
 - :func:`wrap_dataloader` returns a copy of the user's ``DataLoader`` that moves every batch to the device.
@@ -13,8 +14,9 @@ through, and on CPU the dataloader wrapper yields batches untouched.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -24,12 +26,20 @@ from torch.utils.data import DataLoader
 
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_data_to_device
+from fabric.utilities.module_calls import forward_redirected, parameter_calls_refused
 
 OptimizerT = TypeVar("OptimizerT", bound=Optimizer)
 
 
 class FabricModule(nn.Module):
-    """Wraps a set-up module. Attribute access falls through to the original module."""
+    """Wraps a set-up module. Attribute access falls through to the original module.
+
+    Methods other than ``forward`` run through the strategy's wrapper only when marked with
+    :meth:`mark_forward_method`. Under a strategy whose wrapper must see the computation (DDP, FSDP,
+    DeepSpeed), an unmarked method raises as soon as it would run the module (``self(...)``,
+    ``self.forward(...)``) or any submodule holding parameters; unmarked methods that touch no
+    parameter-holding submodule (a loss on given outputs, a metric update) run as they are.
+    """
 
     def __init__(self, forward_module: nn.Module, strategy: Strategy, original_module: nn.Module | None = None) -> None:
         super().__init__()
@@ -41,6 +51,7 @@ class FabricModule(nn.Module):
         self.__dict__["_forward_call"] = forward_module
         self._strategy = strategy
         self._forward_methods: set[str] = set()
+        self._refuse_unmarked = strategy.module_calls_need_wrapper
 
     @property
     def module(self) -> nn.Module:
@@ -69,13 +80,34 @@ class FabricModule(nn.Module):
         """Forward straight to the original module from now on, dropping e.g. the DDP wrapper (at exit)."""
         self._forward_module = self._original_module
         self.__dict__["_forward_call"] = self._original_module
+        self._refuse_unmarked = False
 
     def mark_forward_method(self, method: str | Callable[..., Any]) -> None:
-        """Route calls of another method (e.g. ``generate``) through the same precision path as forward."""
+        """Run calls of another method (e.g. ``training_step``, ``generate``) like ``forward``: through the
+        strategy's wrapper (so DDP synchronises their gradients, FSDP gathers the parameters) and under
+        the precision plugin."""
         name = method if isinstance(method, str) else method.__name__
+        if name == "forward":
+            raise ValueError("forward always runs through the strategy; mark other methods, e.g. 'training_step'.")
         if not callable(getattr(self._original_module, name, None)):
             raise AttributeError(f"{type(self._original_module).__name__} has no method {name!r} to mark.")
         self._forward_methods.add(name)
+
+    def _call_marked(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with forward_redirected(self._original_module, name):
+            return self._run(self._forward_call, args, kwargs)
+
+    def _refuse_unmarked_call(self, method: Callable[..., Any], called: nn.Module) -> NoReturn:
+        original = self._original_module
+        name = method.__name__
+        paths = [path for path, submodule in original.named_modules() if submodule is called]
+        what = "the module" if called is original else f"submodule {paths[0]!r} ({type(called).__name__})"
+        raise RuntimeError(
+            f"{method.__qualname__}() ran {what} outside {type(self._strategy).__name__}'s wrapper: its gradients "
+            "would not be synchronised across processes (or its sharded parameters not gathered). Mark the method "
+            f"after setup with `fabric.mark_forward_method(model, {name!r})` (or "
+            f"`model.mark_forward_method({name!r})`) so that it runs through the wrapper like forward."
+        )
 
     # ``state_dict`` and friends act on the original module so checkpoints carry no wrapper prefix.
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
@@ -96,9 +128,21 @@ class FabricModule(nn.Module):
         original = super().__getattr__("_original_module")
         attribute = getattr(original, name)
         if name in self.__dict__.get("_forward_methods", ()):
-            method = attribute
-            return functools.wraps(method)(lambda *args, **kwargs: self._run(method, args, kwargs))
+            return functools.wraps(attribute)(lambda *args, **kwargs: self._call_marked(name, args, kwargs))
+        if self.__dict__.get("_refuse_unmarked") and inspect.ismethod(attribute):
+            return self._guarded(attribute)
         return attribute
+
+    def _guarded(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` (unmarked), refusing to run the module's parameters past the strategy's wrapper."""
+        original = self._original_module
+
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with parameter_calls_refused(original, lambda called: self._refuse_unmarked_call(method, called)):
+                return method(*args, **kwargs)
+
+        return call
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Before __init__ finished, or for our own attributes, behave like a normal module; otherwise

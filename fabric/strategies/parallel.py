@@ -91,6 +91,11 @@ class ParallelStrategy(Strategy):
         return not self.cluster_environment.creates_processes_externally
 
     @property
+    def module_calls_need_wrapper(self) -> bool:
+        """DDP, FSDP and DeepSpeed all do their work around ``module(...)``, even with one process."""
+        return True
+
+    @property
     def global_rank(self) -> int:
         return self.cluster_environment.global_rank()
 

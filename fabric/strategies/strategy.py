@@ -129,6 +129,13 @@ class Strategy:
         """What starts the other processes on ``fabric.launch()``; ``None`` when there is only one."""
         return self._launcher
 
+    @property
+    def module_calls_need_wrapper(self) -> bool:
+        """Whether a set-up module must be entered through this strategy's wrapper (its hooks synchronise
+        gradients or gather parameters). Then methods other than ``forward`` run only when marked with
+        ``mark_forward_method``. One process on one device needs no wrapper."""
+        return False
+
     # --- where this process sits --------------------------------------------------------------------
 
     @property
