@@ -22,7 +22,7 @@ from fabric.trainer.intervals import IntervalInput
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.metrics import compute_metrics, update_metric
 from fabric.trainer.microbatch import batch_size
-from fabric.trainer.state import State
+from fabric.trainer.state import State, loader_length
 from fabric.trainer.time import Timestamp
 
 
@@ -128,7 +128,7 @@ def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Eval
 
 
 def _batches_in(evaluator: Evaluator) -> int | None:
-    length = len(evaluator.dataloader) if hasattr(evaluator.dataloader, "__len__") else None  # type: ignore[arg-type]
+    length = loader_length(evaluator.dataloader)
     if evaluator.subset_num_batches == -1:
         return length
     return evaluator.subset_num_batches if length is None else min(length, evaluator.subset_num_batches)

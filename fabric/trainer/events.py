@@ -38,7 +38,12 @@ from __future__ import annotations
 from enum import Enum
 
 
-class Event(Enum):
+class Event(str, Enum):
+    """An event; as in Composer it equals its value, so ``Event.BATCH_END == "batch_end"``, and prints as it."""
+
+    def __str__(self) -> str:
+        return self.value
+
     INIT = "init"
     BEFORE_LOAD = "before_load"
     AFTER_LOAD = "after_load"

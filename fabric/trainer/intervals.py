@@ -4,7 +4,13 @@ Users write an interval as a Time (``"2ep"``, ``"500ba"``, ``"10000sp"``, ``"0.2
 the default unit, epochs), or their own callable. The loop asks the interval at ``BATCH_END`` and
 ``EPOCH_END``; a Time interval answers yes when its unit's counter reaches a multiple of it (epochs at
 ``EPOCH_END``, the others at ``BATCH_END``), and, with ``include_end_of_training``, when training ends.
-It never answers yes twice for one batch count (the last batch of an epoch sees both events).
+It never answers yes twice for one batch count (the last batch of an epoch sees both events), so
+every user of an interval (each evaluator, the checkpoint saver) needs its own: :func:`create_interval`
+returns a new one per call.
+
+A ``dur`` interval counts batches when ``max_duration`` is in epochs, through the train dataloader's
+length as Composer does: ``"0.25dur"`` of ``"2ep"`` at 8 batches per epoch fires at batches 4, 8, 12
+and 16. Without a length that cannot be done; :func:`check_interval` raises (the Trainer calls it at ``fit()``).
 """
 
 from __future__ import annotations
@@ -36,8 +42,14 @@ def create_interval(
     if time.value <= 0:
         raise ValueError(f"{name}={interval!r} must be positive.")
     if time.unit is TimeUnit.DURATION:
-        return _DurationInterval(float(time.value), include_end_of_training)
+        return _DurationInterval(float(time.value), include_end_of_training, name)
     return _CountInterval(time.unit, int(time.value), include_end_of_training)
+
+
+def check_interval(interval: IntervalFunction, state: State) -> None:
+    """Raise if ``interval`` cannot be measured in this run (a ``dur`` interval of epochs of unknown length)."""
+    if isinstance(interval, _DurationInterval):
+        interval.check(state)
 
 
 def _at_end_of_training(state: State, event: Event) -> bool:
@@ -92,15 +104,25 @@ class _CountInterval(_Interval):
 class _DurationInterval(_Interval):
     """At the first BATCH_END at or past each multiple of ``fraction`` of max_duration."""
 
-    def __init__(self, fraction: float, include_end_of_training: bool) -> None:
+    def __init__(self, fraction: float, include_end_of_training: bool, name: str) -> None:
         super().__init__(include_end_of_training)
-        self.fraction = fraction
+        self.fraction, self.name = fraction, name
         self._crossing = _Crossing()
+
+    def check(self, state: State) -> None:
+        max_duration = state.max_duration
+        if max_duration is not None and max_duration.unit is TimeUnit.EPOCH and not state.dataloader_len:
+            raise ValueError(
+                f"{self.name}='{self.fraction}dur' is a fraction of max_duration={max_duration}, counted in batches "
+                "through the train dataloader's length, and the train dataloader has no length. Give "
+                f"{self.name} in 'ep' or 'ba', or max_duration in 'ba', or give the dataset a __len__."
+            )
 
     def _due(self, state: State, event: Event) -> bool:
         if event is not Event.BATCH_END:
             return False
-        mark = int(state.get_elapsed_duration() / self.fraction + 1e-9)
+        self.check(state)
+        mark = int(float(state.get_elapsed_duration()) / self.fraction + 1e-9)
         return self._crossing.crossed(mark, first_batch=int(state.timestamp.batch) == 1)
 
     def __repr__(self) -> str:

@@ -9,14 +9,16 @@ multiplier for ``t = k``, with no one-batch lag.
 Time arguments are :class:`~fabric.trainer.time.Time` objects or time strings (``"10ba"``, ``"2ep"``, ``"0.3dur"``),
 parsed when the scheduler is built. A bare number is refused because it has no unit. At call time:
 
-* an ``ep``/``ba``/``sp``/``tok`` argument is compared with ``state.timestamp.get(unit)``, the count in that unit;
-* a ``dur`` argument is a fraction of ``state.max_duration`` and is compared with
-  ``elapsed_fraction(timestamp, max_duration)``. When ``max_duration`` is in epochs, that fraction changes once per
-  epoch, so the schedule moves once per epoch. Use a batch-based ``max_duration`` for per-batch curves;
-* when a formula uses two arguments (a warmup and ``t_max``) and one is ``dur``, both are measured as fractions of
-  ``max_duration``, so the other one must be in ``max_duration``'s unit, or in ``ba``/``ep`` when ``max_duration``
-  is in the other of the two and the state has a ``dataloader_len`` (the Trainer's does): then everything is
-  converted to batches, e.g. ``t_warmup="20ba"`` with ``max_duration="6ep"`` warms up over the first 20 batches.
+* a ``ba``/``sp``/``tok`` argument is compared with ``state.timestamp.get(unit)``, the count in that unit;
+* an ``ep`` argument is converted to batches through ``state.dataloader_len`` (the train dataloader's length), as
+  Composer does, so ``t_max="3ep"`` with 10 batches per epoch gives 30 learning rates, one per batch;
+* a ``dur`` argument is a fraction of ``state.max_duration``, converted to its unit, and to batches through
+  ``dataloader_len`` when ``max_duration`` is in epochs: ``"0.3dur"`` of ``max_duration="1ep"`` with 10 batches per
+  epoch is batch 3;
+* arguments of one formula (a warmup and ``t_max``) must land in one unit after these conversions, else
+  ``ValueError``. An ``ep`` argument, or a ``dur`` one under an epoch ``max_duration``, needs the dataloader's length:
+  without one (an ``IterableDataset`` with no ``__len__``) the scheduler raises, naming the argument; the Trainer
+  checks this at ``fit()``.
 
 Every time argument is measured from the start of training. In the ``*WithWarmup`` schedulers, the warmup runs
 over ``[0, t_warmup)``. The main schedule takes over at ``t_warmup``, and its decay runs from ``t_warmup`` to
@@ -24,7 +26,8 @@ over ``[0, t_warmup)``. The main schedule takes over at ``t_warmup``, and its de
 ``t_max`` are on the same absolute clock. This matches Composer.
 
 ``ssr`` (scale schedule ratio) stretches or compresses the schedule. Every ``ep``/``ba``/``sp``/``tok`` argument is
-multiplied by ``ssr`` before the comparison (``ssr=0.5`` halves them), with no rounding. A scaled boundary between two
+multiplied by ``ssr`` before the comparison (``ssr=0.5`` halves them), with no rounding; warmups are not scaled unless
+the scheduler has ``scale_warmup=True`` (Composer's default is ``False``). A scaled boundary between two
 counts takes effect at the first count at or past it, and a product within float rounding of a whole count is
 snapped to that count. ``dur`` arguments are *not* scaled. They are fractions of ``max_duration``, which the trainer
 itself scales by ``ssr`` (as Composer's does), so scaling them here too would apply the ratio twice.
@@ -42,7 +45,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from fabric.trainer.time import Time, Timestamp, TimeUnit, elapsed_fraction
+from fabric.trainer.time import Time, Timestamp, TimeUnit
 
 __all__ = [
     "ConstantScheduler",
@@ -122,9 +125,8 @@ def _check_ssr(ssr: float) -> None:
         raise ValueError(f"The scale schedule ratio (ssr) must be a positive finite number, got {ssr!r}.")
 
 
-def _scaled(time: Time[Any], ssr: float) -> float:
-    """An integer-unit time times ``ssr``, snapped to a whole count if it is one up to float rounding."""
-    value = float(time.value) * ssr
+def _snap(value: float) -> float:
+    """``value``, snapped to a whole count if it is one up to float rounding (``0.3 * 10``, ``29 * 0.01 * 100``)."""
     whole = round(value)
     return float(whole) if math.isclose(value, whole, rel_tol=_REL_TOL) else value
 
@@ -161,46 +163,27 @@ def _polynomial(tau: float, power: float, alpha_f: float) -> float:
 class _TimeScheduler(Scheduler):
     """Shared machinery: putting the current time and time arguments on one axis, and a readable repr."""
 
-    def _place(self, state: SchedulerState, ssr: float, **times: Time[Any]) -> tuple[float, list[float]]:
-        """The current time and ``times`` as floats on one axis, with ``ssr`` applied.
-
-        The axis is the count in the arguments' unit when none is ``dur``. Otherwise it is the fraction of
-        ``max_duration``, and any non-``dur`` argument must then be in ``max_duration``'s unit.
-        """
+    def _place(
+        self, state: SchedulerState, ssr: float, *, unscaled: tuple[str, ...] = (), **times: Time[Any]
+    ) -> tuple[float, list[float]]:
+        """The current time and ``times`` as counts of one unit, with ``ssr`` applied (except to ``unscaled``)."""
         _check_ssr(ssr)
-        counted = [time for time in times.values() if time.unit is not TimeUnit.DURATION]
-        if len(counted) == len(times):
-            unit = counted[0].unit  # the constructor checked that the counted arguments share a unit
-            return float(state.timestamp.get(unit).value), [_scaled(time, ssr) for time in counted]
-        max_duration = _max_duration(state)
-        now = elapsed_fraction(state.timestamp, max_duration)
-        max_batches = _max_batches(state, max_duration)
-        positions = []
-        for name, time in times.items():
-            if time.unit is TimeUnit.DURATION:
-                positions.append(float(time.value))
-            elif time.unit is max_duration.unit:
-                positions.append(_scaled(time, ssr) / float(max_duration.value))
-            elif max_batches is not None and time.unit in (TimeUnit.BATCH, TimeUnit.EPOCH):
-                # Batches and epochs convert through the epoch length; the clock then counts batches,
-                # so a warmup in batches moves every batch even when max_duration is in epochs.
-                epoch_len = getattr(state, "dataloader_len", None) or 1
-                batches = _scaled(time, ssr) * (epoch_len if time.unit is TimeUnit.EPOCH else 1)
-                positions.append(batches / max_batches)
-                now = float(state.timestamp.batch.value) / max_batches
-            else:
-                arguments = ", ".join(f"{key}={str(value)!r}" for key, value in times.items())
-                raise ValueError(
-                    f"{type(self).__name__}: cannot compare {arguments} while max_duration is {max_duration}: "
-                    f"{name} must be in {max_duration.unit.value!r} like max_duration, or in 'dur' "
-                    "(ba and ep also mix when the train dataloader has a length)."
-                )
-        return now, positions
+        owner = type(self).__name__
+        placed = [_on_axis(owner, name, time, state, 1.0 if name in unscaled else ssr) for name, time in times.items()]
+        units = {unit for unit, _ in placed}
+        if len(units) > 1:
+            arguments = ", ".join(f"{name}={str(time)!r}" for name, time in times.items())
+            raise ValueError(
+                f"{owner}: cannot compare {arguments} while max_duration is {state.max_duration}: they count "
+                f"{' and '.join(sorted(unit.value for unit in units))}. Give them in one unit "
+                "('ba' and 'ep' mix, and 'dur' takes max_duration's unit)."
+            )
+        (unit,) = units
+        return float(state.timestamp.get(unit).value), [position for _, position in placed]
 
-    def _warmup(self, state: SchedulerState, ssr: float, t_warmup: Time[Any]) -> float | None:
+    def _warmup(self, state: SchedulerState, ssr: float, t_warmup: Time[Any], scale_warmup: bool) -> float | None:
         """``t / t_warmup`` while warming up; ``None`` once the warmup is over."""
-        _check_warmup_axis(type(self).__name__, t_warmup, state.max_duration)
-        now, (end,) = self._place(state, ssr, t_warmup=t_warmup)
+        now, (end,) = self._place(state, ssr if scale_warmup else 1.0, t_warmup=t_warmup)
         return None if _reached(now, end) else now / end
 
     def __repr__(self) -> str:
@@ -215,46 +198,47 @@ class _TimeScheduler(Scheduler):
         return f"{type(self).__name__}({', '.join(f'{name}={show(getattr(self, name))}' for name in names)})"
 
 
-def _same_unit(owner: str, **times: Time[Any]) -> None:
-    """Arguments used in one formula must share a unit, except ``dur``, which is resolved at call time."""
-    units = {time.unit for time in times.values() if time.unit is not TimeUnit.DURATION}
+def _on_axis(owner: str, name: str, time: Time[Any], state: SchedulerState, ssr: float) -> tuple[TimeUnit, float]:
+    """``time`` as ``(unit, count)``: epochs and epoch-based ``dur`` in batches; ``ssr`` scales all but ``dur``."""
+    if time.unit is TimeUnit.DURATION:
+        max_duration = _max_duration(state)
+        if max_duration.unit is TimeUnit.EPOCH:
+            batches = max_duration.value * _batches_per_epoch(owner, name, time, state)
+            return TimeUnit.BATCH, _snap(float(time.value) * batches)
+        return max_duration.unit, _snap(float(time.value) * max_duration.value)
+    if time.unit is TimeUnit.EPOCH:
+        return TimeUnit.BATCH, _snap(time.value * _batches_per_epoch(owner, name, time, state) * ssr)
+    return time.unit, _snap(time.value * ssr)
+
+
+def _batches_per_epoch(owner: str, name: str, time: Time[Any], state: SchedulerState) -> int:
+    length = getattr(state, "dataloader_len", None)
+    if not length:
+        unit = "an epoch max_duration" if time.unit is TimeUnit.DURATION else "epochs"
+        raise ValueError(
+            f"{owner}: {name}={str(time)!r} counts {unit}, which convert to batches through the train dataloader's "
+            f"length, and the dataloader has none (max_duration={state.max_duration}). Give {name} in 'ba', "
+            "'sp' or 'tok' (and max_duration in one of those units for 'dur' times), or give the dataset a __len__."
+        )
+    return int(length)
+
+
+def _compatible_units(owner: str, **times: Time[Any]) -> None:
+    """Arguments used in one formula must count the same thing: ``ba`` and ``ep`` mix, ``dur`` mixes with any."""
+    units = {
+        TimeUnit.BATCH if time.unit is TimeUnit.EPOCH else time.unit
+        for time in times.values()
+        if time.unit is not TimeUnit.DURATION
+    }
     if len(units) > 1:
         arguments = ", ".join(f"{name}={str(time)!r}" for name, time in times.items())
-        raise ValueError(f"{owner}: {arguments} must be in the same unit (or in 'dur').")
-
-
-def _check_warmup(owner: str, t_warmup: Time[Any]) -> None:
-    if t_warmup.unit is TimeUnit.EPOCH:
-        raise ValueError(
-            f"{owner}: t_warmup={str(t_warmup)!r} is in epochs, which only advance at the end of an epoch, "
-            "so the whole first epoch would train with a multiplier of 0. Give it in 'ba', 'sp', 'tok' or 'dur'."
-        )
-
-
-def _max_batches(state: SchedulerState, max_duration: Time[Any]) -> float | None:
-    """``max_duration`` in batches when it is in ``ba``, or in ``ep`` with a known ``state.dataloader_len``."""
-    epoch_len = getattr(state, "dataloader_len", None)
-    if max_duration.unit is TimeUnit.BATCH:
-        return float(max_duration.value)
-    if max_duration.unit is TimeUnit.EPOCH and epoch_len:
-        return float(max_duration.value * epoch_len)
-    return None
+        raise ValueError(f"{owner}: {arguments} must be in the same unit ('ba' and 'ep' mix, 'dur' mixes with any).")
 
 
 def _max_duration(state: SchedulerState) -> Time[Any]:
     if state.max_duration is None:
         raise ValueError("A schedule with 'dur' times needs max_duration, which is not set.")
     return state.max_duration
-
-
-def _check_warmup_axis(owner: str, t_warmup: Time[Any], max_duration: Time[Any] | None) -> None:
-    """A ``dur`` warmup of an epoch-based run would move once per epoch: refused like a warmup in epochs."""
-    if t_warmup.unit is TimeUnit.DURATION and max_duration is not None and max_duration.unit is TimeUnit.EPOCH:
-        raise ValueError(
-            f"{owner}: t_warmup={str(t_warmup)!r} is a fraction of max_duration={max_duration}, which only advances "
-            "at the end of an epoch, so the whole first epoch would train with a multiplier of 0. "
-            "Give t_warmup in 'ba', 'sp' or 'tok', or max_duration in batches."
-        )
 
 
 # --- schedulers ---------------------------------------------------------------------------------
@@ -400,25 +384,26 @@ class PolynomialScheduler(_TimeScheduler):
 # Warmup is linear from 0 at t = 0 to the main schedule's starting value at t_warmup: m(t) = (t / t_warmup) * start.
 # Like Composer (and Hugging Face's warmup schedules), batch 0 therefore trains with a multiplier of 0. Optimizers
 # still record that batch's gradients in their running moments, and the multiplier reaches `start` at t_warmup
-# itself. Warmups in epochs, or in dur when max_duration is in epochs, are refused because the epoch count would
-# hold them at 0 for the whole first epoch.
+# itself. A warmup in epochs, or in dur of an epoch max_duration, counts batches (through the dataloader's length),
+# so "1ep" warms up over the first epoch's batches. `scale_warmup=False` (Composer's default) keeps the warmup's length
+# when the scale schedule ratio shrinks or stretches the rest of the schedule.
 # In the decaying variants, tau_w = min(1, (t - t_warmup) / (t_max - t_warmup)), and tau_w = 1 when t_max <= t_warmup.
 
 
 class _WarmupDecay(_TimeScheduler):
     """Linear warmup to 1 over ``[0, t_warmup)``, then a decay over ``[t_warmup, t_max]`` on the same axis."""
 
-    def __init__(self, t_warmup: TimeInput, t_max: TimeInput) -> None:
+    def __init__(self, t_warmup: TimeInput, t_max: TimeInput, scale_warmup: bool) -> None:
         owner = type(self).__name__
         self.t_warmup = _parse_time(owner, "t_warmup", t_warmup)
         self.t_max = _parse_time(owner, "t_max", t_max)
-        _check_warmup(owner, self.t_warmup)
-        _same_unit(owner, t_warmup=self.t_warmup, t_max=self.t_max)
+        self.scale_warmup = bool(scale_warmup)
+        _compatible_units(owner, t_warmup=self.t_warmup, t_max=self.t_max)
 
     def _phase(self, state: SchedulerState, ssr: float) -> tuple[bool, float]:
         """``(True, t / t_warmup)`` while warming up, then ``(False, tau_w)``."""
-        _check_warmup_axis(type(self).__name__, self.t_warmup, state.max_duration)
-        now, (t_warmup, t_max) = self._place(state, ssr, t_warmup=self.t_warmup, t_max=self.t_max)
+        unscaled = () if self.scale_warmup else ("t_warmup",)
+        now, (t_warmup, t_max) = self._place(state, ssr, unscaled=unscaled, t_warmup=self.t_warmup, t_max=self.t_max)
         if not _reached(now, t_warmup):
             return True, now / t_warmup
         return False, _progress(now, t_warmup, t_max)
@@ -430,15 +415,17 @@ class MultiStepWithWarmupScheduler(_TimeScheduler):
     ``m(t) = t / t_warmup`` if ``t < t_warmup``, else ``gamma ** (number of milestones m with t >= m)``.
     """
 
-    def __init__(self, t_warmup: TimeInput, milestones: Sequence[TimeInput], gamma: float = 0.1) -> None:
+    def __init__(
+        self, t_warmup: TimeInput, milestones: Sequence[TimeInput], gamma: float = 0.1, scale_warmup: bool = False
+    ) -> None:
         self.t_warmup = _parse_time(type(self).__name__, "t_warmup", t_warmup)
-        _check_warmup(type(self).__name__, self.t_warmup)
         self._steps = MultiStepScheduler(milestones, gamma)
         self.milestones = self._steps.milestones
         self.gamma = self._steps.gamma
+        self.scale_warmup = bool(scale_warmup)
 
     def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
-        warming = self._warmup(state, ssr, self.t_warmup)
+        warming = self._warmup(state, ssr, self.t_warmup, self.scale_warmup)
         return self._steps(state, ssr) if warming is None else warming
 
 
@@ -448,15 +435,17 @@ class ConstantWithWarmupScheduler(_TimeScheduler):
     ``m(t) = (t / t_warmup) * alpha`` if ``t < t_warmup``, else ``alpha`` if ``t < t_max``, else 1.
     """
 
-    def __init__(self, t_warmup: TimeInput, alpha: float = 1.0, t_max: TimeInput = "1dur") -> None:
+    def __init__(
+        self, t_warmup: TimeInput, alpha: float = 1.0, t_max: TimeInput = "1dur", scale_warmup: bool = False
+    ) -> None:
         self.t_warmup = _parse_time(type(self).__name__, "t_warmup", t_warmup)
-        _check_warmup(type(self).__name__, self.t_warmup)
         self._constant = ConstantScheduler(alpha, t_max)
         self.alpha = self._constant.alpha
         self.t_max = self._constant.t_max
+        self.scale_warmup = bool(scale_warmup)
 
     def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
-        warming = self._warmup(state, ssr, self.t_warmup)
+        warming = self._warmup(state, ssr, self.t_warmup, self.scale_warmup)
         return self._constant(state, ssr) if warming is None else warming * self.alpha
 
 
@@ -467,9 +456,14 @@ class LinearWithWarmupScheduler(_WarmupDecay):
     """
 
     def __init__(
-        self, t_warmup: TimeInput, alpha_i: float = 1.0, alpha_f: float = 0.0, t_max: TimeInput = "1dur"
+        self,
+        t_warmup: TimeInput,
+        alpha_i: float = 1.0,
+        alpha_f: float = 0.0,
+        t_max: TimeInput = "1dur",
+        scale_warmup: bool = False,
     ) -> None:
-        super().__init__(t_warmup, t_max)
+        super().__init__(t_warmup, t_max, scale_warmup)
         self.alpha_i = _number(type(self).__name__, "alpha_i", alpha_i)
         self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
 
@@ -484,8 +478,10 @@ class CosineAnnealingWithWarmupScheduler(_WarmupDecay):
     ``m(t) = t / t_warmup`` if ``t < t_warmup``, else ``alpha_f + (1 - alpha_f) * (1 + cos(pi * tau_w)) / 2``.
     """
 
-    def __init__(self, t_warmup: TimeInput, t_max: TimeInput = "1dur", alpha_f: float = 0.0) -> None:
-        super().__init__(t_warmup, t_max)
+    def __init__(
+        self, t_warmup: TimeInput, t_max: TimeInput = "1dur", alpha_f: float = 0.0, scale_warmup: bool = False
+    ) -> None:
+        super().__init__(t_warmup, t_max, scale_warmup)
         self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
 
     def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float:
@@ -500,9 +496,14 @@ class PolynomialWithWarmupScheduler(_WarmupDecay):
     """
 
     def __init__(
-        self, t_warmup: TimeInput, power: float = 2.0, t_max: TimeInput = "1dur", alpha_f: float = 0.0
+        self,
+        t_warmup: TimeInput,
+        power: float = 2.0,
+        t_max: TimeInput = "1dur",
+        alpha_f: float = 0.0,
+        scale_warmup: bool = False,
     ) -> None:
-        super().__init__(t_warmup, t_max)
+        super().__init__(t_warmup, t_max, scale_warmup)
         self.power = _number(type(self).__name__, "power", power)
         self.alpha_f = _number(type(self).__name__, "alpha_f", alpha_f)
 

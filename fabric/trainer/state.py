@@ -17,6 +17,17 @@ from torch.optim import Optimizer
 from fabric.trainer.time import Time, Timestamp, TimeUnit, elapsed_fraction
 
 
+def loader_length(loader: Iterable[Any]) -> int | None:
+    """Batches per epoch of ``loader``, or None when it has no length (e.g. over an ``IterableDataset``).
+
+    A ``DataLoader`` always has ``__len__``, which raises ``TypeError`` when its dataset has no length.
+    """
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 @dataclass
 class State:
     """The mutable training state shared by the loop, algorithms and callbacks."""
@@ -58,11 +69,16 @@ class State:
         if self.max_duration is not None and self.max_duration.unit == TimeUnit.DURATION:
             raise ValueError(f"max_duration={self.max_duration} cannot be in 'dur': it is what 'dur' is a fraction of.")
 
-    def get_elapsed_duration(self) -> float:
-        """How far through ``max_duration`` training is, as a fraction (1.0 at the end)."""
+    def get_elapsed_duration(self) -> Time[float]:
+        """How far through ``max_duration`` training is, as a Time in ``dur`` (``1.0dur`` at the end).
+
+        As in Composer it compares with plain numbers (``state.get_elapsed_duration() >= 0.5``); ``float()``
+        gives the number. An epoch ``max_duration`` is counted in batches through ``dataloader_len``, so the
+        fraction moves every batch; only a train dataloader without a length leaves it moving once per epoch.
+        """
         if self.max_duration is None:
             raise ValueError("The elapsed duration is unknown: max_duration is not set.")
-        return elapsed_fraction(self.timestamp, self.max_duration)
+        return Time(elapsed_fraction(self.timestamp, self.max_duration, self.dataloader_len), TimeUnit.DURATION)
 
     def stop_training(self) -> None:
         """End training after the current batch: ``max_duration`` becomes the current batch count."""

@@ -69,10 +69,11 @@ class Time(Generic[TValue]):
     schedulers whose period outlasts training and :func:`elapsed_fraction` need. No value is ever
     negative, so ``a - b`` with ``b > a`` raises instead of producing a time that cannot be written.
 
-    Times are immutable and hashable. Arithmetic and ordering need both sides in the same unit
-    (``TypeError`` otherwise). ``==`` is ``True`` only for another Time with the same unit and value:
-    never for ints or strings (``Time(3, "ep") == 3`` is ``False``), so equal objects hash equally;
-    convert with :meth:`from_input` first.
+    Times are immutable and hashable. As in Composer, the other side of a comparison, ``+`` or ``-`` may be a
+    Time, a time string or a plain number read in this Time's unit: ``Time(5, "ba") == 5``,
+    ``timestamp.batch < 42``, ``Time(3, "ep") >= "2ep"``, ``Time(5, "ba") + 1``. Two units that differ
+    are never equal, and ordering or arithmetic across them raises ``TypeError`` instead of guessing.
+    A Time hashes like its value, so ``Time(5, "ba")`` and ``5`` find the same dict entry.
     """
 
     __slots__ = ("_unit", "_value")
@@ -179,7 +180,7 @@ class Time(Generic[TValue]):
         return f"Time({self._value!r}, TimeUnit.{self._unit.name})"
 
     def __hash__(self) -> int:
-        return hash((self._unit, self._value))
+        return hash(self._value)  # equal to a plain number of the same value, so hashes must match
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError(f"Time is immutable; cannot set {name!r}.")
@@ -213,19 +214,41 @@ class Time(Generic[TValue]):
             f"round it explicitly, e.g. Time(round(...), {self._unit.value!r})."
         )
 
-    def __add__(self, other: Time[TValue]) -> Time[TValue]:
-        if not isinstance(other, Time):
-            return NotImplemented
-        self._same_unit(other, "add")
-        return Time(self._value + other._value, self._unit)
+    def _as_time(self, other: object) -> Time[Any] | None:
+        """``other`` as a Time: a Time, a time string, or a number in this unit; None for anything else."""
+        if isinstance(other, Time):
+            return other
+        if isinstance(other, str):
+            return Time.from_timestring(other)
+        if isinstance(other, numbers.Real | SupportsIndex) and not isinstance(other, bool):
+            return Time(cast(Any, other), self._unit)
+        return None
 
-    def __sub__(self, other: Time[TValue]) -> Time[TValue]:
-        if not isinstance(other, Time):
+    def __add__(self, other: Time[TValue] | str | int | float) -> Time[TValue]:
+        time = self._as_time(other)
+        if time is None:
             return NotImplemented
-        self._same_unit(other, "subtract")
-        if other._value > self._value:
-            raise ValueError(f"{self} - {other} would be negative; a Time cannot be negative.")
-        return Time(self._value - other._value, self._unit)
+        self._same_unit(time, "add")
+        return Time(self._value + time._value, self._unit)
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Time[TValue] | str | int | float) -> Time[TValue]:
+        time = self._as_time(other)
+        if time is None:
+            return NotImplemented
+        return self._difference(self, time)
+
+    def __rsub__(self, other: str | int | float) -> Time[TValue]:
+        time = self._as_time(other)
+        return NotImplemented if time is None else self._difference(time, self)
+
+    @staticmethod
+    def _difference(left: Time[Any], right: Time[Any]) -> Time[Any]:
+        left._same_unit(right, "subtract")
+        if right._value > left._value:
+            raise ValueError(f"{left} - {right} would be negative; a Time cannot be negative.")
+        return Time(left._value - right._value, left._unit)
 
     def __mul__(self, factor: int | float) -> Time[TValue]:
         if isinstance(factor, bool) or not isinstance(factor, int | float):
@@ -258,31 +281,45 @@ class Time(Generic[TValue]):
     # --- comparison ---------------------------------------------------------------------------
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Time):
-            return NotImplemented
-        return self._unit is other._unit and self._value == other._value
+        if isinstance(other, Time):
+            return self._unit is other._unit and self._value == other._value
+        if isinstance(other, str):
+            try:
+                other = Time.from_timestring(other)
+            except ValueError:
+                return False
+            return self._unit is other._unit and self._value == other._value
+        if isinstance(other, numbers.Real) and not isinstance(other, bool):
+            return bool(self._value == other)
+        return NotImplemented
 
-    def _ordered(self, other: object) -> Time[Any] | None:
-        if not isinstance(other, Time):
+    def _compared(self, other: object) -> int | float | None:
+        """The number ``self`` is ordered against: a same-unit Time's or time string's value, or a plain number."""
+        if isinstance(other, bool):
             return None
-        self._same_unit(other, "compare")
-        return other
+        if isinstance(other, numbers.Real):
+            return cast("int | float", other)
+        if not isinstance(other, Time | str):
+            return None
+        time = Time.from_timestring(other) if isinstance(other, str) else other
+        self._same_unit(time, "compare")
+        return cast("int | float", time._value)
 
-    def __lt__(self, other: Time[Any]) -> bool:
-        checked = self._ordered(other)
-        return NotImplemented if checked is None else self._value < checked._value
+    def __lt__(self, other: Time[Any] | str | int | float) -> bool:
+        value = self._compared(other)
+        return NotImplemented if value is None else self._value < value
 
-    def __le__(self, other: Time[Any]) -> bool:
-        checked = self._ordered(other)
-        return NotImplemented if checked is None else self._value <= checked._value
+    def __le__(self, other: Time[Any] | str | int | float) -> bool:
+        value = self._compared(other)
+        return NotImplemented if value is None else self._value <= value
 
-    def __gt__(self, other: Time[Any]) -> bool:
-        checked = self._ordered(other)
-        return NotImplemented if checked is None else self._value > checked._value
+    def __gt__(self, other: Time[Any] | str | int | float) -> bool:
+        value = self._compared(other)
+        return NotImplemented if value is None else self._value > value
 
-    def __ge__(self, other: Time[Any]) -> bool:
-        checked = self._ordered(other)
-        return NotImplemented if checked is None else self._value >= checked._value
+    def __ge__(self, other: Time[Any] | str | int | float) -> bool:
+        value = self._compared(other)
+        return NotImplemented if value is None else self._value >= value
 
 
 _COUNTERS: dict[str, TimeUnit] = {
@@ -577,17 +614,27 @@ class Timestamp:
     def __hash__(self) -> int:
         return hash(self._fields())
 
-    def __lt__(self, other: Time[Any]) -> bool:
-        return NotImplemented if not isinstance(other, Time) else self.get(other.unit) < other
+    def _counter_for(self, other: object) -> tuple[Time[int], Time[Any]] | None:
+        """The counter in ``other``'s unit and ``other`` as a Time, for a Time or time string; None otherwise."""
+        if isinstance(other, str):
+            other = Time.from_timestring(other)
+        return (self.get(other.unit), other) if isinstance(other, Time) else None
 
-    def __le__(self, other: Time[Any]) -> bool:
-        return NotImplemented if not isinstance(other, Time) else self.get(other.unit) <= other
+    def __lt__(self, other: Time[Any] | str) -> bool:
+        pair = self._counter_for(other)
+        return NotImplemented if pair is None else pair[0] < pair[1]
 
-    def __gt__(self, other: Time[Any]) -> bool:
-        return NotImplemented if not isinstance(other, Time) else self.get(other.unit) > other
+    def __le__(self, other: Time[Any] | str) -> bool:
+        pair = self._counter_for(other)
+        return NotImplemented if pair is None else pair[0] <= pair[1]
 
-    def __ge__(self, other: Time[Any]) -> bool:
-        return NotImplemented if not isinstance(other, Time) else self.get(other.unit) >= other
+    def __gt__(self, other: Time[Any] | str) -> bool:
+        pair = self._counter_for(other)
+        return NotImplemented if pair is None else pair[0] > pair[1]
+
+    def __ge__(self, other: Time[Any] | str) -> bool:
+        pair = self._counter_for(other)
+        return NotImplemented if pair is None else pair[0] >= pair[1]
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError(
@@ -642,11 +689,13 @@ def _rebuild_timestamp(fields: dict[str, Any]) -> Timestamp:
     return Timestamp(**fields)
 
 
-def elapsed_fraction(timestamp: Timestamp, max_duration: Time[Any]) -> float:
-    """How far through training ``timestamp`` is, measured in ``max_duration``'s unit: 0 at the start, 1 at the end.
+def elapsed_fraction(timestamp: Timestamp, max_duration: Time[Any], batches_per_epoch: int | None = None) -> float:
+    """How far through training ``timestamp`` is: 0 at the start, 1 at the end (more after it).
 
-    May exceed 1 after the end. In ``ep`` only completed epochs count, so the fraction moves once per
-    epoch. ``max_duration`` must be positive and not in ``dur`` (a fraction of itself is meaningless).
+    Measured in ``max_duration``'s unit, except that an epoch ``max_duration`` is converted to batches
+    through ``batches_per_epoch`` (the train dataloader's length) when it is known, as Composer converts
+    ``dur`` times, so the fraction moves every batch. Without it only completed epochs count and the
+    fraction moves once per epoch. ``max_duration`` must be positive and not in ``dur``.
     """
     if not isinstance(max_duration, Time):
         raise TypeError(f"max_duration must be a Time, got {type(max_duration).__name__}; use Time.from_input().")
@@ -654,4 +703,6 @@ def elapsed_fraction(timestamp: Timestamp, max_duration: Time[Any]) -> float:
         raise ValueError(f"max_duration must be in ep, ba, sp or tok, not {max_duration}.")
     if max_duration.value == 0:
         raise ValueError(f"max_duration must be positive, got {max_duration}.")
+    if max_duration.unit is TimeUnit.EPOCH and batches_per_epoch:
+        return float(timestamp.batch.value / (max_duration.value * batches_per_epoch))
     return timestamp.get(max_duration.unit) / max_duration

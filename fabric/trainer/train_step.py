@@ -1,9 +1,11 @@
 """One training batch: microbatches, forward, loss, backward, optimizer steps, clock, with its events.
 
-The events fire in this order (``state.batch`` is the microbatch between BEFORE_FORWARD and
+The loop sets the batch's learning rates (:meth:`TrainStep.schedule_lr`) before it fetches the batch,
+so every event of batch ``k``, from BEFORE_DATALOADER on, sees the LR batch ``k`` trains with. Then
+the events fire in this order (``state.batch`` is the microbatch between BEFORE_FORWARD and
 AFTER_BACKWARD, the whole batch otherwise)::
 
-    BATCH_START, (LR schedules for this batch), BEFORE_TRAIN_BATCH,
+    BATCH_START, BEFORE_TRAIN_BATCH,
     per microbatch: BEFORE_FORWARD, AFTER_FORWARD, BEFORE_LOSS, AFTER_LOSS, BEFORE_BACKWARD, AFTER_BACKWARD,
     AFTER_TRAIN_BATCH (gradients complete, synced and unscaled; before the optimizer step)
 
@@ -75,14 +77,17 @@ class TrainStep:
         self.token_counter = token_counter
         self._scaler = getattr(self.fabric.strategy.precision, "scaler", None)
 
+    def schedule_lr(self) -> None:
+        """Set the learning rates of the batch about to run (``timestamp.batch``), before any of its events."""
+        if self.lr_schedule is not None:
+            self.lr_schedule.apply(self.state)
+
     def run(self, batch: Any) -> None:
         """Train on ``batch`` and advance the clock; the loop fired the dataloader events already."""
         state, run_event = self.state, self.engine.run_event
         started = time.perf_counter()
         state.batch = batch
         run_event(Event.BATCH_START)
-        if self.lr_schedule is not None:
-            self.lr_schedule.apply(state)
         run_event(Event.BEFORE_TRAIN_BATCH)
         full_batch = state.batch
         samples = batch_size(full_batch)

@@ -38,13 +38,13 @@ from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpo
 from fabric.trainer.engine import Engine
 from fabric.trainer.evaluation import Evaluator, ensure_evaluators, run_evaluators, select_metrics
 from fabric.trainer.events import Event
-from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_interval
+from fabric.trainer.intervals import IntervalFunction, IntervalInput, check_interval, create_interval
 from fabric.trainer.loggers.destination import LoggerDestination
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.metrics import compute_metrics, model_metrics
 from fabric.trainer.prediction import run_prediction
 from fabric.trainer.schedulers import LRSchedule
-from fabric.trainer.state import State
+from fabric.trainer.state import State, loader_length
 from fabric.trainer.time import Time, TimeUnit
 from fabric.trainer.train_step import TokenCounter, TrainStep, count_tokens
 from fabric.utilities.rank_zero import rank_zero_warn
@@ -180,7 +180,8 @@ class Trainer:
         self._batches: Iterator[Any] | None = None  # the current epoch's, kept when fit() ends mid-epoch
         if train_dataloader is not None:
             self._set_train_dataloader(train_dataloader)
-        self.eval_interval = create_interval(eval_interval, name="eval_interval")
+        create_interval(eval_interval, name="eval_interval")  # bad input fails here; each evaluator gets its own
+        self.eval_interval = eval_interval
         self.eval_subset_num_batches = eval_subset_num_batches
         self.evaluators: list[Evaluator] = []
         self._evaluator_intervals: list[IntervalFunction] = []
@@ -236,7 +237,7 @@ class Trainer:
         loader = self.fabric.setup_dataloaders(dataloader) if isinstance(dataloader, DataLoader) else dataloader
         self.state.dataloader = loader
         self._batches = None
-        self.state.dataloader_len = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
+        self.state.dataloader_len = loader_length(loader)
 
     def _set_evaluators(self, eval_dataloader: Any) -> None:
         evaluators = ensure_evaluators(eval_dataloader)
@@ -248,8 +249,9 @@ class Trainer:
                 evaluator.subset_num_batches = self.eval_subset_num_batches
             self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
         self.evaluators = evaluators
+        # One interval per evaluator: an interval fires once per batch, so a shared one would run only the first.
         self._evaluator_intervals = [
-            self.eval_interval
+            create_interval(self.eval_interval, name="eval_interval")
             if evaluator.eval_interval is None
             else create_interval(evaluator.eval_interval, name=f"{evaluator.label} eval_interval")
             for evaluator in evaluators
@@ -292,6 +294,7 @@ class Trainer:
             raise ValueError(
                 "fit() needs optimizers: pass optimizers=torch.optim.AdamW(model.parameters()) or similar."
             )
+        self._check_clock()
         run_event = self.engine.run_event
         with self._preemption or nullcontext():
             run_event(Event.FIT_START)
@@ -299,6 +302,17 @@ class Trainer:
                 if not self._train_epoch():
                     break
             run_event(Event.FIT_END)
+
+    def _check_clock(self) -> None:
+        """Fail before training if a ``dur`` or epoch time cannot be counted in batches (no dataloader length)."""
+        savers = [callback for callback in self.state.callbacks if isinstance(callback, CheckpointSaver)]
+        for interval in [*self._evaluator_intervals, *(saver.interval for saver in savers)]:
+            check_interval(interval, self.state)
+        if self._train_step.lr_schedule is not None:
+            try:
+                self._train_step.lr_schedule.multiplier(self.state)
+            except ValueError as error:
+                raise ValueError(f"schedulers: {error}") from None
 
     def _train_epoch(self) -> bool:
         """Train until the dataloader runs out (True: the epoch ended) or training is finished (False)."""
@@ -309,6 +323,7 @@ class Trainer:
             self._batches = self._start_epoch(state.dataloader)
         batches = self._batches
         while length is None or int(state.timestamp.batch_in_epoch) < length:
+            self._train_step.schedule_lr()
             run_event(Event.BEFORE_DATALOADER)
             if self._epoch_start is None:
                 self._epoch_start = capture_epoch_start(state.dataloader)

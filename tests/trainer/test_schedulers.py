@@ -35,15 +35,25 @@ PI = math.pi
 
 @dataclass
 class FakeState:
-    """The two attributes schedulers read; the trainer's State will provide the same."""
+    """The attributes schedulers read; the trainer's State provides the same."""
 
     timestamp: Timestamp
     max_duration: Time[Any]
+    dataloader_len: int | None = None
 
 
-def state(batch: int = 0, epoch: int = 0, sample: int = 0, token: int = 0, max_duration: str = "10ba") -> FakeState:
+def state(
+    batch: int = 0,
+    epoch: int = 0,
+    sample: int = 0,
+    token: int = 0,
+    max_duration: str = "10ba",
+    dataloader_len: int | None = None,
+) -> FakeState:
     return FakeState(
-        Timestamp(epoch=epoch, batch=batch, sample=sample, token=token), Time.from_timestring(max_duration)
+        Timestamp(epoch=epoch, batch=batch, sample=sample, token=token),
+        Time.from_timestring(max_duration),
+        dataloader_len,
     )
 
 
@@ -60,9 +70,10 @@ TABLE: list[tuple[str, Scheduler, FakeState, float]] = [
     ("step b5", StepScheduler("3ba", gamma=0.5), state(batch=5), 0.5),
     ("step b6", StepScheduler("3ba", gamma=0.5), state(batch=6), 0.25),
     ("step b9", StepScheduler("3ba", gamma=0.5), state(batch=9), 0.125),
-    ("step ep1", StepScheduler("2ep"), state(epoch=1, batch=7), 1.0),
-    ("step ep2", StepScheduler("2ep"), state(epoch=2, batch=8), 0.1),
-    ("step ep4", StepScheduler("2ep"), state(epoch=4, batch=20), 0.01),
+    # Epochs count batches through the dataloader's length (4 here): 2ep is 8 batches.
+    ("step ep1", StepScheduler("2ep"), state(epoch=1, batch=7, dataloader_len=4), 1.0),
+    ("step ep2", StepScheduler("2ep"), state(epoch=2, batch=8, dataloader_len=4), 0.1),
+    ("step ep4", StepScheduler("2ep"), state(epoch=4, batch=16, dataloader_len=4), 0.01),
     # 0.1dur of 30ba is 3 batches; at batch 9 (fraction 0.3) three steps are done despite float noise.
     ("step dur b8", StepScheduler("0.1dur", gamma=0.5), state(batch=8, max_duration="30ba"), 0.25),
     ("step dur b9", StepScheduler("0.1dur", gamma=0.5), state(batch=9, max_duration="30ba"), 0.125),
@@ -72,9 +83,9 @@ TABLE: list[tuple[str, Scheduler, FakeState, float]] = [
     ("multistep b4", MultiStepScheduler(["2ba", "5ba"]), state(batch=4), 0.1),
     ("multistep b5", MultiStepScheduler(["2ba", "5ba"]), state(batch=5), 0.01),
     ("multistep b9", MultiStepScheduler(["2ba", "5ba"]), state(batch=9), 0.01),
-    ("multistep mixed ep0", MultiStepScheduler(["3ba", "1ep"], 0.5), state(epoch=0, batch=3), 0.5),
-    ("multistep mixed ep1 b2", MultiStepScheduler(["3ba", "1ep"], 0.5), state(epoch=1, batch=2), 0.5),
-    ("multistep mixed ep1 b4", MultiStepScheduler(["3ba", "1ep"], 0.5), state(epoch=1, batch=4), 0.25),
+    ("multistep mixed b2", MultiStepScheduler(["3ba", "1ep"], 0.5), state(batch=2, dataloader_len=4), 1.0),
+    ("multistep mixed b3", MultiStepScheduler(["3ba", "1ep"], 0.5), state(batch=3, dataloader_len=4), 0.5),
+    ("multistep mixed b4", MultiStepScheduler(["3ba", "1ep"], 0.5), state(epoch=1, batch=4, dataloader_len=4), 0.25),
     ("multistep dur b4", MultiStepScheduler(["0.5dur"]), state(batch=4), 1.0),
     ("multistep dur b5", MultiStepScheduler(["0.5dur"]), state(batch=5), 0.1),
     # ConstantScheduler: alpha before t_max, 1 from t_max on
@@ -97,15 +108,27 @@ TABLE: list[tuple[str, Scheduler, FakeState, float]] = [
     ("exponential b2", ExponentialScheduler(0.5, "4ba"), state(batch=2), math.sqrt(0.5)),
     ("exponential b4", ExponentialScheduler(0.5, "4ba"), state(batch=4), 0.5),
     ("exponential b10", ExponentialScheduler(0.5, "4ba"), state(batch=10), 0.5**2 * math.sqrt(0.5)),
-    ("exponential default ep2", ExponentialScheduler(0.9), state(epoch=2, batch=30), 0.81),
+    ("exponential default ep2", ExponentialScheduler(0.9), state(epoch=2, batch=20, dataloader_len=10), 0.81),
+    ("exponential default b25", ExponentialScheduler(0.9), state(epoch=2, batch=25, dataloader_len=10), 0.9**2.5),
     # CosineAnnealingScheduler: alpha_f + (1 - alpha_f) * (1 + cos(pi * min(1, t / t_max))) / 2
     ("cosine b0", CosineAnnealingScheduler(alpha_f=0.1), state(batch=0), 1.0),
     ("cosine b3", CosineAnnealingScheduler(alpha_f=0.1), state(batch=3), 0.1 + 0.9 * (1 + math.cos(0.3 * PI)) / 2),
     ("cosine b5", CosineAnnealingScheduler(alpha_f=0.1), state(batch=5), 0.55),
     ("cosine b10", CosineAnnealingScheduler(alpha_f=0.1), state(batch=10), 0.1),
     ("cosine b12", CosineAnnealingScheduler(alpha_f=0.1), state(batch=12), 0.1),
-    ("cosine epochs ep0", CosineAnnealingScheduler(), state(epoch=0, batch=7, max_duration="2ep"), 1.0),
-    ("cosine epochs ep1", CosineAnnealingScheduler(), state(epoch=1, batch=12, max_duration="2ep"), 0.5),
+    # 1dur of max_duration=2ep with 4 batches per epoch is 8 batches: the cosine moves every batch.
+    (
+        "cosine epochs b2",
+        CosineAnnealingScheduler(),
+        state(batch=2, max_duration="2ep", dataloader_len=4),
+        0.5 + 0.5**1.5,
+    ),
+    (
+        "cosine epochs b4",
+        CosineAnnealingScheduler(),
+        state(epoch=1, batch=4, max_duration="2ep", dataloader_len=4),
+        0.5,
+    ),
     # CosineAnnealingWarmRestartsScheduler, t_mult=1: intervals [0,4), [4,8), ...
     ("restarts b0", CosineAnnealingWarmRestartsScheduler("4ba"), state(batch=0), 1.0),
     ("restarts b2", CosineAnnealingWarmRestartsScheduler("4ba"), state(batch=2), 0.5),
@@ -280,11 +303,9 @@ def test_bare_numbers_have_no_unit(bare: object) -> None:
         (lambda: StepScheduler("1ba", gamma=-0.5), "gamma must be a finite number >= 0"),
         (lambda: CosineAnnealingScheduler(alpha_f=math.nan), "alpha_f must be a finite number"),
         (lambda: MultiStepScheduler([]), "milestones is empty"),
-        (lambda: LinearWithWarmupScheduler("1ep"), "t_warmup='1ep' is in epochs"),
-        (lambda: MultiStepWithWarmupScheduler("2ep", ["5ep"]), "t_warmup='2ep' is in epochs"),
         (
-            lambda: CosineAnnealingWithWarmupScheduler("10ba", "2ep"),
-            r"t_warmup='10ba', t_max='2ep' must be in the same",
+            lambda: CosineAnnealingWithWarmupScheduler("10ba", "200sp"),
+            r"t_warmup='10ba', t_max='200sp' must be in the same",
         ),
         (lambda: PolynomialWithWarmupScheduler("10sp", t_max="100tok"), "must be in the same unit"),
     ],
@@ -301,31 +322,48 @@ def test_milestones_must_be_a_list() -> None:
         StepScheduler("1ba", gamma="0.1")  # type: ignore[arg-type]
 
 
-def test_mixing_dur_with_another_unit_than_max_duration_fails_at_call() -> None:
-    scheduler = CosineAnnealingWithWarmupScheduler("10ba", "1dur")
-    with pytest.raises(ValueError, match=r"max_duration is 2ep: t_warmup must be in 'ep'"):
-        scheduler(state(epoch=0, batch=3, max_duration="2ep"))
+def test_units_that_cannot_meet_fail_at_call() -> None:
+    scheduler = CosineAnnealingWithWarmupScheduler("10sp", "1dur")  # 1dur of 2ep is batches; samples cannot mix
+    with pytest.raises(ValueError, match=r"max_duration is 2ep: they count ba and sp"):
+        scheduler(state(epoch=0, batch=3, max_duration="2ep", dataloader_len=4))
 
 
-@pytest.mark.parametrize(
-    "scheduler",
-    [
-        MultiStepWithWarmupScheduler("0.1dur", ["1ep"]),
-        ConstantWithWarmupScheduler("0.1dur"),
-        LinearWithWarmupScheduler("0.1dur"),
-        CosineAnnealingWithWarmupScheduler("0.1dur"),
-        PolynomialWithWarmupScheduler("0.1dur"),
-    ],
-)
-def test_dur_warmup_of_an_epoch_based_run_is_refused(scheduler: Scheduler) -> None:
-    with pytest.raises(ValueError, match=r"t_warmup='0.1dur' is a fraction of max_duration=2ep"):
-        scheduler(state(epoch=0, batch=3, max_duration="2ep"))
-    assert scheduler(state(batch=1, max_duration="10ba")) == pytest.approx(1.0)  # fine with a batch-based run
+WARMUPS = [
+    MultiStepWithWarmupScheduler("0.1dur", ["1ep"]),
+    ConstantWithWarmupScheduler("0.1dur"),
+    LinearWithWarmupScheduler("0.1dur"),
+    CosineAnnealingWithWarmupScheduler("0.1dur"),
+    PolynomialWithWarmupScheduler("0.1dur"),
+]
+
+
+@pytest.mark.parametrize("scheduler", WARMUPS)
+def test_dur_warmup_of_an_epoch_based_run_counts_batches(scheduler: Scheduler) -> None:
+    # 0.1dur of 2ep at 10 batches per epoch is 2 batches: batch 1 is half-way, batch 2 is done.
+    assert scheduler(state(batch=1, max_duration="2ep", dataloader_len=10)) == pytest.approx(0.5)
+    assert scheduler(state(batch=2, max_duration="2ep", dataloader_len=10)) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("scheduler", WARMUPS)
+def test_epoch_based_times_without_a_dataloader_length_raise_naming_the_argument(scheduler: Scheduler) -> None:
+    with pytest.raises(ValueError, match=r"t_warmup='0.1dur' counts an epoch max_duration, .* has none"):
+        scheduler(state(batch=1, max_duration="2ep"))
+    with pytest.raises(ValueError, match=r"StepScheduler: step_size='1ep' counts epochs"):
+        StepScheduler("1ep")(state(batch=1, max_duration="20ba"))
+
+
+def test_epoch_warmup_as_in_composer_docs() -> None:
+    """``t_warmup="1ep"`` warms up over the first epoch's batches (10 here), one step per batch."""
+    scheduler = CosineAnnealingWithWarmupScheduler(t_warmup="1ep", t_max="3ep")
+    multipliers = [scheduler(state(batch=b, max_duration="3ep", dataloader_len=10)) for b in range(31)]
+    assert multipliers[:11] == pytest.approx([b / 10 for b in range(10)] + [1.0])
+    assert multipliers[20] == pytest.approx(0.5)  # half-way through the decay over batches [10, 30]
+    assert multipliers[30] == pytest.approx(0.0)
 
 
 def test_repr_shows_time_strings() -> None:
     assert repr(CosineAnnealingWithWarmupScheduler("2ba")) == (
-        "CosineAnnealingWithWarmupScheduler(t_warmup='2ba', t_max='1.0dur', alpha_f=0.0)"
+        "CosineAnnealingWithWarmupScheduler(t_warmup='2ba', t_max='1.0dur', alpha_f=0.0, scale_warmup=False)"
     )
     assert repr(MultiStepScheduler(["2ba", "1ep"])) == "MultiStepScheduler(milestones=['2ba', '1ep'], gamma=0.1)"
 
@@ -347,18 +385,24 @@ def test_ssr_scales_integer_unit_arguments() -> None:
     assert cosine(state(batch=10), ssr=2.0) == pytest.approx(0.5)  # t_max 20
 
 
-def test_ssr_scales_warmup_too() -> None:
-    scheduler = LinearWithWarmupScheduler("4ba", t_max="12ba")  # with ssr 0.5: warmup 2, t_max 6
-    assert scheduler(state(batch=1), ssr=0.5) == pytest.approx(0.5)
-    assert scheduler(state(batch=2), ssr=0.5) == pytest.approx(1.0)
-    assert scheduler(state(batch=4), ssr=0.5) == pytest.approx(1.0 - 2 / 4)
+def test_ssr_scales_warmup_only_with_scale_warmup() -> None:
+    scaled = LinearWithWarmupScheduler("4ba", t_max="12ba", scale_warmup=True)  # with ssr 0.5: warmup 2, t_max 6
+    assert scaled(state(batch=1), ssr=0.5) == pytest.approx(0.5)
+    assert scaled(state(batch=2), ssr=0.5) == pytest.approx(1.0)
+    assert scaled(state(batch=4), ssr=0.5) == pytest.approx(1.0 - 2 / 4)
+    kept = LinearWithWarmupScheduler("4ba", t_max="12ba")  # Composer's default: warmup stays 4, t_max becomes 6
+    assert [kept(state(batch=b), ssr=0.5) for b in range(7)] == pytest.approx([0, 0.25, 0.5, 0.75, 1.0, 0.5, 0.0])
+    steps = MultiStepWithWarmupScheduler("4ba", ["8ba"])  # warmup 4 (kept), milestone 8 * 0.5 = 4
+    assert [steps(state(batch=b), ssr=0.5) for b in range(6)] == pytest.approx([0, 0.25, 0.5, 0.75, 0.1, 0.1])
+    constant = ConstantWithWarmupScheduler("4ba", alpha=0.5, t_max="8ba", scale_warmup=True)  # warmup 2, t_max 4
+    assert [constant(state(batch=b), ssr=0.5) for b in range(5)] == pytest.approx([0, 0.25, 0.5, 0.5, 1.0])
 
 
 def test_ssr_does_not_scale_dur_arguments() -> None:
     # dur is a fraction of max_duration, which the trainer scales itself; scaling here would apply ssr twice.
     cosine = CosineAnnealingScheduler("1dur")
     assert cosine(state(batch=5), ssr=0.5) == pytest.approx(0.5)
-    mixed = CosineAnnealingWithWarmupScheduler("4ba", "1dur")  # warmup 2, then decay over [2, 10]
+    mixed = CosineAnnealingWithWarmupScheduler("4ba", "1dur", scale_warmup=True)  # warmup 2, decay over [2, 10]
     assert mixed(state(batch=1), ssr=0.5) == pytest.approx(0.5)
     assert mixed(state(batch=6), ssr=0.5) == pytest.approx(half_cosine(4 / 8))
 

@@ -241,14 +241,15 @@ def test_mixing_units_is_a_type_error_naming_both(operation: Any, verb: str) -> 
 @pytest.mark.parametrize(
     "operation",
     [
-        lambda t: t + 1,
-        lambda t: t - 1,
+        lambda t: t + None,
+        lambda t: t - True,
         lambda t: t * t,
         lambda t: t * "2",
         lambda t: t * True,
         lambda t: t / "2",
-        lambda t: t < 3,
-        lambda t: t >= "3ba",
+        lambda t: t < None,
+        lambda t: t >= "3ep",  # another unit: refused, not guessed
+        lambda t: t + "1ep",
     ],
 )
 def test_operations_with_non_times_are_type_errors(operation: Any) -> None:
@@ -266,12 +267,44 @@ def test_comparisons_within_one_unit() -> None:
     assert sorted([ba(3), ba(1), ba(2)]) == [ba(1), ba(2), ba(3)]
 
 
-def test_equality_needs_a_time_of_the_same_unit() -> None:
+def test_equality_with_times_numbers_and_time_strings_as_in_composer() -> None:
     assert Time(3, TimeUnit.EPOCH) == Time.from_timestring("3ep")
     assert Time(3, TimeUnit.EPOCH) != Time(3, TimeUnit.BATCH)  # different units are different values, not an error
-    assert Time(3, TimeUnit.EPOCH) != 3  # no ints ...
-    assert Time(3, TimeUnit.EPOCH) != "3ep"  # ... and no strings: convert with Time.from_input
+    assert Time(5, "ba") == 5
+    assert 5 == Time(5, "ba")  # noqa: SIM300 -- the reflected side
+    assert Time(5, "ba") != 6
+    assert Time(3, TimeUnit.EPOCH) == "3ep"
+    assert Time(3, TimeUnit.EPOCH) != "3ba"
+    assert Time(3, TimeUnit.EPOCH) != "not a time"
     assert Time(1.0, TimeUnit.DURATION) == Time(1, TimeUnit.DURATION)
+    assert Time(0.5, "dur") == 0.5
+    assert Time(1, "ba") != True  # noqa: E712 -- a bool is not a count
+    lookup: dict[object, str] = {Time(5, "ba"): "found"}
+    assert lookup[5] == "found"  # equal values hash alike
+
+
+def test_ordering_and_arithmetic_with_numbers_and_time_strings_as_in_composer() -> None:
+    batch = Time(41, "ba")
+    assert batch < 42 and batch <= 41 and not batch > 41 and batch >= 41.0
+    assert 42 > batch and 40 < batch  # noqa: SIM300 -- the reflected side
+    assert batch < "42ba" and "40ba" < batch  # noqa: SIM300 -- the reflected side
+    assert Time(0.3, "dur") < 0.5 and Time(0.3, "dur") >= "0.3dur"
+    assert batch + 1 == Time(42, "ba") and 1 + batch == Time(42, "ba")
+    assert batch - "1ba" == Time(40, "ba") and 50 - batch == Time(9, "ba")
+    with pytest.raises(ValueError, match="would be negative"):
+        _ = 40 - batch
+    with pytest.raises(TypeError, match="needs an integer"):
+        _ = batch + 0.5
+    with pytest.raises(ValueError, match="not valid"):
+        _ = batch < "42 batches"
+
+
+def test_timestamp_counters_compare_with_ints_and_the_timestamp_with_time_strings() -> None:
+    timestamp = Timestamp(epoch=1, batch=41)
+    assert timestamp.batch < 42 and timestamp.epoch == 1
+    assert timestamp >= "41ba" and timestamp < "2ep"
+    with pytest.raises(TypeError):
+        _ = timestamp < 42  # type: ignore[operator]  # a bare number names no counter
 
 
 # --- conversions and the value-object protocol --------------------------------------------------

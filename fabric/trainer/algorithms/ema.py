@@ -38,7 +38,7 @@ _INTERVAL_UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH)
 def time_reached(state: State, time: Time[Any]) -> bool:
     """Whether training has reached ``time`` (a ``dur`` fraction of ``max_duration``, or a count in any unit)."""
     if time.unit is TimeUnit.DURATION:
-        return state.get_elapsed_duration() >= float(time.value)
+        return float(state.get_elapsed_duration()) >= float(time.value)
     return bool(state.timestamp.get(time.unit) >= time)
 
 

@@ -91,7 +91,7 @@ class LayerFreezing(Algorithm):
         return event is _INTERVAL_EVENTS[self.interval]
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
-        elapsed = state.get_elapsed_duration()
+        elapsed = float(state.get_elapsed_duration())
         self.frozen_layers = freeze_layers(state.model, state.optimizers, elapsed, self.freeze_start, self.freeze_level)
         if logger is not None:
             logger.log_metrics({"layer_freezing/frozen_layers": self.frozen_layers})

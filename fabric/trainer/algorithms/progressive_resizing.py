@@ -115,7 +115,7 @@ class ProgressiveResizing(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         scale = resize_scale(
-            state.get_elapsed_duration(), self.initial_scale, self.delay_fraction, self.finetune_fraction
+            float(state.get_elapsed_duration()), self.initial_scale, self.delay_fraction, self.finetune_fraction
         )
         inputs = get_batch_item(state.batch, self.input_key)
         targets = get_batch_item(state.batch, self.target_key) if self.resize_targets else None

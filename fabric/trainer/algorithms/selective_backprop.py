@@ -121,7 +121,7 @@ class SelectiveBackprop(Algorithm):
         if event is not Event.AFTER_DATALOADER:
             return False
         return should_select(
-            state.get_elapsed_duration(), int(state.timestamp.batch), self.start, self.end, self.interrupt
+            float(state.get_elapsed_duration()), int(state.timestamp.batch), self.start, self.end, self.interrupt
         )
 
     def apply(self, event: Event, state: State, logger: Any) -> None:

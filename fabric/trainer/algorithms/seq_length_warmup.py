@@ -80,7 +80,7 @@ class SeqLengthWarmup(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         length = warmup_length(
-            state.get_elapsed_duration(), self.duration, self.min_seq_length, self.max_seq_length, self.step_size
+            float(state.get_elapsed_duration()), self.duration, self.min_seq_length, self.max_seq_length, self.step_size
         )
         state.batch = set_batch_sequence_length(state.batch, length, self.truncate)
         if logger is not None:

@@ -176,7 +176,7 @@ class StochasticDepth(SurgeryAlgorithm):
 
     def _warmup_progress(self, state: State) -> float:
         if self.drop_warmup.unit is TimeUnit.DURATION:
-            return state.get_elapsed_duration() / float(self.drop_warmup.value)
+            return float(state.get_elapsed_duration()) / float(self.drop_warmup.value)
         return elapsed_fraction(state.timestamp, self.drop_warmup)
 
     def hparams(self) -> dict[str, Any]:

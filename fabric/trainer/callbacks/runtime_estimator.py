@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fabric.trainer.callback import Callback
-from fabric.trainer.time import TimeUnit
 
 if TYPE_CHECKING:
     from fabric.trainer.state import State
@@ -44,9 +43,5 @@ class RuntimeEstimator(Callback):
 
 
 def _progress(state: State) -> float:
-    """The fraction of ``max_duration`` done, counting partial epochs when the epoch length is known."""
-    max_duration = state.max_duration
-    if max_duration is not None and max_duration.unit is TimeUnit.EPOCH and state.dataloader_len:
-        epochs = int(state.timestamp.epoch) + int(state.timestamp.batch_in_epoch) / state.dataloader_len
-        return epochs / int(max_duration)
-    return state.get_elapsed_duration()
+    """The fraction of ``max_duration`` done (partial epochs count when the epoch length is known)."""
+    return float(state.get_elapsed_duration())

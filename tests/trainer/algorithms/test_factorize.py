@@ -108,4 +108,6 @@ def test_a_rank_above_the_full_rank_is_rejected() -> None:
 
 def test_a_model_still_learns_with_factorize(accuracy_after_training: Callable[[Sequence[Algorithm]], float]) -> None:
     algorithm = Factorize(min_channels=8, latent_channels=0.5, min_features=8, latent_features=0.5)
-    assert accuracy_after_training([algorithm]) > 0.6
+    # Chance is 0.1. The half-rank model learns slower than the full one (0.96); its cosine LR now decays every batch
+    # (as in Composer) instead of once per epoch, which leaves it at 0.596 after 3 epochs.
+    assert accuracy_after_training([algorithm]) > 0.5
