@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 import torch
+from scripts.marker_payload import MarkerPayload
 
 from fabric import Fabric
 from fabric.plugins.environments import find_free_port
 from fabric.strategies import deepspeed_checkpoint as checkpoints
 from fabric.strategies.deepspeed import DeepSpeedStrategy, convert_zero_checkpoint_to_fp32
 from fabric.strategies.deepspeed_config import complete_config, with_micro_batch_size
+from fabric.strategies.deepspeed_safe_load import forced_safe_loading
 from fabric.utilities.exceptions import CheckpointError
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -151,6 +153,59 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_in_place(
     checkpoints.commit(directory, "fabric-next")
     assert checkpoints.latest_tag(directory) == "fabric-next"
     assert sorted(entry.name for entry in directory.iterdir() if entry.is_dir()) == ["fabric-next"]
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("part", ["client_state", "optimizer"])
+def test_a_payload_in_a_deepspeed_checkpoint_is_refused_before_anything_is_loaded(
+    job: tuple[Path, list[dict[str, Any]]], part: str
+) -> None:
+    for result in job[1]:  # each rank loaded the poisoned copy into a freshly set-up engine
+        got = result["deepspeed_stage_2"]["poisoned"][part]
+        shard = "model_states.pt" if part == "client_state" else "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        assert shard in got["error"] and "safe loading (weights_only=True) refuses" in got["error"]
+        assert "weights_only=False" in got["error"]
+        assert not got["ran"], "the payload ran"
+        assert got["unchanged"], "the model changed although the load was refused"
+
+
+def _poisoned_copy(source: Path, destination: Path, marker: Path) -> Path:
+    """``source`` with the payload in its client state; returns the poisoned file."""
+    shutil.copytree(source, destination)
+    file = next(destination.glob("*/*model_states.pt"))
+    saved = torch.load(file, weights_only=False)  # our own checkpoint
+    saved["fabric_client_state"]["step"] = MarkerPayload(marker)
+    torch.save(saved, file)
+    return file
+
+
+@needs_deepspeed
+def test_consolidating_a_poisoned_checkpoint_refuses_it_unless_trusted(
+    job: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    marker, output = tmp_path / "marker", tmp_path / "out.pt"
+    file = _poisoned_copy(job[0] / "deepspeed_stage_3", tmp_path / "poisoned", marker)
+    with pytest.raises(CheckpointError, match=r"safe loading .* refuses") as error:
+        convert_zero_checkpoint_to_fp32(tmp_path / "poisoned", output)
+    assert file.name in str(error.value) and "weights_only=False" in str(error.value)
+    assert not marker.exists() and not output.exists()
+    convert_zero_checkpoint_to_fp32(tmp_path / "poisoned", output, weights_only=False)
+    assert marker.exists()  # the payload is real: it runs once the user says the checkpoint is trusted
+
+
+def test_every_torch_load_in_a_safe_deepspeed_load_is_weights_only(tmp_path: Path) -> None:
+    """DeepSpeed calls ``torch.load(weights_only=False)``; inside the block that call is made safe."""
+    marker, file = tmp_path / "marker", tmp_path / "poisoned.pt"
+    torch.save({"weights": torch.ones(2), "extra": MarkerPayload(marker)}, file)
+    torch.save({"weights": torch.ones(2)}, tmp_path / "plain.pt")
+    with forced_safe_loading():
+        assert torch.equal(torch.load(tmp_path / "plain.pt", weights_only=False)["weights"], torch.ones(2))
+    with pytest.raises(CheckpointError, match=r"safe loading .* refuses"), forced_safe_loading():
+        torch.load(file, weights_only=False)
+    assert not marker.exists()
+    assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ  # the process is as it was
+    torch.load(file, weights_only=False)
+    assert marker.exists()
 
 
 def test_loading_a_file_as_a_deepspeed_checkpoint_points_to_single_device_loading(tmp_path: Path) -> None:

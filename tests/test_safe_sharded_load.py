@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from scripts.marker_payload import MarkerPayload
 from torch import nn
 
 from fabric import Fabric
@@ -23,16 +24,6 @@ from fabric.plugins.io.distributed_checkpoint import load_shards, read_whole, wr
 from fabric.utilities.exceptions import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class _Payload:
-    """Unpickles into ``Path(marker).touch()``: what a malicious checkpoint would do."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return Path.touch, (self.marker,)
 
 
 def _model() -> nn.Module:
@@ -46,7 +37,7 @@ def _checkpoint(directory: Path, step: Any) -> None:
 
 def _payload_in_entry(tmp_path: Path) -> tuple[Path, Path]:
     directory, marker = tmp_path / "checkpoint", tmp_path / "marker"
-    _checkpoint(directory, _Payload(marker))
+    _checkpoint(directory, MarkerPayload(marker))
     return directory, marker
 
 
@@ -56,7 +47,7 @@ def _payload_in_metadata(tmp_path: Path) -> tuple[Path, Path]:
     metadata_file = directory / ".metadata"
     with metadata_file.open("rb") as file:
         metadata = pickle.load(file)  # our own, just written
-    metadata.storage_meta.modules = [_Payload(marker)]
+    metadata.storage_meta.modules = [MarkerPayload(marker)]
     with metadata_file.open("wb") as file:
         pickle.dump(metadata, file)
     return directory, marker

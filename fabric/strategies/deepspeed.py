@@ -21,7 +21,7 @@ Behaviour a user relies on:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
@@ -47,9 +47,11 @@ from fabric.strategies.deepspeed_config import (
     zero_stage,
 )
 from fabric.strategies.deepspeed_precision import DeepSpeedPrecision
+from fabric.strategies.deepspeed_safe_load import safe_loading
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.strategy import CheckpointFilter
 from fabric.utilities.checkpoint_state import Stateful
 from fabric.utilities.data import shard_dataloader
 from fabric.utilities.exceptions import CheckpointError
@@ -308,8 +310,15 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     # --- checkpoints ------------------------------------------------------------------------------
 
-    def save_checkpoint(self, path: PathType, state: dict[str, Any]) -> None:
+    def save_checkpoint(
+        self, path: PathType, state: dict[str, Any], filter: Mapping[str, CheckpointFilter] | None = None
+    ) -> None:
         """Every rank writes its shard with ``engine.save_checkpoint``; ``latest`` moves only when all are done."""
+        if filter:
+            raise ValueError(
+                "fabric.save(filter=...) writes a subset of full state dicts into one file; DeepSpeed saves the "
+                "engine's shards whole. Save without a filter (convert_zero_checkpoint_to_fp32 makes one file)."
+            )
         directory = Path(path)
         module_key, engine = self._engine_in(state)
         client_state = {
@@ -330,9 +339,9 @@ class DeepSpeedStrategy(ParallelStrategy):
     ) -> dict[str, Any]:
         """Fill the engine (and its optimizer, if ``state`` holds it) and the client entries in place.
 
-        Everything that can be checked without loading (the directory, the world size, the client keys)
-        is checked first. DeepSpeed's loader unpickles its own objects, so ``weights_only`` does not apply:
-        load only DeepSpeed checkpoints you trust.
+        Everything that can be checked without loading (the directory, the world size, the client keys,
+        under ``weights_only`` the classes every file names) is checked first. Under ``weights_only``
+        every file, DeepSpeed's own reads included, is loaded with ``torch.load(weights_only=True)``.
         """
         if state is None:
             raise ValueError(
@@ -344,25 +353,26 @@ class DeepSpeedStrategy(ParallelStrategy):
         load_optimizer = any(isinstance(value, Optimizer) for value in state.values())
         if load_optimizer:
             checkpoints.check_world_size(directory, tag, self.world_size)
-        client_state = checkpoints.read_client_state(directory, tag)
-        client_state.pop(checkpoints.MODULE_KEY_ENTRY, None)
-        keys = [key for key in state if key in client_state]
-        missing = [key for key, value in state.items() if key not in client_state and key != module_key]
-        missing = [key for key in missing if not isinstance(state[key], Optimizer)]
-        if strict and missing:
-            raise CheckpointError(
-                f"{directory!s} has no entry for {missing}; it holds {sorted(client_state)}. "
-                "Pass strict=False to load only the entries that exist."
+        with safe_loading(directory / tag, weights_only):
+            client_state = checkpoints.read_client_state(directory, tag, weights_only)
+            client_state.pop(checkpoints.MODULE_KEY_ENTRY, None)
+            keys = [key for key in state if key in client_state]
+            missing = [key for key, value in state.items() if key not in client_state and key != module_key]
+            missing = [key for key in missing if not isinstance(state[key], Optimizer)]
+            if strict and missing:
+                raise CheckpointError(
+                    f"{directory!s} has no entry for {missing}; it holds {sorted(client_state)}. "
+                    "Pass strict=False to load only the entries that exist."
+                )
+            for key in keys:
+                self._check_fits(state[key], client_state[key], strict, where=f"Entry {key!r} of {directory!s}")
+            loaded_path, _ = engine.load_checkpoint(
+                os.fspath(directory),
+                tag=tag,
+                load_module_strict=strict,
+                load_optimizer_states=load_optimizer,
+                load_lr_scheduler_states=False,
             )
-        for key in keys:
-            self._check_fits(state[key], client_state[key], strict, where=f"Entry {key!r} of {directory!s}")
-        loaded_path, _ = engine.load_checkpoint(
-            os.fspath(directory),
-            tag=tag,
-            load_module_strict=strict,
-            load_optimizer_states=load_optimizer,
-            load_lr_scheduler_states=False,
-        )
         if loaded_path is None:
             raise CheckpointError(f"DeepSpeed could not load {directory!s} (tag {tag!r}).")
         self._load_unvalidated_state(directory, state, client_state, keys)
@@ -390,12 +400,12 @@ class DeepSpeedStrategy(ParallelStrategy):
         return f"DeepSpeedStrategy(stage={stage}, devices={len(self._parallel_devices or [])})"
 
 
-def convert_zero_checkpoint_to_fp32(checkpoint_dir: PathType, output_file: PathType) -> None:
+def convert_zero_checkpoint_to_fp32(checkpoint_dir: PathType, output_file: PathType, weights_only: bool = True) -> None:
     """Gather a sharded checkpoint into one file of full float32 weights plus the saved client entries.
 
     Runs in one process, without a process group (``deepspeed.utils.zero_to_fp32``). The file loads with a
     single-device Fabric: ``fabric.load(output_file, {"model": model, "step": 0})``. Optimizer state is not
-    consolidated.
+    consolidated. Nothing in the checkpoint can run code unless ``weights_only=False`` (a trusted checkpoint).
     """
     _import_deepspeed(None)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -404,7 +414,7 @@ def convert_zero_checkpoint_to_fp32(checkpoint_dir: PathType, output_file: PathT
         state_dict: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(directory, tag=tag)
         return state_dict
 
-    checkpoints.consolidate(Path(checkpoint_dir), Path(output_file), gather)
+    checkpoints.consolidate(Path(checkpoint_dir), Path(output_file), gather, weights_only)
 
 
 def _import_deepspeed(device_type: str | None) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from fabric.plugins.io.torch_io import TorchCheckpointIO
+from fabric.strategies.deepspeed_safe_load import safe_loading
 from fabric.utilities.exceptions import CheckpointError
 
 LATEST = "latest"
@@ -69,16 +70,16 @@ def saved_world_size(directory: Path, tag: str) -> int:
     return len(ranks)
 
 
-def read_client_state(directory: Path, tag: str) -> dict[str, Any]:
+def read_client_state(directory: Path, tag: str, weights_only: bool = True) -> dict[str, Any]:
     """The user's own entries (``"step": 5``, ...) saved next to the model, without loading any shard.
 
-    DeepSpeed pickles its own objects into these files, so they are read without ``weights_only``:
-    load only DeepSpeed checkpoints you trust.
+    Call it inside :func:`~fabric.strategies.deepspeed_safe_load.safe_loading`, which allows DeepSpeed's
+    own records under ``weights_only``.
     """
     files = sorted((directory / tag).glob("*model_states.pt"))
     if not files:
         raise CheckpointError(f"{os.fspath(directory / tag)!r} holds no DeepSpeed model state file.")
-    saved = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
+    saved = torch.load(files[0], map_location="cpu", weights_only=weights_only, mmap=True)
     client_state = saved.get("fabric_client_state")
     if not isinstance(client_state, dict):
         raise CheckpointError(f"{os.fspath(files[0])!r} was not written by Fabric's DeepSpeedStrategy.")
@@ -96,10 +97,16 @@ def check_world_size(directory: Path, tag: str, world_size: int) -> None:
         )
 
 
-def consolidate(directory: Path, output_file: Path, gather: Callable[[str, str], dict[str, torch.Tensor]]) -> None:
-    """Write the full float32 weights and the client state into one ``fabric.load``-able file."""
+def consolidate(
+    directory: Path, output_file: Path, gather: Callable[[str, str], dict[str, torch.Tensor]], weights_only: bool = True
+) -> None:
+    """Write the full float32 weights and the client state into one ``fabric.load``-able file.
+
+    With ``weights_only`` (the default) nothing in the checkpoint can run code while it is read.
+    """
     tag = latest_tag(directory)
-    client_state = read_client_state(directory, tag)
+    with safe_loading(directory / tag, weights_only):
+        client_state = read_client_state(directory, tag, weights_only)
+        state_dict = gather(os.fspath(directory), tag)
     module_key = client_state.pop(MODULE_KEY_ENTRY, "model")
-    state_dict = gather(os.fspath(directory), tag)
     TorchCheckpointIO().save_checkpoint({**client_state, module_key: state_dict}, output_file)

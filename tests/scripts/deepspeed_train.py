@@ -6,9 +6,12 @@ step, the first under ``no_backward_sync``), takes ``model.state_dict()``, saves
 loads it into a freshly initialised engine, and computes the single-process full-batch reference itself
 with plain torch.
 Each rank writes what it saw to ``OUT_DIR/rank{R}.json``; checkpoints go to ``OUT_DIR/<strategy>``.
+Under stage 2, poisoned copies of the checkpoint (a payload in the client state, then in one rank's
+optimizer shard) are loaded too: each load must be refused before anything changes, running nothing.
 """
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,10 +19,12 @@ from typing import Any
 import deepspeed
 import torch
 import torch.nn.functional as F
+from marker_payload import MarkerPayload
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
 from fabric.strategies.launchers.process_exit import exit_process
+from fabric.utilities.exceptions import CheckpointError
 
 STEPS = 3
 LR = 0.05
@@ -66,6 +71,33 @@ def setup(fabric: Fabric, seed: int) -> tuple[Any, Any]:
     return fabric.setup(model, torch.optim.Adam(model.parameters(), lr=LR))
 
 
+def load_poisoned(fabric: Fabric, checkpoint: Path) -> dict[str, Any]:
+    """Load copies of ``checkpoint`` with a payload in the client state, then in rank 1's optimizer shard."""
+    results = {}
+    for part, pattern in (("client_state", "*model_states.pt"), ("optimizer", "zero_pp_rank_1_*optim_states.pt")):
+        poisoned, marker = out_dir / f"poisoned_{part}", out_dir / f"marker_{part}"
+        if fabric.is_global_zero:
+            shutil.copytree(checkpoint, poisoned)
+            file = next(poisoned.glob(f"*/{pattern}"))
+            saved = torch.load(file, weights_only=False)  # our own checkpoint
+            if part == "client_state":
+                saved["fabric_client_state"]["step"] = MarkerPayload(marker)
+            else:
+                saved["extra"] = MarkerPayload(marker)
+            torch.save(saved, file)
+        fabric.barrier()
+        model, optimizer = setup(fabric, seed=7)
+        before = full_parameters(model)
+        try:
+            fabric.load(poisoned, {"model": model, "optimizer": optimizer, "step": 0})
+            error = ""
+        except CheckpointError as refused:
+            error = str(refused)
+        fabric.barrier()
+        results[part] = {"error": error, "ran": marker.exists(), "unchanged": full_parameters(model) == before}
+    return results
+
+
 def run(strategy: str) -> dict[str, Any]:
     fabric = Fabric(accelerator="cpu", strategy=strategy, devices=2)
     fabric.launch()
@@ -104,7 +136,9 @@ def run(strategy: str) -> dict[str, Any]:
     state = {"model": fresh_model, "optimizer": fresh_optimizer, "step": 0}
     remainder = fabric.load(checkpoint, state)
     loaded_optimizer = optimizer_tensors(fresh_model._forward_module)
+    poisoned = load_poisoned(fabric, checkpoint) if strategy == "deepspeed_stage_2" else None
     return {
+        "poisoned": poisoned,
         "micro_batch_size": fabric.strategy.config["train_micro_batch_size_per_gpu"],
         "losses": losses,
         "params": trained,
