@@ -7,6 +7,7 @@ the strategy, which owns the accelerator, the precision plugin and checkpoint I/
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -18,16 +19,17 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from fabric.accelerators.accelerator import Accelerator
 from fabric.connector import AcceleratorArg, Plugin, PrecisionArg, StrategyArg, resolve
 from fabric.plugins.io.checkpoint_io import PathType
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.process_exit import prepare_fast_shutdown, register_cleanup
-from fabric.strategies.strategy import Strategy
+from fabric.strategies.strategy import CheckpointFilter, Strategy
 from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
 from fabric.utilities.device_parser import DevicesArg
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
-from fabric.utilities.seed import seed_everything
+from fabric.utilities.seed import seed_everything, seeds_workers, worker_init_function
 from fabric.wrappers import FabricDataLoader, FabricModule, FabricOptimizer, wrap_dataloader, wrap_optimizer
 
 if TYPE_CHECKING:
@@ -113,6 +115,11 @@ class Fabric:
     @property
     def precision(self) -> Precision:
         return self._strategy.precision
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """The accelerator (CPU, CUDA, MPS) this job runs on."""
+        return self._strategy.accelerator
 
     @property
     def loggers(self) -> list[Logger]:
@@ -272,7 +279,9 @@ class Fabric:
         """Shard (in distributed strategies) and wrap dataloaders so batches arrive on the device.
 
         Each returned loader is still an instance of the user's ``DataLoader`` class. With
-        ``use_distributed_sampler=False`` the sampler is left alone (the data is then not sharded).
+        ``use_distributed_sampler=False`` the sampler is left alone (the data is then not sharded). After
+        ``seed_everything(workers=True)``, loaders without a ``worker_init_fn`` get one that seeds each worker
+        of each rank differently.
         """
         if not dataloaders:
             raise ValueError("setup_dataloaders() needs at least one dataloader.")
@@ -283,7 +292,10 @@ class Fabric:
                 raise ValueError("This dataloader was already set up with Fabric; set up each dataloader once.")
             if use_distributed_sampler and isinstance(dataloader, DataLoader):
                 dataloader = self._strategy.process_dataloader(dataloader)
-            wrapped.append(wrap_dataloader(dataloader, self.device if move_to_device else None))
+            loader = wrap_dataloader(dataloader, self.device if move_to_device else None)
+            if seeds_workers() and loader.worker_init_fn is None:
+                loader.worker_init_fn = functools.partial(worker_init_function, rank=self.global_rank)
+            wrapped.append(loader)
         return wrapped[0] if len(wrapped) == 1 else wrapped
 
     # --- the training step ------------------------------------------------------------------------
@@ -401,13 +413,16 @@ class Fabric:
 
     # --- checkpoints ------------------------------------------------------------------------------
 
-    def save(self, path: PathType, state: dict[str, Any]) -> None:
+    def save(self, path: PathType, state: dict[str, Any], filter: Mapping[str, CheckpointFilter] | None = None) -> None:
         """Save modules, optimizers and any other state (a dict) to a local path or fsspec URL.
 
         The write is atomic: a crash while saving leaves any previous file at ``path`` intact.
+        ``filter={"model": fn}`` saves only the items of ``state["model"]``'s state dict for which
+        ``fn(name, value)`` is True, e.g. ``lambda name, _: "lora_" in name`` (one-file checkpoints only).
         """
         self._check_launched()
-        self._strategy.save_checkpoint(path, _unwrap_objects(state))
+        _check_filter(filter, state)
+        self._strategy.save_checkpoint(path, _unwrap_objects(state), filter=filter)
         self.barrier("save")
 
     def load(
@@ -468,9 +483,10 @@ class Fabric:
             method(*args, **kwargs)
 
     @staticmethod
-    def seed_everything(seed: int | None = None) -> int:
-        """Seed ``random``, NumPy and torch; see :func:`fabric.utilities.seed.seed_everything`."""
-        return seed_everything(seed)
+    def seed_everything(seed: int | None = None, workers: bool = False) -> int:
+        """Seed ``random``, NumPy and torch (and, with ``workers=True``, each dataloader worker of each rank
+        distinctly); see :func:`fabric.utilities.seed.seed_everything`."""
+        return seed_everything(seed, workers)
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawned ranks receive a pickled copy; modules set up here are not theirs to track.
@@ -486,6 +502,19 @@ class Fabric:
             f"Fabric(accelerator={resolved.accelerator!r}, strategy={type(self._strategy).__name__}, "
             f"devices={len(resolved.devices)}, num_nodes={resolved.num_nodes}, precision={resolved.precision.name!r})"
         )
+
+
+def _check_filter(filter: Mapping[str, CheckpointFilter] | None, state: dict[str, Any]) -> None:
+    if filter is None:
+        return
+    if not isinstance(filter, Mapping):
+        raise TypeError(f"filter must be a dict of state keys to (name, value) -> bool functions, got {filter!r}.")
+    unknown = sorted(set(filter) - set(state))
+    if unknown:
+        raise ValueError(f"filter names {unknown}, which are not in the state; its keys are {sorted(state)}.")
+    for key, function in filter.items():
+        if not callable(function):
+            raise TypeError(f"filter[{key!r}] must be a (name, value) -> bool function, got {function!r}.")
 
 
 def _is_interactive() -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
@@ -27,11 +28,12 @@ from torch.utils.data import DataLoader
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_data_to_device
 from fabric.utilities.module_calls import forward_redirected, parameter_calls_refused
+from fabric.utilities.wrapped import SetUpByFabric
 
 OptimizerT = TypeVar("OptimizerT", bound=Optimizer)
 
 
-class FabricModule(nn.Module):
+class FabricModule(SetUpByFabric, nn.Module):
     """Wraps a set-up module. Attribute access falls through to the original module.
 
     Methods other than ``forward`` run through the strategy's wrapper only when marked with
@@ -57,6 +59,14 @@ class FabricModule(nn.Module):
     def module(self) -> nn.Module:
         """The user's own module, unwrapped."""
         return self._original_module
+
+    @property
+    def device(self) -> torch.device:
+        """Where the module's parameters (or, without any, its buffers) are; the strategy's device for a
+        module that has neither."""
+        for tensor in itertools.chain(self._original_module.parameters(), self._original_module.buffers()):
+            return tensor.device
+        return self._strategy.root_device
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         precision = self._strategy.precision
@@ -174,7 +184,7 @@ def _guard_backward(output: Any, strategy: Strategy) -> None:
     apply_to_collection(output, torch.Tensor, guard)
 
 
-class FabricOptimizer:
+class FabricOptimizer(SetUpByFabric):
     """Mixin for the class :func:`wrap_optimizer` builds. Holds no state of its own: the instance shares
     its ``__dict__`` with the user's optimizer, and the per-wrapper class holds the original and the
     strategy."""
@@ -218,7 +228,7 @@ def wrap_optimizer(optimizer: OptimizerT, strategy: Strategy) -> OptimizerT:
     return wrapped
 
 
-class FabricDataLoader:
+class FabricDataLoader(SetUpByFabric):
     """Mixin for the class :func:`wrap_dataloader` builds: a copy of the user's ``DataLoader`` (still an
     instance of its class) that moves each batch to the device and advances the sampler's epoch."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from datetime import timedelta
 from typing import Any, Literal, get_args
@@ -31,6 +31,7 @@ from fabric.strategies.fsdp_checkpoint import ShardedCheckpointer
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.strategy import CheckpointFilter
 from fabric.utilities.data import shard_dataloader
 
 #: Which submodules get their own FSDP unit: layer classes, or a predicate on each submodule.
@@ -307,10 +308,17 @@ class FSDPStrategy(ParallelStrategy):
     def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
         self._checkpointer.load_full_optimizer_state(optimizer, state_dict)
 
-    def save_checkpoint(self, path: PathType, state: dict[str, Any]) -> None:
-        """A sharded directory by default; one full file with ``state_dict_type="full"``."""
+    def save_checkpoint(
+        self, path: PathType, state: dict[str, Any], filter: Mapping[str, CheckpointFilter] | None = None
+    ) -> None:
+        """A sharded directory by default; one full file with ``state_dict_type="full"`` (``filter`` only there)."""
         if self.state_dict_type == "full":
-            super().save_checkpoint(path, state)
+            super().save_checkpoint(path, state, filter)
+        elif filter:
+            raise ValueError(
+                "fabric.save(filter=...) writes a subset of full state dicts into one file; FSDPStrategy saves a "
+                "sharded directory here. Use FSDPStrategy(state_dict_type='full') to save filtered checkpoints."
+            )
         else:
             self._checkpointer.save_sharded(path, state)
 

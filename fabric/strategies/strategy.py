@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
@@ -30,6 +30,9 @@ from fabric.utilities.checkpoint_state import Stateful, check_module_state, chec
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.init import SkipParameterInit, refuse_forward_until_loaded, uninitialised_tensors
+
+#: ``fabric.save(filter={key: fn})``: ``fn(name, value)`` says whether an item of entry ``key``'s state dict is saved.
+CheckpointFilter = Callable[[str, Any], bool]
 
 #: Checkpoint entry holding the precision plugin's state (the loss scale of ``16-mixed``), if any.
 PRECISION_STATE_KEY = "fabric_precision_state"
@@ -310,9 +313,17 @@ class Strategy:
             return obj.state_dict()
         return obj
 
-    def save_checkpoint(self, path: PathType, state: dict[str, Any]) -> None:
-        """Write ``state`` from global rank 0 (every rank holds the same full state here)."""
+    def save_checkpoint(
+        self, path: PathType, state: dict[str, Any], filter: Mapping[str, CheckpointFilter] | None = None
+    ) -> None:
+        """Write ``state`` from global rank 0 (every rank holds the same full state here).
+
+        ``filter`` maps entries of ``state`` to ``(name, value) -> bool``: only the items of that entry's
+        state dict for which it returns True are written.
+        """
         checkpoint = self.checkpoint_state(state)
+        if filter:
+            checkpoint = _filtered(checkpoint, filter)
         precision_state = self.precision.state_dict()
         if precision_state:
             checkpoint[PRECISION_STATE_KEY] = precision_state
@@ -410,6 +421,20 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(accelerator={self._accelerator}, precision={self._precision})"
+
+
+def _filtered(checkpoint: dict[str, Any], filter: Mapping[str, CheckpointFilter]) -> dict[str, Any]:
+    """``checkpoint`` with the state dicts named in ``filter`` reduced to the items their function keeps."""
+    result = dict(checkpoint)
+    for key, keep in filter.items():
+        entry = checkpoint[key]
+        if not isinstance(entry, Mapping):
+            raise ValueError(
+                f"filter[{key!r}] selects items of a state dict, but state[{key!r}] is not one (type "
+                f"{type(entry).__name__}); filter only the entries of modules, optimizers, stateful objects and dicts."
+            )
+        result[key] = {name: value for name, value in entry.items() if keep(name, value)}
+    return result
 
 
 def _parameters_with_grad(optimizer: Optimizer) -> list[torch.Tensor]:

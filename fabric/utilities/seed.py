@@ -1,7 +1,9 @@
-"""Seed every random number generator a training run uses, in one call."""
+"""Seed every random number generator a training run uses, in one call, and (``workers=True``) every
+dataloader worker distinctly per rank and worker."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 
@@ -12,14 +14,19 @@ from fabric.utilities.rank_zero import rank_zero_warn
 
 #: Set by :func:`seed_everything` so processes started later (other ranks) pick up the same seed.
 SEED_ENV_VAR = "FABRIC_GLOBAL_SEED"
+#: ``"1"`` after ``seed_everything(workers=True)``: ``fabric.setup_dataloaders`` installs :func:`worker_init_function`.
+SEED_WORKERS_ENV_VAR = "FABRIC_SEED_WORKERS"
 _NUMPY_AVAILABLE = RequirementCache("numpy")
 _MAX_SEED = 2**32 - 1
 
 
-def seed_everything(seed: int | None = None) -> int:
+def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     """Seed Python's ``random``, NumPy (if installed) and torch (CPU and every CUDA device).
 
     Without ``seed``, the seed a parent process recorded in ``FABRIC_GLOBAL_SEED`` is used, else 0.
+    With ``workers=True``, dataloaders set up afterwards by ``fabric.setup_dataloaders`` (that have no
+    ``worker_init_fn`` of their own) seed each worker process from the seed, the rank and the worker id,
+    so no two workers of the job draw the same random numbers and a rerun draws them again.
     Returns the seed used.
     """
     if seed is None:
@@ -30,6 +37,7 @@ def seed_everything(seed: int | None = None) -> int:
     if not 0 <= seed <= _MAX_SEED:
         raise ValueError(f"seed={seed} is out of range; accepted: an int in [0, {_MAX_SEED}].")
     os.environ[SEED_ENV_VAR] = str(seed)
+    os.environ[SEED_WORKERS_ENV_VAR] = str(int(workers))
     random.seed(seed)
     if _NUMPY_AVAILABLE:
         import numpy
@@ -37,3 +45,26 @@ def seed_everything(seed: int | None = None) -> int:
         numpy.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
     return seed
+
+
+def seeds_workers() -> bool:
+    """Whether the last :func:`seed_everything` (here or in the process that started this one) asked for
+    worker seeding."""
+    return os.environ.get(SEED_WORKERS_ENV_VAR) == "1"
+
+
+def worker_init_function(worker_id: int, rank: int) -> None:
+    """``DataLoader(worker_init_fn=...)`` that seeds ``random``, NumPy and torch in a worker process.
+
+    torch seeds worker ``i`` of each pass with ``base + i``, ``base`` drawn from the main process's
+    generator, which ``seed_everything`` made the same on every rank. The worker's seeds mix ``base``,
+    ``worker_id`` and ``rank``, so they differ across workers and ranks and repeat in a rerun.
+    """
+    base = torch.initial_seed() - worker_id
+    digest = hashlib.blake2b(f"{base}/{worker_id}/{rank}".encode(), digest_size=20).digest()
+    torch.manual_seed(int.from_bytes(digest[:8], "little"))
+    random.seed(int.from_bytes(digest[8:16], "little"))
+    if _NUMPY_AVAILABLE:
+        import numpy
+
+        numpy.random.seed(int.from_bytes(digest[16:], "little"))  # NumPy takes 32-bit seeds
