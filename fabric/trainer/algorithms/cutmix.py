@@ -59,10 +59,13 @@ def _cutmix(
 
 
 class CutMix(MixingAlgorithm):
-    """CutMix (see the module docstring). ``alpha`` is the Beta concentration of the kept area."""
+    """CutMix (see the module docstring). ``alpha`` is the Beta concentration of the kept area; ``num_classes``,
+    if given, is checked against the outputs' dimension 1."""
 
-    def __init__(self, alpha: float = 1.0, input_key: BatchKey = 0, target_key: BatchKey = 1) -> None:
-        super().__init__(alpha, False, input_key, target_key)
+    def __init__(
+        self, alpha: float = 1.0, input_key: BatchKey = 0, target_key: BatchKey = 1, *, num_classes: int | None = None
+    ) -> None:
+        super().__init__(alpha, False, input_key, target_key, num_classes)
 
     def mix(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         return _cutmix(inputs, self.alpha, None)

@@ -32,7 +32,7 @@ def _check_smoothing(smoothing: float) -> float:
 def smooth_labels(logits: torch.Tensor, targets: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
     """Smoothed probability targets for ``logits`` (classes along dim 1) from class indices or probabilities."""
     num_classes = int(logits.shape[1])
-    probabilities = to_probabilities(targets, num_classes)
+    probabilities = to_probabilities(targets, logits)
     smoothing = _check_smoothing(smoothing)
     return (1.0 - smoothing) * probabilities + smoothing / num_classes
 

@@ -46,18 +46,37 @@ def random_permutation(size: int, device: torch.device, generator: torch.Generat
     return torch.randperm(size, generator=generator).to(device)
 
 
-def mix_targets(targets: torch.Tensor, permutation: torch.Tensor, mixing: float, num_classes: int) -> torch.Tensor:
-    """Soft targets ``(1 - mixing) * t + mixing * t[permutation]``; class indices become one-hot along dim 1 first."""
-    soft = to_probabilities(targets, num_classes)
+def mix_targets(targets: torch.Tensor, permutation: torch.Tensor, mixing: float, outputs: torch.Tensor) -> torch.Tensor:
+    """Soft targets ``(1 - mixing) * t + mixing * t[permutation]``, in the probabilities of :func:`to_probabilities`."""
+    soft = to_probabilities(targets, outputs)
     return (1.0 - mixing) * soft + mixing * soft[permutation]
 
 
-def to_probabilities(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Class-index targets as one-hot probabilities along dim 1 (the layout ``cross_entropy`` expects); floating
-    targets are already probabilities and are returned unchanged."""
+def to_probabilities(targets: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+    """``targets`` as probabilities over the classes of ``outputs`` (along dim 1, as ``cross_entropy`` expects).
+
+    As Composer's ``ensure_targets_one_hot``: targets with one dimension fewer than ``outputs`` are class indices
+    and become one-hot; targets shaped like ``outputs`` are probabilities already (soft labels, or the integer
+    one-hot rows of ``F.one_hot``), returned as floats.
+    """
+    if targets.ndim == outputs.ndim:
+        if targets.shape[1] != outputs.shape[1]:
+            raise ValueError(
+                f"Targets of shape {tuple(targets.shape)} have {targets.shape[1]} classes along dim 1, but the "
+                f"outputs of shape {tuple(outputs.shape)} have {outputs.shape[1]}."
+            )
+        return targets if targets.is_floating_point() else targets.float()
     if targets.is_floating_point():
         return targets
-    return F.one_hot(targets.long(), num_classes).movedim(-1, 1).float()
+    return F.one_hot(targets.long(), int(outputs.shape[1])).movedim(-1, 1).float()
+
+
+def check_num_classes(owner: str, num_classes: int | None) -> int | None:
+    if num_classes is not None and (
+        isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
+    ):
+        raise ValueError(f"{owner}: num_classes={num_classes!r} must be an int >= 2 (or None: read from the outputs).")
+    return num_classes
 
 
 def mixup_batch(
@@ -82,8 +101,11 @@ def _mixup(
 class MixingAlgorithm(Algorithm):
     """Pairs each sample with another of its batch, mixes their inputs (subclass) and their targets (here)."""
 
-    def __init__(self, alpha: float, interpolate_loss: bool, input_key: BatchKey, target_key: BatchKey) -> None:
+    def __init__(
+        self, alpha: float, interpolate_loss: bool, input_key: BatchKey, target_key: BatchKey, num_classes: int | None
+    ) -> None:
         self.alpha = check_alpha(type(self).__name__, alpha)
+        self.num_classes = check_num_classes(type(self).__name__, num_classes)
         self.interpolate_loss = interpolate_loss
         self.input_key = check_batch_key("input_key", input_key)
         self.target_key = check_batch_key("target_key", target_key)
@@ -109,7 +131,8 @@ class MixingAlgorithm(Algorithm):
             return  # the forward ran without this algorithm having mixed it
         targets = get_batch_item(state.batch, self.target_key)
         if event is Event.BEFORE_LOSS and not self.interpolate_loss:
-            mixed_targets = mix_targets(targets, self._permutation, self.mixing, int(state.outputs.shape[1]))
+            self._check_outputs(state.outputs)
+            mixed_targets = mix_targets(targets, self._permutation, self.mixing, state.outputs)
             state.batch = set_batch_item(state.batch, self.target_key, mixed_targets)
         elif event is Event.AFTER_LOSS:
             if self.interpolate_loss:
@@ -122,17 +145,34 @@ class MixingAlgorithm(Algorithm):
             state.batch = set_batch_item(state.batch, self.target_key, original_targets)
             self._permutation = self._original = None
 
+    def _check_outputs(self, outputs: torch.Tensor) -> None:
+        if self.num_classes is not None and (outputs.ndim < 2 or outputs.shape[1] != self.num_classes):
+            raise ValueError(
+                f"{type(self).__name__}(num_classes={self.num_classes}) got outputs of shape {tuple(outputs.shape)}, "
+                f"which do not have {self.num_classes} classes along dim 1."
+            )
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(alpha={self.alpha})"
 
 
 class MixUp(MixingAlgorithm):
-    """MixUp (see the module docstring). ``alpha`` is the Beta concentration: small values mix little."""
+    """MixUp (see the module docstring). ``alpha`` is the Beta concentration: small values mix little.
+
+    ``num_classes`` (Composer's ``MixUp(num_classes=10, alpha=0.1)``) is optional: the classes are read from the
+    outputs' dimension 1, and a given ``num_classes`` is checked against it.
+    """
 
     def __init__(
-        self, alpha: float = 0.2, interpolate_loss: bool = False, input_key: BatchKey = 0, target_key: BatchKey = 1
+        self,
+        alpha: float = 0.2,
+        interpolate_loss: bool = False,
+        input_key: BatchKey = 0,
+        target_key: BatchKey = 1,
+        *,
+        num_classes: int | None = None,
     ) -> None:
-        super().__init__(alpha, interpolate_loss, input_key, target_key)
+        super().__init__(alpha, interpolate_loss, input_key, target_key, num_classes)
 
     def mix(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         return _mixup(inputs, self.alpha, None)

@@ -2,7 +2,9 @@
 
 Between ``start`` and ``end`` (fractions of training), a cheap no-grad forward scores every sample of the
 batch by its loss, and only the ``round(keep * n)`` highest-loss samples (at least one) go through the real
-forward and backward. After every ``interrupt`` selective batches one full batch trains (``interrupt=0``: never).
+forward and backward. As in Composer, every ``interrupt``-th batch of the epoch trains in full
+(``batch_in_epoch + 1`` a multiple of ``interrupt``), so the default ``interrupt=2`` alternates selective and full
+batches; ``interrupt=0`` never interrupts.
 ``scale_factor < 1`` scores images downscaled by that factor, making the scoring pass cheaper. From
 "Accelerating Deep Learning by Focusing on the Biggest Losers" (Jiang et al., 2019).
 
@@ -32,10 +34,11 @@ from fabric.trainer.state import State
 LossFunction = Callable[..., torch.Tensor]
 
 
-def should_select(elapsed: float, batch_index: int, start: float, end: float, interrupt: int) -> bool:
-    """Whether batch ``batch_index`` (0-based) at ``elapsed`` (fraction of training) is trained selectively."""
+def should_select(elapsed: float, batch_in_epoch: int, start: float, end: float, interrupt: int) -> bool:
+    """Whether batch ``batch_in_epoch`` (0-based, within the epoch) at ``elapsed`` (fraction of training) is
+    trained selectively: inside ``[start, end)`` and not an interrupting full batch (as Composer decides it)."""
     in_window = start <= elapsed < end
-    return in_window and (interrupt == 0 or (batch_index + 1) % (interrupt + 1) != 0)
+    return in_window and (interrupt == 0 or (batch_in_epoch + 1) % interrupt != 0)
 
 
 def _accepts_reduction(function: Callable[..., Any]) -> bool:
@@ -121,7 +124,11 @@ class SelectiveBackprop(Algorithm):
         if event is not Event.AFTER_DATALOADER:
             return False
         return should_select(
-            float(state.get_elapsed_duration()), int(state.timestamp.batch), self.start, self.end, self.interrupt
+            float(state.get_elapsed_duration()),
+            int(state.timestamp.batch_in_epoch),
+            self.start,
+            self.end,
+            self.interrupt,
         )
 
     def apply(self, event: Event, state: State, logger: Any) -> None:

@@ -70,7 +70,10 @@ def test_window_and_interrupt_decide_which_batches_are_selective() -> None:
     assert not should_select(0.4, 0, start=0.5, end=0.9, interrupt=2)
     assert not should_select(0.9, 0, start=0.5, end=0.9, interrupt=2)
     pattern = [should_select(0.6, index, start=0.5, end=0.9, interrupt=2) for index in range(6)]
+    assert pattern == [True, False, True, False, True, False]  # as Composer: interrupt=2 alternates
+    pattern = [should_select(0.6, index, start=0.5, end=0.9, interrupt=3) for index in range(6)]
     assert pattern == [True, True, False, True, True, False]  # every third batch trains in full
+    assert all(should_select(0.6, index, start=0.5, end=0.9, interrupt=0) for index in range(6))
     batch = (torch.zeros(8, 1), torch.zeros(8, dtype=torch.long))
     assert len(_select(SelectiveBackprop(start=0.6, end=0.9), batch, at_batch=10)[0]) == 8  # 0.5 < start
 
