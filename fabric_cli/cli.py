@@ -2,12 +2,16 @@
 
 The CLI sets environment variables and starts the processes; the script's plain ``Fabric()`` obeys
 them (see :mod:`fabric.utilities.cli_contract`). Only the options given here are passed on, so the
-script decides everything else. Bad input ends with one line naming the value and exit code 2.
+script decides everything else. Options take Lightning's names and Composer's launcher names alike,
+anywhere before a ``--`` (see :mod:`fabric_cli.arguments`); ``fabric run SCRIPT`` is short for
+``fabric run model SCRIPT``. Bad input ends with one line naming the value and exit code 2, before
+torch is imported unless counting GPUs needs it.
 """
 
 from __future__ import annotations
 
 import datetime
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,16 +23,21 @@ from fabric.accelerators.registry import accelerator_choices
 from fabric.plugins.precision.registry import PRECISION_REGISTRY
 from fabric.strategies.registry import strategy_choices
 from fabric.utilities.cli_contract import CLI_SETTINGS
+from fabric_cli.arguments import DefaultCommandGroup, ScriptCommand
 from fabric_cli.consolidate import consolidate_command
+from fabric_cli.layout import Layout, LayoutError, resolve_layout
+from fabric_cli.network import port_in_use
 from fabric_cli.plan import (
     DEFAULT_MULTI_NODE_PORT,
+    TEMPLATE_FIELDS,
     LaunchPlan,
     PlanError,
     check_node_options,
+    check_template,
     processes_per_node,
 )
 
-_RUN_MODEL_SETTINGS = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+_TEMPLATE_HELP = ", ".join(f"{{{name}}}" for name in TEMPLATE_FIELDS)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,12 +49,12 @@ def cli() -> None:
 cli.add_command(consolidate_command)
 
 
-@cli.group()
+@cli.group(cls=DefaultCommandGroup)
 def run() -> None:
-    """Run something with Fabric."""
+    """Run something with Fabric. `fabric run SCRIPT ...` is short for `fabric run model SCRIPT ...`."""
 
 
-@run.command("model", context_settings=_RUN_MODEL_SETTINGS)
+@run.command("model", cls=ScriptCommand)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--accelerator", type=click.Choice(accelerator_choices()), help="Hardware to run on. [default: auto]")
@@ -54,47 +63,101 @@ def run() -> None:
     "--devices",
     "-n",
     "--nproc",
-    help="Devices per node: a count, -1 for all, indices such as '0,1', or 'auto'. On CPU, a process count. "
-    "[default: auto]",
+    envvar="LOCAL_WORLD_SIZE",
+    help="Devices (processes) on this node: a count, -1 for all, indices such as '0,1', or 'auto'. "
+    "[default: $LOCAL_WORLD_SIZE, else auto]",
 )
 @click.option("--num-nodes", "--num_nodes", type=click.IntRange(min=1), help="Number of machines. [default: 1]")
-@click.option("--node-rank", "--node_rank", type=int, default=0, show_default=True, help="This machine's index.")
-@click.option("--main-address", "--main_address", help="Host of node 0. [default: 127.0.0.1 on one node]")
+@click.option(
+    "--node-rank",
+    "--node_rank",
+    type=click.IntRange(min=0),
+    envvar="NODE_RANK",
+    help="This machine's index. [default: $NODE_RANK, else inferred from --base-rank, else 0]",
+)
+@click.option(
+    "--main-address",
+    "--main_address",
+    "--master-addr",
+    "--master_addr",
+    envvar="MASTER_ADDR",
+    help="Host of node 0, reachable from every node. [default: $MASTER_ADDR, else 127.0.0.1 on one node]",
+)
 @click.option(
     "--main-port",
     "--main_port",
+    "--master-port",
+    "--master_port",
     type=click.IntRange(1, 65535),
-    help=f"Rendezvous port on the main address. [default: a free port on one node, {DEFAULT_MULTI_NODE_PORT} "
-    "with several]",
+    envvar="MASTER_PORT",
+    help=f"Rendezvous port on the main address. [default: $MASTER_PORT, else a free port on one node, "
+    f"{DEFAULT_MULTI_NODE_PORT} with several]",
 )
 @click.option(
     "--precision", type=click.Choice(PRECISION_REGISTRY.choices()), help="Numeric precision. [default: 32-true]"
 )
 @click.option(
     "--world-size",
+    "--world_size",
     type=click.IntRange(min=1),
-    help="Processes on all nodes, for uneven nodes. [default: devices x nodes]",
+    envvar="WORLD_SIZE",
+    help="Processes on all nodes, for uneven nodes. [default: $WORLD_SIZE, else devices x nodes]",
 )
 @click.option(
     "--base-rank",
+    "--base_rank",
     type=click.IntRange(min=0),
-    help="Global rank of this node's first process. [default: node rank x devices]",
+    envvar="BASE_RANK",
+    help="Global rank of this node's first process. [default: $BASE_RANK, else node rank x devices]",
 )
-@click.option("-m", "--module", is_flag=True, help="Run SCRIPT as a module, like `python -m SCRIPT`.")
+@click.option("-m", "--module", "--module_mode", "--module-mode", is_flag=True, help="Run SCRIPT as `python -m`.")
+@click.option(
+    "-c",
+    "--command_mode",
+    "--command-mode",
+    is_flag=True,
+    help="Run SCRIPT as a command (an executable), not with python.",
+)
 @click.option(
     "--run-dir",
+    "--run_dir",
+    "--run_directory",
+    "--run-directory",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Where ranks other than local rank 0 write stdout/stderr. [default: runs/<timestamp>]",
+    help="The job's directory (FABRIC_RUN_DIRECTORY for the ranks); default home of the logs of ranks other than "
+    "local rank 0. [default: runs/<timestamp>]",
 )
+@click.option(
+    "--stdout",
+    "stdout_template",
+    help=f"File template for the stdout of ranks other than local rank 0, with {_TEMPLATE_HELP}. "
+    "[default: RUN_DIR/rank{rank}/stdout.log]",
+)
+@click.option(
+    "--stderr",
+    "stderr_template",
+    help="The same for stderr (may equal --stdout: one file). [default: RUN_DIR/rank{rank}/stderr.log]",
+)
+@click.option(
+    "--term-timeout",
+    "--term_timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds the ranks get after a SIGTERM/SIGINT to the CLI is forwarded to them (e.g. to save a "
+    "checkpoint), before SIGKILL.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Say what is started and how each rank ends.")
 @click.option("--dry-run", is_flag=True, help="Print what would be started, and start nothing.")
 def run_model(**options: Any) -> None:
-    """Run SCRIPT (a Python file, or a module with -m) in one process per device of this node.
+    """Run SCRIPT (a Python file; a module with -m; a command with -c) in one process per device of this node.
 
-    SCRIPT_ARGS are passed to the script untouched, even those that look like options.
+    The options above count wherever they appear before a `--`, also after SCRIPT. Everything after
+    `--`, and every other argument after SCRIPT, is passed to the script untouched.
     """
     try:
         plan = _make_plan(options)
-    except PlanError as error:
+    except (PlanError, LayoutError) as error:
         raise click.UsageError(str(error)) from None
     if options["dry_run"]:
         click.echo(plan.describe())
@@ -105,31 +168,78 @@ def run_model(**options: Any) -> None:
 
 
 def _make_plan(options: dict[str, Any]) -> LaunchPlan:
-    script: str = options["script"]
-    if not options["module"] and not Path(script).is_file():
-        raise PlanError(f"SCRIPT {script!r} is not a file. Pass a Python script, or use -m for a module.")
+    """Check everything that needs no device count first, so most bad input never imports torch."""
+    mode = _mode(options)
+    check_template("--stdout", options["stdout_template"])
+    check_template("--stderr", options["stderr_template"])
+    check_node_options(options["num_nodes"], options["node_rank"], options["main_address"])
     accelerator = options["accelerator"] or "auto"
     processes = processes_per_node(accelerator, options["devices"] or "auto")
-    num_nodes = options["num_nodes"] or 1
-    node_rank = options["node_rank"]
-    check_node_options(num_nodes, node_rank, options["main_address"])
+    layout = resolve_layout(
+        processes,
+        world_size=options["world_size"],
+        num_nodes=options["num_nodes"] or (None if options["main_address"] else 1),  # no main address: one node
+        node_rank=options["node_rank"],
+        base_rank=options["base_rank"],
+    )
+    main_address = _main_address(options["main_address"], layout)
+    main_port = _main_port(options["main_port"], layout)
     passed = {name: options[name] for name in CLI_SETTINGS if options.get(name) is not None}
     if options["devices"] is not None:
         passed["devices"] = str(processes) if accelerator == "cpu" else options["devices"]
-    return LaunchPlan(
-        script=script,
+    if layout.num_nodes > 1:
+        passed["num_nodes"] = layout.num_nodes
+    plan = LaunchPlan(
+        script=options["script"],
         script_args=tuple(options["script_args"]),
-        module=options["module"],
-        processes=processes,
-        num_nodes=num_nodes,
-        node_rank=node_rank,
-        world_size=options["world_size"] or processes * num_nodes,
-        base_rank=options["base_rank"] if options["base_rank"] is not None else node_rank * processes,
-        main_address=options["main_address"] or "127.0.0.1",
-        main_port=options["main_port"] or (_free_port() if num_nodes == 1 else DEFAULT_MULTI_NODE_PORT),
+        mode=mode,
+        layout=layout,
+        main_address=main_address,
+        main_port=main_port,
         run_dir=options["run_dir"] or Path("runs") / datetime.datetime.now().strftime("%Y-%m-%dT%H-%M-%S"),
+        stdout_template=options["stdout_template"],
+        stderr_template=options["stderr_template"],
         fabric_settings={CLI_SETTINGS[name]: str(value) for name, value in passed.items()},
+        term_timeout=options["term_timeout"],
+        verbose=options["verbose"],
     )
+    plan.check_log_files()
+    return plan
+
+
+def _mode(options: dict[str, Any]) -> str:
+    script: str = options["script"]
+    if options["module"] and options["command_mode"]:
+        raise PlanError("-m/--module_mode and -c/--command_mode exclude each other: pick one.")
+    if options["command_mode"]:
+        if shutil.which(script) is None:
+            raise PlanError(f"SCRIPT {script!r} is not an executable command (-c/--command_mode).")
+        return "command"
+    if options["module"]:
+        return "module"
+    if not Path(script).is_file():
+        raise PlanError(f"SCRIPT {script!r} is not a file. Pass a Python script, -m for a module, -c for a command.")
+    return "script"
+
+
+def _main_address(given: str | None, layout: Layout) -> str:
+    if given:
+        return given
+    if layout.num_nodes > 1:
+        raise PlanError(
+            f"--world-size={layout.world_size} spans {layout.num_nodes} nodes and needs --main-address: "
+            "the host of node 0, which every node can reach."
+        )
+    return "127.0.0.1"
+
+
+def _main_port(given: int | None, layout: Layout) -> int:
+    if given is None and layout.num_nodes == 1:
+        return _free_port()
+    port = given if given is not None else DEFAULT_MULTI_NODE_PORT
+    if layout.base_rank == 0 and port_in_use(port):  # this node hosts the rendezvous store on that port
+        raise PlanError(f"port {port} is already in use on this machine: pick a free one with --main-port.")
+    return port
 
 
 def _free_port() -> int:

@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import os
 import shlex
+import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS
+from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS, RUN_DIRECTORY_VARIABLE
 from fabric.utilities.device_parser import ALL, AUTO, parse_devices
+from fabric_cli.layout import Layout
 
 #: torchrun's default rendezvous port, used when several nodes must agree on one.
 DEFAULT_MULTI_NODE_PORT = 29500
+
+#: Fields a ``--stdout``/``--stderr`` file template may use.
+TEMPLATE_FIELDS = ("rank", "local_rank", "node_rank", "world_size", "local_world_size", "run_dir")
+
+#: Set for the ranks unless the user's environment already sets them (as Composer's launcher does).
+RANK_DEFAULTS = {"PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 
 
 class PlanError(ValueError):
@@ -29,64 +37,122 @@ class LaunchPlan:
 
     script: str
     script_args: tuple[str, ...]
-    module: bool
-    processes: int
-    num_nodes: int
-    node_rank: int
-    world_size: int
-    base_rank: int
+    #: ``"script"`` (``python SCRIPT``), ``"module"`` (``python -m SCRIPT``) or ``"command"`` (``SCRIPT`` itself).
+    mode: str
+    layout: Layout
     main_address: str
     main_port: int
     run_dir: Path
+    #: ``--stdout``/``--stderr`` file templates for ranks other than local rank 0; ``None``: the run dir.
+    stdout_template: str | None = None
+    stderr_template: str | None = None
     #: ``FABRIC_*`` variables for the options the user actually passed, and nothing else.
     fabric_settings: dict[str, str] = field(default_factory=dict)
+    #: Seconds the ranks get to exit after a SIGTERM/SIGINT to the CLI is forwarded to them, before SIGKILL.
+    term_timeout: float = 30.0
+    verbose: bool = False
+
+    @property
+    def processes(self) -> int:
+        return self.layout.processes
 
     def command(self) -> list[str]:
-        target = ["-m", self.script] if self.module else [self.script]
-        return [sys.executable, *target, *self.script_args]
+        prefix = {"script": [sys.executable], "module": [sys.executable, "-m"], "command": []}[self.mode]
+        return [*prefix, self.script, *self.script_args]
 
     def global_rank(self, local_rank: int) -> int:
-        return self.base_rank + local_rank
+        return self.layout.base_rank + local_rank
 
     def rank_environment(self, local_rank: int) -> dict[str, str]:
         """The variables (on top of the inherited ones) that tell ``Fabric()`` where this rank sits."""
+        layout = self.layout
         variables = {
             CLI_MARKER: "1",
             **self.fabric_settings,
+            RUN_DIRECTORY_VARIABLE: str(self.run_dir.absolute()),
             "MASTER_ADDR": self.main_address,
             "MASTER_PORT": str(self.main_port),
-            "NODE_RANK": str(self.node_rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_WORLD_SIZE": str(self.processes),
+            "NODE_RANK": str(layout.node_rank),
+            "WORLD_SIZE": str(layout.world_size),
+            "LOCAL_WORLD_SIZE": str(layout.processes),
             "LOCAL_RANK": str(local_rank),
             "RANK": str(self.global_rank(local_rank)),
         }
+        variables.update({name: value for name, value in RANK_DEFAULTS.items() if name not in os.environ})
         if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
-            variables["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.processes))
+            variables["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // layout.processes))
         return variables
 
     def log_files(self, local_rank: int) -> tuple[Path, Path]:
         """Where a rank other than local rank 0 (which keeps the terminal) writes stdout and stderr."""
         rank_dir = self.run_dir / f"rank{self.global_rank(local_rank)}"
-        return rank_dir / "stdout.log", rank_dir / "stderr.log"
+        stdout = self._fill(self.stdout_template, local_rank) or rank_dir / "stdout.log"
+        stderr = self._fill(self.stderr_template, local_rank) or rank_dir / "stderr.log"
+        return stdout, stderr
+
+    def _fill(self, template: str | None, local_rank: int) -> Path | None:
+        if template is None:
+            return None
+        layout = self.layout
+        return Path(
+            template.format(
+                rank=self.global_rank(local_rank),
+                local_rank=local_rank,
+                node_rank=layout.node_rank,
+                world_size=layout.world_size,
+                local_world_size=layout.processes,
+                run_dir=self.run_dir,
+            )
+        )
+
+    def check_log_files(self) -> None:
+        """Refuse templates that would make two ranks write one file (their output would interleave)."""
+        for option, index in (("--stdout", 0), ("--stderr", 1)):
+            seen: dict[Path, int] = {}
+            for local_rank in range(1, self.processes):
+                path = self.log_files(local_rank)[index]
+                if path in seen:
+                    raise PlanError(
+                        f"{option} gives ranks {self.global_rank(seen[path])} and {self.global_rank(local_rank)} "
+                        f"the same file {str(path)!r}: put {{rank}} or {{local_rank}} in it."
+                    )
+                seen[path] = local_rank
 
     def describe(self) -> str:
         """The ``--dry-run`` report."""
+        layout = self.layout
         settings = {
             name: self.fabric_settings.get(variable, "(script decides)") for name, variable in CLI_SETTINGS.items()
         }
         lines = [
             f"command:       {shlex.join(self.command())}",
             *(f"{name + ':':<15}{value}" for name, value in settings.items()),
-            f"world size:    {self.world_size} ({self.num_nodes} node(s)); this node: rank {self.node_rank}, "
-            f"global ranks {self.base_rank}..{self.base_rank + self.processes - 1}",
+            f"world size:    {layout.world_size} ({layout.num_nodes} node(s)); this node: rank {layout.node_rank}, "
+            f"global ranks {layout.ranks[0]}..{layout.ranks[-1]}",
             f"main address:  {self.main_address}:{self.main_port}",
             f"run dir:       {self.run_dir}",
         ]
         for local_rank in range(self.processes):
             variables = " ".join(f"{k}={v}" for k, v in sorted(self.rank_environment(local_rank).items()))
             lines.append(f"local rank {local_rank}:  {variables}")
+        for local_rank in range(1, self.processes):
+            stdout, stderr = self.log_files(local_rank)
+            lines.append(f"local rank {local_rank} logs: stdout {stdout}, stderr {stderr}")
         return "\n".join(lines)
+
+
+def check_template(option: str, template: str | None) -> None:
+    """A ``--stdout``/``--stderr`` template may use only :data:`TEMPLATE_FIELDS`."""
+    if template is None:
+        return
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as error:
+        raise PlanError(f"{option}={template!r} is not a valid template: {error}.") from None
+    for name in fields:
+        if name not in TEMPLATE_FIELDS:
+            accepted = ", ".join(f"{{{known}}}" for known in TEMPLATE_FIELDS)
+            raise PlanError(f"{option}={template!r} uses {{{name}}}; accepted fields: {accepted}.")
 
 
 def processes_per_node(accelerator: str, devices: str) -> int:
@@ -117,10 +183,11 @@ def _count_on_device(accelerator: str, devices: str) -> int:
     return len(resolved.devices)
 
 
-def check_node_options(num_nodes: int, node_rank: int, main_address: str | None) -> None:
-    if not 0 <= node_rank < num_nodes:
+def check_node_options(num_nodes: int | None, node_rank: int | None, main_address: str | None) -> None:
+    """The checks on ``--num-nodes``/``--node-rank``/``--main-address`` that need no device count."""
+    if num_nodes is not None and node_rank is not None and not 0 <= node_rank < num_nodes:
         raise PlanError(f"--node-rank={node_rank} is outside [0, {num_nodes}) for --num-nodes={num_nodes}.")
-    if num_nodes > 1 and not main_address:
+    if (num_nodes or 1) > 1 and not main_address:
         raise PlanError(
             f"--num-nodes={num_nodes} needs --main-address: the host of node 0, which every node can reach."
         )

@@ -1,9 +1,13 @@
 """Start a plan's processes and supervise them until the job ends, as one program would.
 
-- Local rank 0 keeps the terminal; the other ranks write ``stdout.log``/``stderr.log`` in the run dir.
+- Local rank 0 keeps the terminal; the other ranks write to log files (the run dir, or the
+  ``--stdout``/``--stderr`` templates).
 - The first rank to exit non-zero ends the job: the others get SIGTERM (then SIGKILL), and the CLI
   exits with that rank's own code after one line naming it, plus the tail of its stderr log.
-- SIGINT / SIGTERM to the CLI stop every rank the same way; the CLI then exits 130 / 143.
+- SIGTERM to the CLI (a scheduler preempting the job) is forwarded to every rank, which then get
+  ``--term-timeout`` seconds to exit (the Trainer saves a checkpoint and exits 75); the CLI exits with
+  the ranks' code, or 143 if it had to SIGKILL one. SIGINT stops the ranks the same way and exits 130.
+  A second signal while waiting kills the ranks at once.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import deque
 from pathlib import Path
 from types import FrameType
@@ -21,6 +26,7 @@ from fabric.strategies.launchers.processes import describe_exit, die_with_parent
 from fabric_cli.plan import LaunchPlan
 
 STDERR_TAIL_LINES = 20
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _Stopped(Exception):
@@ -35,16 +41,24 @@ def _raise_stopped(signum: int, frame: FrameType | None) -> None:
 
 def run(plan: LaunchPlan) -> int:
     """Run the job; return the exit code the CLI should end with."""
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in _STOP_SIGNALS}
     processes: dict[int, subprocess.Popen[bytes]] = {}
     log_files: list[IO[bytes]] = []
     try:
-        for local_rank in range(plan.processes):
-            processes[local_rank] = _start(plan, local_rank, log_files)
-        return _supervise(plan, processes)
-    except _Stopped as stopped:
-        stop_processes(processes.values())
-        return 128 + stopped.signum
+        try:
+            plan.run_dir.mkdir(parents=True, exist_ok=True)
+            _say(plan, _start_line(plan))
+            for local_rank in range(plan.processes):
+                processes[local_rank] = _start(plan, local_rank, log_files)
+            return _supervise(plan, processes)
+        except _Stopped as stopped:
+            return _stop_on_signal(plan, processes, stopped.signum)
+    except _Stopped as again:  # a second signal while the ranks were given time to exit
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        return 128 + again.signum
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -52,15 +66,35 @@ def run(plan: LaunchPlan) -> int:
             file.close()
 
 
+def _start_line(plan: LaunchPlan) -> str:
+    layout = plan.layout
+    return (
+        f"node {layout.node_rank} of {layout.num_nodes} starts ranks {layout.ranks[0]}..{layout.ranks[-1]} "
+        f"of {layout.world_size} (rendezvous {plan.main_address}:{plan.main_port}): {' '.join(plan.command())}"
+    )
+
+
+def _say(plan: LaunchPlan, message: str) -> None:
+    if plan.verbose:
+        print(f"fabric: {message}", file=sys.stderr, flush=True)
+
+
 def _start(plan: LaunchPlan, local_rank: int, log_files: list[IO[bytes]]) -> subprocess.Popen[bytes]:
     environment = {**os.environ, **plan.rank_environment(local_rank)}
     if local_rank == 0:
         return subprocess.Popen(plan.command(), env=environment, preexec_fn=die_with_parent)
     stdout_path, stderr_path = plan.log_files(local_rank)
-    stdout_path.parent.mkdir(parents=True, exist_ok=True)
-    stdout, stderr = open(stdout_path, "wb"), open(stderr_path, "wb")  # noqa: SIM115 - closed by run()
-    log_files += [stdout, stderr]
+    stdout = _open_log(stdout_path, log_files)
+    stderr = stdout if stderr_path == stdout_path else _open_log(stderr_path, log_files)
+    _say(plan, f"rank {plan.global_rank(local_rank)} writes stdout to {stdout_path}, stderr to {stderr_path}")
     return subprocess.Popen(plan.command(), env=environment, stdout=stdout, stderr=stderr, preexec_fn=die_with_parent)
+
+
+def _open_log(path: Path, log_files: list[IO[bytes]]) -> IO[bytes]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    file = open(path, "wb")  # noqa: SIM115 - closed by run()
+    log_files.append(file)
+    return file
 
 
 def _supervise(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]]) -> int:
@@ -76,7 +110,40 @@ def _supervise(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]]) 
             _report_failure(plan, local_rank, returncode)
             stop_processes(processes.values())
             return exit_code(returncode)
+        _say(plan, f"rank {plan.global_rank(local_rank)} exited with code 0")
     return 0
+
+
+def _stop_on_signal(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], signum: int) -> int:
+    """Forward SIGTERM to the ranks, give them ``plan.term_timeout`` seconds, and pick the CLI's exit code."""
+    running = {local_rank: process for local_rank, process in processes.items() if process.poll() is None}
+    print(
+        f"fabric: {signal.Signals(signum).name} received: sent SIGTERM to {len(running)} rank(s), which get "
+        f"{plan.term_timeout:g} s to exit (--term-timeout).",
+        file=sys.stderr,
+        flush=True,
+    )
+    for process in running.values():
+        process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + plan.term_timeout
+    killed = False
+    for local_rank, process in running.items():
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            killed = True
+            print(
+                f"fabric: rank {plan.global_rank(local_rank)} did not exit within {plan.term_timeout:g} s of SIGTERM "
+                "(--term-timeout); killed it.",
+                file=sys.stderr,
+                flush=True,
+            )
+    if signum != signal.SIGTERM or killed:
+        return 128 + signum
+    codes = [exit_code(process.returncode) for _, process in sorted(processes.items())]
+    return next((code for code in codes if code != 0), 0)
 
 
 def _report_failure(plan: LaunchPlan, local_rank: int, returncode: int) -> None:

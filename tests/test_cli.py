@@ -70,7 +70,7 @@ def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) ->
 
 
 def test_dry_run_shows_the_plan_and_hands_on_only_the_options_given() -> None:
-    result = _fabric("run", "model", "--devices", "2", "--dry-run", REPORT, "--devices", "8")
+    result = _fabric("run", "model", "--devices", "2", "--dry-run", REPORT, "--", "--devices", "8")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"{REPORT} --devices 8" in out
@@ -84,7 +84,7 @@ def test_script_fabric_obeys_the_cli_and_script_args_pass_untouched(tmp_path: Pa
     run_dir = tmp_path / "run"
     result = _fabric(
         "run", "model", "--accelerator", "cpu", "--devices", "2", "--precision", "bf16", "--run-dir", str(run_dir),
-        REPORT, str(tmp_path), "--devices", "4", "-x",
+        REPORT, str(tmp_path), "--", "--devices", "4", "-x",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     reports = _reports(tmp_path)

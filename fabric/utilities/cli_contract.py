@@ -18,3 +18,6 @@ CLI_SETTINGS: dict[str, str] = {
     "num_nodes": "FABRIC_NUM_NODES",
     "precision": "FABRIC_PRECISION",
 }
+
+#: The run directory (``--run-dir``), absolute, in every process the CLI starts: where ranks may put artifacts.
+RUN_DIRECTORY_VARIABLE = "FABRIC_RUN_DIRECTORY"
