@@ -15,12 +15,12 @@ import contextlib
 import os
 import pickle
 import shutil
-import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
+from fabric.plugins.io.temporaries import remove_abandoned, temporary_sibling
 from fabric.utilities.exceptions import CheckpointError
 
 #: The file DCP writes last, listing every shard; its presence is what makes a directory a checkpoint.
@@ -45,7 +45,7 @@ def local_directory(path: PathType) -> Path:
 
 def temporary_directory(target: Path) -> Path:
     """A fresh sibling of ``target`` to write into before the rename (call on one rank, then broadcast)."""
-    return target.parent / f".{target.name}.tmp-{uuid.uuid4().hex}"
+    return temporary_sibling(target)
 
 
 def write_shards(state: dict[str, Any], directory: Path) -> None:
@@ -59,15 +59,17 @@ def publish(temporary: Path, target: Path) -> None:
     """Replace ``target`` by the finished ``temporary`` directory (rank 0, after every rank wrote).
 
     A previous checkpoint at ``target`` is moved aside first and deleted only after the new one is in
-    place, so a crash at any moment leaves one complete checkpoint at ``target`` or beside it.
+    place, so a crash at any moment leaves one complete checkpoint at ``target`` or beside it. What
+    killed saves left beside ``target`` (half-written or set-aside directories) is deleted then too.
     """
     previous = None
     if target.exists():
-        previous = target.parent / f".{target.name}.old-{uuid.uuid4().hex}"
+        previous = temporary_sibling(target, "old")
         os.replace(target, previous)
     os.replace(temporary, target)
     if previous is not None:
         shutil.rmtree(previous) if previous.is_dir() else previous.unlink()
+    remove_abandoned(target, kinds=("tmp", "old"))
 
 
 def _reader(path: PathType, weights_only: bool) -> Any:

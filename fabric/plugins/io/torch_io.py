@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import io
 import os
 import pickle
-import time
-import uuid
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
+from fabric.plugins.io.temporaries import remove_abandoned, temporary_sibling
 from fabric.utilities.exceptions import CheckpointError
 
 
@@ -30,21 +30,32 @@ class TorchCheckpointIO(CheckpointIO):
         parent, _, filename = target.rstrip("/").rpartition("/")
         if parent:
             fs.makedirs(parent, exist_ok=True)
-        temporary = f"{parent}/{_temporary_prefix(filename)}{uuid.uuid4().hex}"
-        started = time.time()
+        temporary = f"{parent}/{temporary_sibling(Path(filename)).name}"
+        local = _is_local(fs)
         try:
-            if _is_local(fs):
-                _save_local(checkpoint, temporary, target)
-                _remove_stale_temporaries(parent or ".", filename, older_than=started)
+            if local:
+                _write_local(checkpoint, temporary)
             else:
                 buffer = io.BytesIO()  # remote writers are often not seekable, which torch.save needs
                 torch.save(checkpoint, buffer)
                 fs.pipe_file(temporary, buffer.getvalue())
+        except BaseException as error:
+            _discard(fs, temporary)
+            if _is_disk_full(error):
+                raise CheckpointError(
+                    f"No space left on device while writing {os.fspath(path)!r}; the previous checkpoint is intact."
+                ) from error
+            raise
+        try:
+            if local:
+                _publish_local(temporary, target)
+            else:
                 fs.mv(temporary, target)
         except BaseException:
-            if fs.exists(temporary):
-                fs.rm(temporary)
+            _discard(fs, temporary)
             raise
+        if local:
+            remove_abandoned(Path(target))
 
     def load_checkpoint(self, path: PathType, *, weights_only: bool = True) -> Any:
         fs, target = _filesystem(path)
@@ -101,35 +112,37 @@ def refusal_detail(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def _temporary_prefix(filename: str) -> str:
-    return f".{filename}.tmp-"
+def _is_disk_full(error: BaseException | None) -> bool:
+    """Whether ``error`` or what caused it is a full disk or quota (``torch.save`` reports a failed
+    write as ``RuntimeError: ... unexpected pos``, with the ``OSError`` as its context)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
-def _remove_stale_temporaries(directory: str, filename: str, older_than: float) -> None:
-    """Delete what saves of the same file that were killed half way left behind.
-
-    Only files last written before this save began are removed, so a save still running elsewhere
-    keeps its temporary file.
-    """
-    prefix = _temporary_prefix(filename)
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            if entry.name.startswith(prefix) and entry.stat().st_mtime < older_than:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(entry.path)
-
-
-def _save_local(checkpoint: dict[str, Any], temporary: str, target: str) -> None:
+def _write_local(checkpoint: dict[str, Any], temporary: str) -> None:
     with open(temporary, "wb") as file:
         torch.save(checkpoint, file)
         file.flush()
         os.fsync(file.fileno())
+
+
+def _publish_local(temporary: str, target: str) -> None:
     os.replace(temporary, target)  # atomic on POSIX and Windows
     directory = os.open(os.path.dirname(target) or ".", os.O_RDONLY)
     try:
         os.fsync(directory)  # make the rename itself durable
     finally:
         os.close(directory)
+
+
+def _discard(fs: Any, temporary: str) -> None:
+    if fs.exists(temporary):
+        fs.rm(temporary)
 
 
 def _filesystem(path: PathType) -> tuple[Any, str]:
