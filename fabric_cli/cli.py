@@ -11,6 +11,7 @@ torch is imported unless counting GPUs needs it.
 from __future__ import annotations
 
 import datetime
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -255,7 +256,17 @@ def main() -> None:
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except click.UsageError as error:
-        click.echo(f"fabric: error: {error.format_message()}", err=True)
+        click.echo(f"fabric: error: {error.format_message()}{_environment_source(error)}", err=True)
         sys.exit(2)
     except click.Abort:
         sys.exit(130)
+
+
+def _environment_source(error: click.UsageError) -> str:
+    """`` (from $WORLD_SIZE)`` when the bad value came from an environment variable, not the command line."""
+    param = error.param if isinstance(error, click.BadParameter) else None
+    if not isinstance(param, click.Option) or not isinstance(param.envvar, str) or param.envvar not in os.environ:
+        return ""
+    names = [*param.opts, *param.secondary_opts]
+    given = any(arg in names or arg.split("=", 1)[0] in names for arg in sys.argv[1:])
+    return "" if given else f" (from ${param.envvar})"

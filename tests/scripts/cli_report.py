@@ -1,12 +1,18 @@
-"""Reports what a plain ``Fabric()`` resolved under the CLI: ``cli_report.py OUT_DIR [ARGS...]``."""
+"""Reports what a plain ``Fabric()`` resolved under the CLI: ``cli_report.py OUT_DIR [ARGS...]``.
+
+``--fail-rank R`` makes rank R exit 7, ``--hang`` keeps every rank waiting, ``--ignore-term`` ignores SIGTERM.
+"""
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 from fabric import Fabric
 
+if "--ignore-term" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 fabric = Fabric()
 fabric.launch()
 report = {
@@ -18,6 +24,7 @@ report = {
     "precision": fabric.precision.name,
     "args": sys.argv[2:],
     "pid": os.getpid(),
+    "env": {name: os.environ.get(name) for name in ("FABRIC_RUN_DIRECTORY", "PYTHONUNBUFFERED", "MASTER_PORT")},
     "sum": fabric.all_reduce(fabric.global_rank + 1, reduce_op="sum").item(),
 }
 print(f"rank {fabric.global_rank} reporting", flush=True)
