@@ -244,6 +244,41 @@ def test_bad_save_options_fail_at_construction(tmp_path: Path, initial: nn.Modul
         _trainer(initial, save_folder=str(tmp_path), save_interval="2xx")
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"save_folder": ""}, r"save_folder='' names no folder; pass one, e\.g\. 'checkpoints/\{run_name\}'"),
+        (
+            {"save_latest_filename": "latest/rank{rank}.pt"},
+            r"save_latest_filename='latest/rank\{rank\}.pt' must be a file name in save_folder "
+            r".*'latest-rank\{rank\}.pt'",
+        ),
+        (
+            {"save_filename": "model.pt", "save_num_checkpoints_to_keep": 2},
+            r"save_filename='model.pt' has none of the fields that change between saves .*"
+            r"save_num_checkpoints_to_keep=2 has nothing to prune; use e\.g\. 'ep\{epoch\}-ba\{batch\}",
+        ),
+        (
+            {"save_filename": "ep{epoch}/model.pt", "save_num_checkpoints_to_keep": 2},
+            r"save_filename='ep\{epoch\}/model.pt' puts checkpoints in subfolders",
+        ),
+    ],
+)
+def test_save_options_that_would_fail_later_fail_at_construction_naming_what_works(
+    options: dict[str, Any], message: str, tmp_path: Path, initial: nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        _trainer(initial, **{"save_folder": str(tmp_path / "checkpoints"), **options})
+    assert list(tmp_path.iterdir()) == []  # nothing was written anywhere
+
+
+def test_a_fixed_save_filename_is_fine_when_every_checkpoint_is_kept(tmp_path: Path, initial: nn.Module) -> None:
+    trainer = _trainer(initial, save_folder=str(tmp_path), save_filename="model.pt", save_overwrite=True)
+    trainer.fit()
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["latest-rank0.pt", "model.pt"]
+
+
 def _resume_job(folder: Path, max_batches: int, interval: str = "1ba") -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(SCRIPTS / "trainer_resume.py"), str(folder), str(max_batches), interval],

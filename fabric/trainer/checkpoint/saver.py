@@ -15,7 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from fabric.trainer.callback import Callback
-from fabric.trainer.checkpoint.storage import Folder, Uploader, check_template, checkpoints_in, format_name
+from fabric.trainer.checkpoint.storage import (
+    Folder,
+    Uploader,
+    check_prunable,
+    check_template,
+    checkpoints_in,
+    format_name,
+)
 from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalInput, create_interval
 from fabric.trainer.state import State
@@ -43,12 +50,26 @@ class CheckpointSaver(Callback):
         overwrite: bool = False,
     ) -> None:
         check_template(folder, "save_folder")
+        if not folder.strip():
+            raise ValueError(
+                f"save_folder={folder!r} names no folder; pass one, e.g. 'checkpoints/{{run_name}}' "
+                "('.' for the working directory)."
+            )
         self.folder_template = folder
         self.filename = check_template(filename, "save_filename")
-        self.latest_filename = None if latest_filename is None else check_template(latest_filename, "save_latest")
+        if latest_filename is not None:
+            check_template(latest_filename, "save_latest_filename")
+            if not latest_filename.strip() or "/" in latest_filename or os.sep in latest_filename:
+                raise ValueError(
+                    f"save_latest_filename={latest_filename!r} must be a file name in save_folder (no folders), "
+                    "e.g. 'latest-rank{rank}.pt', or None for no pointer."
+                )
+        self.latest_filename = latest_filename
         self.interval = create_interval(save_interval, name="save_interval")
         if isinstance(num_checkpoints_to_keep, bool) or num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
             raise ValueError(f"save_num_checkpoints_to_keep={num_checkpoints_to_keep} must be -1 (all) or positive.")
+        if num_checkpoints_to_keep > 0:
+            check_prunable(filename, f"save_num_checkpoints_to_keep={num_checkpoints_to_keep}")
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
         self.weights_only = weights_only
         self.overwrite = overwrite

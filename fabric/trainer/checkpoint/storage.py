@@ -34,6 +34,27 @@ def check_template(template: str, what: str) -> str:
     return template
 
 
+#: Fields that differ between two saves of one run; pruning orders checkpoints by them.
+PROGRESS_FIELDS = ("epoch", "batch", "sample", "token")
+
+
+def check_prunable(template: str, why: str) -> None:
+    """Fail now unless names made from ``template`` tell saves apart and sit directly in the folder
+    (``why`` names the option that needs old checkpoints found and pruned)."""
+    fields = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+    if not fields & set(PROGRESS_FIELDS):
+        raise ValueError(
+            f"save_filename={template!r} has none of the fields that change between saves "
+            f"({', '.join('{' + field + '}' for field in PROGRESS_FIELDS)}), so every save replaces the last and "
+            f"{why} has nothing to prune; use e.g. 'ep{{epoch}}-ba{{batch}}-rank{{rank}}.pt', or keep all (-1)."
+        )
+    if "/" in template:
+        raise ValueError(
+            f"save_filename={template!r} puts checkpoints in subfolders, where {why} does not look for old "
+            "ones; use a plain file name, e.g. 'ep{epoch}-ba{batch}-rank{rank}.pt', or keep all (-1)."
+        )
+
+
 def format_name(template: str, values: Mapping[str, Any]) -> str:
     return template.format(**{field: values[field] for field in NAME_FIELDS if field in values})
 
