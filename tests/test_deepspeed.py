@@ -127,6 +127,23 @@ def test_consolidated_checkpoint_loads_on_one_device(
 
 
 @needs_deepspeed
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_a_deepspeed_checkpoint_directory_loads_on_one_process_with_a_plain_fabric(
+    job: tuple[Path, list[dict[str, Any]]], strategy: str
+) -> None:
+    fabric = Fabric(accelerator="cpu", devices=1)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters())
+    with pytest.raises(CheckpointError, match=r"has no entry for \['optimizer'\].*strict=False"):
+        fabric.load(job[0] / strategy, {"model": model, "optimizer": optimizer, "step": 0})
+    assert optimizer.state_dict()["state"] == {}  # refused before anything changed
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    fabric.load(job[0] / strategy, state, strict=False)  # what can be rebuilt: the weights, the client state
+    assert state["step"] == 5
+    assert [p.detach().flatten().tolist() for p in model.parameters()] == job[1][0][strategy]["params"]
+
+
+@needs_deepspeed
 def test_loading_with_another_world_size_fails_naming_the_ways_out(job: tuple[Path, list[dict[str, Any]]]) -> None:
     directory = job[0] / "deepspeed_stage_2"
     with pytest.raises(CheckpointError, match="saved by 2 ranks and this job has 1") as error:

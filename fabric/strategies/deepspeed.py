@@ -408,13 +408,7 @@ def convert_zero_checkpoint_to_fp32(checkpoint_dir: PathType, output_file: PathT
     consolidated. Nothing in the checkpoint can run code unless ``weights_only=False`` (a trusted checkpoint).
     """
     _import_deepspeed(None)
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    def gather(directory: str, tag: str) -> dict[str, torch.Tensor]:
-        state_dict: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(directory, tag=tag)
-        return state_dict
-
-    checkpoints.consolidate(Path(checkpoint_dir), Path(output_file), gather, weights_only)
+    checkpoints.consolidate(Path(checkpoint_dir), Path(output_file), weights_only)
 
 
 def _import_deepspeed(device_type: str | None) -> Any:

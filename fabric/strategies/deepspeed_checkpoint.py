@@ -9,16 +9,18 @@ DeepSpeed's tools (``zero_to_fp32``, ``ds_to_universal``) read the same ``latest
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fabric.plugins.io.checkpoint_io import PathType
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.strategies.deepspeed_safe_load import safe_loading
 from fabric.utilities.exceptions import CheckpointError
@@ -97,16 +99,39 @@ def check_world_size(directory: Path, tag: str, world_size: int) -> None:
         )
 
 
-def consolidate(
-    directory: Path, output_file: Path, gather: Callable[[str, str], dict[str, torch.Tensor]], weights_only: bool = True
-) -> None:
-    """Write the full float32 weights and the client state into one ``fabric.load``-able file.
+def is_deepspeed_checkpoint(path: PathType) -> bool:
+    """Whether ``path`` is a local directory holding a DeepSpeed checkpoint (it has a ``latest`` file)."""
+    text = os.fspath(path)
+    return "://" not in text and (Path(text) / LATEST).is_file()
+
+
+def read_whole(directory: Path, weights_only: bool = True) -> dict[str, Any]:
+    """The full float32 weights (under the key the model was saved with) and the client entries, gathered
+    from the ZeRO shards in this process; optimizer states cannot be rebuilt and are left out.
 
     With ``weights_only`` (the default) nothing in the checkpoint can run code while it is read.
     """
     tag = latest_tag(directory)
     with safe_loading(directory / tag, weights_only):
         client_state = read_client_state(directory, tag, weights_only)
-        state_dict = gather(os.fspath(directory), tag)
+        state_dict = _gather_fp32(directory, tag)
     module_key = client_state.pop(MODULE_KEY_ENTRY, "model")
-    TorchCheckpointIO().save_checkpoint({**client_state, module_key: state_dict}, output_file)
+    return {**client_state, module_key: state_dict}
+
+
+def consolidate(directory: Path, output_file: Path, weights_only: bool = True) -> None:
+    """Write :func:`read_whole` into one ``fabric.load``-able file."""
+    TorchCheckpointIO().save_checkpoint(read_whole(directory, weights_only), output_file)
+
+
+def _gather_fp32(directory: Path, tag: str) -> dict[str, torch.Tensor]:
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError as error:
+        raise ImportError(
+            f"{os.fspath(directory)!r} is a DeepSpeed checkpoint; reading it needs DeepSpeed: "
+            "pip install 'torch-fabric[deepspeed]'."
+        ) from error
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its progress
+        state_dict: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(os.fspath(directory), tag=tag)
+    return state_dict

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +27,8 @@ from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
 from fabric.plugins.io.distributed_checkpoint import read_checkpoint
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.plugins.precision.precision import Precision
+from fabric.strategies.deepspeed_checkpoint import is_deepspeed_checkpoint
+from fabric.strategies.deepspeed_checkpoint import read_whole as read_deepspeed_checkpoint
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.utilities.checkpoint_state import Stateful, check_module_state, check_optimizer_state
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
@@ -338,7 +342,10 @@ class Strategy:
         Without ``state`` the whole raw checkpoint is returned. Everything is validated first, so an
         error leaves every object in ``state`` unchanged.
         """
-        checkpoint = read_checkpoint(self.checkpoint_io, path, weights_only=weights_only)
+        if is_deepspeed_checkpoint(path):  # its ZeRO shards, gathered in this process
+            checkpoint = read_deepspeed_checkpoint(Path(os.fspath(path)), weights_only=weights_only)
+        else:
+            checkpoint = read_checkpoint(self.checkpoint_io, path, weights_only=weights_only)
         if not isinstance(checkpoint, dict):
             raise CheckpointError(f"{path!s} holds a {type(checkpoint).__name__}, not a checkpoint dict.")
         if state is None:
