@@ -26,6 +26,7 @@ from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.process_exit import prepare_fast_shutdown, register_cleanup
 from fabric.strategies.strategy import CheckpointFilter, Strategy
 from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
+from fabric.utilities.compile import CompileArg, Compiler, compiler_for, uncompiled
 from fabric.utilities.device_parser import DevicesArg
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
@@ -188,32 +189,53 @@ class Fabric:
     # --- setup --------------------------------------------------------------------------------------
 
     @overload
-    def setup(self, module: nn.Module, *, move_to_device: bool = True) -> FabricModule: ...
+    def setup(self, module: nn.Module, *, move_to_device: bool = True, compile: CompileArg = None) -> FabricModule: ...
 
     @overload
-    def setup(self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> tuple[Any, ...]: ...
+    def setup(
+        self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True, compile: CompileArg = None
+    ) -> tuple[Any, ...]: ...
 
-    def setup(self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
+    def setup(
+        self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True, compile: CompileArg = None
+    ) -> Any:
         """Prepare a module (and its optimizers) for the strategy and precision.
 
-        Returns the wrapped module, or ``(module, *optimizers)`` when optimizers are given.
+        Returns the wrapped module, or ``(module, *optimizers)`` when optimizers are given. A module compiled
+        with ``torch.compile`` is taken apart and compiled again, with the same settings, around the
+        strategy's wrapper (DDP, FSDP hooks stay outside the graph); ``compile=True`` or a dict of
+        ``torch.compile`` arguments compiles a module that is not compiled yet the same way.
         """
         self._check_launched()
+        module, compiler = self._uncompiled(module, compile)
         self._check_not_set_up(module, optimizers)
         module = self._prepare_module(module, move_to_device)
         for optimizer in optimizers:
             if move_to_device:
                 optimizer_to_device(optimizer, self.device)
         forward_module, set_up_optimizers = self._strategy.setup_module_and_optimizers(module, optimizers)
-        wrapped_module = self._wrap_set_up_module(forward_module, module)
+        wrapped_module = self._wrap_set_up_module(forward_module, module, compiler)
         wrapped_optimizers = [wrap_optimizer(opt, self._strategy) for opt in set_up_optimizers]
         return (wrapped_module, *wrapped_optimizers) if optimizers else wrapped_module
 
-    def setup_module(self, module: nn.Module, move_to_device: bool = True) -> FabricModule:
+    def setup_module(self, module: nn.Module, move_to_device: bool = True, compile: CompileArg = None) -> FabricModule:
         """Like :meth:`setup` for a module alone (optimizers are set up separately, e.g. for FSDP)."""
         self._check_launched()
+        module, compiler = self._uncompiled(module, compile)
         self._check_not_set_up(module, ())
-        return self._wrap_module(self._prepare_module(module, move_to_device))
+        module = self._prepare_module(module, move_to_device)
+        return self._wrap_set_up_module(self._strategy.setup_module(module), module, compiler)
+
+    @staticmethod
+    def _uncompiled(module: nn.Module, compile: CompileArg) -> tuple[nn.Module, Compiler | None]:
+        """The module to set up, and how to compile the strategy's wrapper around it (if at all)."""
+        original, compiler = uncompiled(module)
+        requested = compiler_for(compile)
+        if compiler is not None and requested is not None:
+            raise ValueError(
+                f"compile={compile!r} was passed with a module torch.compile already compiled; pass one or the other."
+            )
+        return original, compiler or requested
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Wrap optimizers so their ``step`` goes through the strategy. Returns one or a tuple."""
@@ -243,10 +265,11 @@ class Fabric:
             self._strategy.module_to_device(module)
         return module
 
-    def _wrap_module(self, module: nn.Module) -> FabricModule:
-        return self._wrap_set_up_module(self._strategy.setup_module(module), module)
-
-    def _wrap_set_up_module(self, forward_module: nn.Module, original_module: nn.Module) -> FabricModule:
+    def _wrap_set_up_module(
+        self, forward_module: nn.Module, original_module: nn.Module, compiler: Compiler | None = None
+    ) -> FabricModule:
+        if compiler is not None:
+            forward_module = compiler(forward_module)
         wrapped = FabricModule(forward_module, self._strategy, original_module=original_module)
         self._wrapped_modules.add(wrapped)
         return wrapped
@@ -543,6 +566,8 @@ def _unwrap_optimizer(optimizer: Optimizer) -> Optimizer:
 
 
 def _unwrap(obj: Any) -> Any:
+    if isinstance(obj, nn.Module):
+        obj, _ = uncompiled(obj)
     if isinstance(obj, FabricModule):
         return obj.module
     if isinstance(obj, FabricOptimizer):

@@ -6,8 +6,9 @@ The wrappers live in a higher layer (:mod:`fabric.wrappers`); they all derive fr
 
 from __future__ import annotations
 
-import sys
 from typing import Any
+
+from fabric.utilities.compile import uncompiled
 
 
 class SetUpByFabric:
@@ -19,7 +20,5 @@ class SetUpByFabric:
 def is_wrapped(obj: Any) -> bool:
     """Whether ``obj`` was returned by ``fabric.setup``, ``setup_module``, ``setup_optimizers`` or
     ``setup_dataloaders`` (also when it was passed through ``torch.compile`` afterwards)."""
-    dynamo = sys.modules.get("torch._dynamo")  # a compiled module implies torch._dynamo is loaded
-    if dynamo is not None and isinstance(obj, dynamo.OptimizedModule):
-        obj = obj._orig_mod
-    return isinstance(obj, SetUpByFabric)
+    original, _ = uncompiled(obj)
+    return isinstance(original, SetUpByFabric)
