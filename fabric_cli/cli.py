@@ -27,7 +27,7 @@ from fabric.utilities.cli_contract import CLI_SETTINGS
 from fabric_cli.arguments import DefaultCommandGroup, ScriptCommand
 from fabric_cli.consolidate import consolidate_command
 from fabric_cli.layout import Layout, LayoutError, resolve_layout
-from fabric_cli.network import port_in_use
+from fabric_cli.network import interface_for, port_in_use
 from fabric_cli.plan import (
     DEFAULT_MULTI_NODE_PORT,
     TEMPLATE_FIELDS,
@@ -148,6 +148,14 @@ def run() -> None:
     help="Seconds the ranks get after a SIGTERM/SIGINT to the CLI is forwarded to them (e.g. to save a "
     "checkpoint), before SIGKILL.",
 )
+@click.option(
+    "--join-timeout",
+    "--join_timeout",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Seconds the nodes of a multi-node job get to check in with node 0; then every waiting node fails.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Say what is started and how each rank ends.")
 @click.option("--dry-run", is_flag=True, help="Print what would be started, and start nothing.")
 def run_model(**options: Any) -> None:
@@ -163,9 +171,14 @@ def run_model(**options: Any) -> None:
     if options["dry_run"]:
         click.echo(plan.describe())
         return
+    from fabric_cli.join import JoinError
     from fabric_cli.runner import run as run_plan
 
-    sys.exit(run_plan(plan))
+    try:
+        sys.exit(run_plan(plan))
+    except JoinError as error:
+        click.echo(f"fabric: error: {error}", err=True)
+        sys.exit(1)
 
 
 def _make_plan(options: dict[str, Any]) -> LaunchPlan:
@@ -202,6 +215,8 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
         stderr_template=options["stderr_template"],
         fabric_settings={CLI_SETTINGS[name]: str(value) for name, value in passed.items()},
         term_timeout=options["term_timeout"],
+        join_timeout=options["join_timeout"],
+        network_interface=interface_for(main_address, main_port) if layout.num_nodes > 1 else None,
         verbose=options["verbose"],
     )
     plan.check_log_files()

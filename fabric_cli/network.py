@@ -24,3 +24,34 @@ def port_in_use(port: int) -> bool:
                 if error.errno == errno.EADDRINUSE:
                     return True
     return False
+
+
+def interface_for(address: str, port: int) -> str | None:
+    """The name of this machine's network interface whose address routes to ``address`` (Linux), or
+    ``None`` when that is loopback or cannot be told. Gloo and NCCL bind to what the hostname resolves
+    to unless told an interface, and in containers and network namespaces that is often 127.0.0.1,
+    which no other node can reach."""
+    try:
+        family, _, _, _, target = socket.getaddrinfo(address, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(target)  # UDP: picks the route and source address, sends nothing
+            source = probe.getsockname()[0]
+    except OSError:
+        return None
+    if family != socket.AF_INET or source.startswith("127."):
+        return None
+    return next((name for _, name in socket.if_nameindex() if _ipv4_address(name) == source), None)
+
+
+def _ipv4_address(interface: str) -> str | None:
+    """The IPv4 address of ``interface`` (``SIOCGIFADDR``), or ``None``."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            answer = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", interface.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(answer[20:24])

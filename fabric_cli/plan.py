@@ -50,6 +50,10 @@ class LaunchPlan:
     fabric_settings: dict[str, str] = field(default_factory=dict)
     #: Seconds the ranks get to exit after a SIGTERM/SIGINT to the CLI is forwarded to them, before SIGKILL.
     term_timeout: float = 30.0
+    #: Seconds the nodes of a multi-node job get to check in with node 0 before any rank starts.
+    join_timeout: float = 600.0
+    #: The interface the ranks' gloo/NCCL sockets use (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``) unless set.
+    network_interface: str | None = None
     verbose: bool = False
 
     @property
@@ -78,7 +82,10 @@ class LaunchPlan:
             "LOCAL_RANK": str(local_rank),
             "RANK": str(self.global_rank(local_rank)),
         }
-        variables.update({name: value for name, value in RANK_DEFAULTS.items() if name not in os.environ})
+        defaults = dict(RANK_DEFAULTS)
+        if self.network_interface is not None:
+            defaults.update(GLOO_SOCKET_IFNAME=self.network_interface, NCCL_SOCKET_IFNAME=self.network_interface)
+        variables.update({name: value for name, value in defaults.items() if name not in os.environ})
         if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
             variables["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // layout.processes))
         return variables

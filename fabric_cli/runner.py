@@ -1,5 +1,6 @@
 """Start a plan's processes and supervise them until the job ends, as one program would.
 
+- Several nodes first check in with node 0 (:mod:`fabric_cli.join`); then each starts its ranks.
 - Local rank 0 keeps the terminal; the other ranks write to log files (the run dir, or the
   ``--stdout``/``--stderr`` templates).
 - The first rank to exit non-zero ends the job: the others get SIGTERM (then SIGKILL), and the CLI
@@ -23,6 +24,7 @@ from types import FrameType
 from typing import IO
 
 from fabric.strategies.launchers.processes import describe_exit, die_with_parent, exit_code, stop_processes
+from fabric_cli.join import join
 from fabric_cli.plan import LaunchPlan
 
 STDERR_TAIL_LINES = 20
@@ -47,6 +49,7 @@ def run(plan: LaunchPlan) -> int:
     try:
         try:
             plan.run_dir.mkdir(parents=True, exist_ok=True)
+            join(plan.layout, plan.main_address, plan.main_port, plan.join_timeout)
             _say(plan, _start_line(plan))
             for local_rank in range(plan.processes):
                 processes[local_rank] = _start(plan, local_rank, log_files)
@@ -140,7 +143,7 @@ def _stop_on_signal(plan: LaunchPlan, processes: dict[int, subprocess.Popen[byte
                 file=sys.stderr,
                 flush=True,
             )
-    if signum != signal.SIGTERM or killed:
+    if signum != signal.SIGTERM or killed or not processes:
         return 128 + signum
     codes = [exit_code(process.returncode) for _, process in sorted(processes.items())]
     return next((code for code in codes if code != 0), 0)

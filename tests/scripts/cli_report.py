@@ -24,7 +24,10 @@ report = {
     "precision": fabric.precision.name,
     "args": sys.argv[2:],
     "pid": os.getpid(),
-    "env": {name: os.environ.get(name) for name in ("FABRIC_RUN_DIRECTORY", "PYTHONUNBUFFERED", "MASTER_PORT")},
+    "env": {
+        name: os.environ.get(name)
+        for name in ("FABRIC_RUN_DIRECTORY", "PYTHONUNBUFFERED", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
+    },
     "sum": fabric.all_reduce(fabric.global_rank + 1, reduce_op="sum").item(),
 }
 print(f"rank {fabric.global_rank} reporting", flush=True)

@@ -1,0 +1,132 @@
+"""Multi-node join: every node's CLI checks in with node 0's before any rank starts.
+
+Node 0's CLI listens on the main port (rank 0's rendezvous store takes the port over afterwards), the
+other nodes' CLIs connect and announce their part of the layout. Once the nodes add up to the world
+size, node 0 answers ``go`` to all and every node starts its ranks. If a node has not joined within
+``--join-timeout`` seconds, or a node's layout contradicts another's, every waiting node fails with one
+line naming who is missing or what disagrees, instead of ranks waiting half an hour in the rendezvous.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+
+from fabric_cli.layout import Layout
+
+_RETRY_SECONDS = 0.2
+
+
+class JoinError(RuntimeError):
+    """The nodes could not all join: the message says who is missing or what disagrees, and what to check."""
+
+
+def join(layout: Layout, address: str, port: int, timeout: float) -> None:
+    """Return once every node has joined; raise :class:`JoinError` within about ``timeout`` seconds otherwise."""
+    if layout.num_nodes == 1:
+        return
+    if layout.node_rank == 0:
+        _host(layout, port, timeout)
+    else:
+        _check_in(layout, address, port, timeout)
+
+
+def _host(layout: Layout, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    joined: dict[int, Layout] = {0: layout}
+    connections: list[socket.socket] = []
+    try:
+        with socket.create_server(("", port)) as server:
+            while len(joined) < layout.num_nodes:
+                server.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    connection, _ = server.accept()
+                except TimeoutError:
+                    raise _missing(layout, joined, port, timeout) from None
+                connections.append(connection)
+                other = _read_layout(connection, deadline)
+                _check_agreement(layout, joined, other)
+                joined[other.node_rank] = other
+        _send_all(connections, "go")
+    except JoinError as error:
+        _send_all(connections, f"abort {error}")
+        raise
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+def _read_layout(connection: socket.socket, deadline: float) -> Layout:
+    connection.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        fields = json.loads(_read_line(connection))
+        return Layout(**{name: int(fields[name]) for name in Layout.__dataclass_fields__})
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise JoinError(f"a node sent an unreadable join message ({error}); is it running the same fabric?") from None
+
+
+def _check_agreement(layout: Layout, joined: dict[int, Layout], other: Layout) -> None:
+    node = other.node_rank
+    if (other.world_size, other.num_nodes) != (layout.world_size, layout.num_nodes):
+        raise JoinError(
+            f"node {node} has --world-size={other.world_size} --num-nodes={other.num_nodes}, node 0 has "
+            f"--world-size={layout.world_size} --num-nodes={layout.num_nodes}: give every node the same."
+        )
+    if node in joined:
+        raise JoinError(f"two nodes call themselves node {node}: give each node its own --node-rank.")
+    for known in joined.values():
+        if set(known.ranks) & set(other.ranks):
+            raise JoinError(
+                f"node {node} (ranks {other.ranks[0]}..{other.ranks[-1]}) and node {known.node_rank} (ranks "
+                f"{known.ranks[0]}..{known.ranks[-1]}) overlap: fix --base-rank or --devices."
+            )
+
+
+def _missing(layout: Layout, joined: dict[int, Layout], port: int, timeout: float) -> JoinError:
+    missing = [node for node in range(layout.num_nodes) if node not in joined]
+    return JoinError(
+        f"node(s) {', '.join(map(str, missing))} did not join within --join-timeout={timeout:g} s (joined: "
+        f"{', '.join(map(str, sorted(joined)))}). Start `fabric run model` there with their --node-rank, the same "
+        f"--main-address and --main-port={port}, and check they can reach this machine on that port."
+    )
+
+
+def _check_in(layout: Layout, address: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    message = json.dumps({name: getattr(layout, name) for name in Layout.__dataclass_fields__}) + "\n"
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=max(0.01, deadline - time.monotonic())) as link:
+                link.sendall(message.encode())
+                link.settimeout(max(timeout, 1.0))  # node 0 answers by its own deadline
+                answer = _read_line(link)
+                break
+        except (ConnectionRefusedError, TimeoutError) as error:
+            if time.monotonic() >= deadline:
+                raise JoinError(
+                    f"node 0 at {address}:{port} did not answer within --join-timeout={timeout:g} s ({error}): start "
+                    "it, and check --main-address, --main-port and that this machine can reach it."
+                ) from None
+            time.sleep(_RETRY_SECONDS)
+        except OSError as error:
+            raise JoinError(f"cannot join node 0 at {address}:{port}: {error}.") from None
+    if answer != "go":
+        raise JoinError(answer.removeprefix("abort ") if answer else f"node 0 at {address}:{port} hung up.")
+
+
+def _read_line(connection: socket.socket) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = connection.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode().strip()
+
+
+def _send_all(connections: list[socket.socket], line: str) -> None:
+    for connection in connections:
+        with contextlib.suppress(OSError):  # that node is gone; it fails on its own
+            connection.sendall(f"{line}\n".encode())

@@ -1,0 +1,117 @@
+"""Several nodes: the CLIs join before any rank starts (or fail together, naming who is missing), and ranks
+on machines whose hostname resolves to loopback still reach each other (two real network namespaces)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fabric.plugins.environments import find_free_port
+
+REPORT = str(Path(__file__).parent / "scripts" / "cli_report.py")
+FABRIC = [sys.executable, "-m", "fabric_cli", "run", "model"]
+
+
+def _env() -> dict[str, str]:
+    launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+    drop = (*launcher, "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "BASE_RANK")
+    return {key: value for key, value in os.environ.items() if key not in drop}
+
+
+def _nodes(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Run one CLI per node at the same time; return how each ended."""
+    started = [
+        subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for command in commands
+    ]
+    results = []
+    for process in started:
+        stdout, stderr = process.communicate(timeout=120)
+        results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return results
+
+
+def test_a_node_that_never_joins_fails_every_waiting_node_naming_it() -> None:
+    port = str(find_free_port())
+    common = ["--devices", "1", "--num-nodes", "3", "--main-address", "127.0.0.1", "--main-port", port]
+    node0, node1 = _nodes([[*FABRIC, *common, "--join-timeout", "1.5", "--node-rank", str(rank), REPORT, "/"]
+                           for rank in (0, 1)])  # fmt: skip
+    assert node0.returncode == 1 and node1.returncode == 1
+    missing = "node(s) 2 did not join within --join-timeout=1.5 s (joined: 0, 1)"
+    assert missing in node0.stderr and missing in node1.stderr  # node 1 hears why from node 0
+    assert node0.stderr.count("\n") == 1, node0.stderr  # one line, no rank started
+    alone = _nodes([[*FABRIC, *common, "--join-timeout", "0.5", "--node-rank", "2", REPORT, "/"]])[0]
+    assert alone.returncode == 1
+    assert f"node 0 at 127.0.0.1:{port} did not answer within --join-timeout=0.5 s" in alone.stderr
+
+
+def test_nodes_that_disagree_on_the_world_size_both_fail_before_starting_ranks() -> None:
+    port = str(find_free_port())
+    common = ["--devices", "1", "--main-address", "127.0.0.1", "--main-port", port, "--join-timeout", "30"]
+    node0, node1 = _nodes([
+        [*FABRIC, *common, "--num-nodes", "2", "--node-rank", "0", REPORT, "/"],
+        [*FABRIC, *common, "--num-nodes", "3", "--node-rank", "1", REPORT, "/"],
+    ])  # fmt: skip
+    expected = "node 1 has --world-size=3 --num-nodes=3, node 0 has --world-size=2 --num-nodes=2"
+    assert node0.returncode == node1.returncode == 1
+    assert expected in node0.stderr and expected in node1.stderr
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def two_namespaces() -> Iterator[tuple[str, str]]:
+    """Two network namespaces joined by a veth pair: 198.18.N.1 and 198.18.N.2, hostnames still loopback."""
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        pytest.skip("needs root and iproute2's `ip netns` to make two network namespaces")
+    tag = f"{os.getpid() % 100000}"
+    spaces, links = (f"fabA{tag}", f"fabB{tag}"), (f"fvA{tag}", f"fvB{tag}")
+    subnet = f"198.18.{os.getpid() % 250}"
+    try:
+        for space in spaces:
+            _ip("netns", "add", space)
+        _ip("link", "add", links[0], "type", "veth", "peer", "name", links[1])
+        for index, (space, link) in enumerate(zip(spaces, links, strict=True)):
+            _ip("link", "set", link, "netns", space)
+            _ip("-n", space, "addr", "add", f"{subnet}.{index + 1}/24", "dev", link)
+            _ip("-n", space, "link", "set", link, "up")
+            _ip("-n", space, "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as error:
+        for space in spaces:
+            subprocess.run(["ip", "netns", "del", space], capture_output=True, check=False)
+        pytest.skip(f"`ip netns` is not usable here: {error.stderr.decode().strip()}")
+    try:
+        yield spaces[0], spaces[1]
+    finally:
+        for space in spaces:  # deleting a namespace deletes its end of the veth pair, and so the pair
+            subprocess.run(["ip", "netns", "del", space], capture_output=True, check=False)
+
+
+def test_two_nodes_in_separate_network_namespaces_train_together(
+    tmp_path: Path, two_namespaces: tuple[str, str]
+) -> None:
+    """Each namespace's hostname resolves to 127.0.0.1, so gloo would advertise loopback and node 1 would be
+    refused; the CLI sets GLOO_SOCKET_IFNAME to the veth interface that routes to the main address."""
+    subnet = f"198.18.{os.getpid() % 250}"
+    common = ["--devices", "1", "--num-nodes", "2", "--main-address", f"{subnet}.1", "--main-port", "29517"]
+    nodes = _nodes([
+        ["ip", "netns", "exec", space, *FABRIC, *common, "--node-rank", str(rank), "--run-dir",
+         str(tmp_path / f"run{rank}"), REPORT, str(tmp_path)]
+        for rank, space in enumerate(two_namespaces)
+    ])  # fmt: skip
+    assert [node.returncode for node in nodes] == [0, 0], [node.stderr[-2000:] for node in nodes]
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [(r["rank"], r["node_rank"], r["world_size"], r["sum"]) for r in reports] == [(0, 0, 2, 3), (1, 1, 2, 3)]
+    assert [r["env"]["GLOO_SOCKET_IFNAME"] for r in reports] == [
+        f"fvA{os.getpid() % 100000}",
+        f"fvB{os.getpid() % 100000}",
+    ]
