@@ -24,6 +24,7 @@ from fabric.accelerators.registry import accelerator_choices
 from fabric.plugins.precision.registry import PRECISION_REGISTRY
 from fabric.strategies.registry import strategy_choices
 from fabric.utilities.cli_contract import CLI_SETTINGS
+from fabric.utilities.ports import find_free_port
 from fabric_cli.arguments import DefaultCommandGroup, ScriptCommand
 from fabric_cli.consolidate import consolidate_command
 from fabric_cli.layout import Layout, LayoutError, resolve_layout
@@ -251,17 +252,11 @@ def _main_address(given: str | None, layout: Layout) -> str:
 
 def _main_port(given: int | None, layout: Layout) -> int:
     if given is None and layout.num_nodes == 1:
-        return _free_port()
+        return find_free_port()
     port = given if given is not None else DEFAULT_MULTI_NODE_PORT
     if layout.base_rank == 0 and port_in_use(port):  # this node hosts the rendezvous store on that port
         raise PlanError(f"port {port} is already in use on this machine: pick a free one with --main-port.")
     return port
-
-
-def _free_port() -> int:
-    from fabric.plugins.environments.local import find_free_port
-
-    return find_free_port()
 
 
 def main() -> None:
