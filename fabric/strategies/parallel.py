@@ -142,7 +142,7 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             dist.init_process_group(
                 self.process_group_backend,
-                init_method=self._init_method(),
+                **self._rendezvous(),
                 world_size=self.world_size,
                 rank=self.global_rank,
                 timeout=self._timeout,
@@ -151,11 +151,20 @@ class ParallelStrategy(Strategy):
         # interleaves with the training collectives of the default group.
         self._barrier_group = dist.new_group(backend="gloo", timeout=self._timeout)
 
-    def _init_method(self) -> str:
+    def _rendezvous(self) -> dict[str, Any]:
+        """``init_process_group``'s ``init_method`` or ``store``: where the ranks find each other."""
         environment = self.cluster_environment
-        if isinstance(environment, TorchElasticEnvironment):
-            return "env://"  # torchrun's agent already hosts the store at MASTER_PORT; join it as a client
-        return f"tcp://{environment.main_address}:{environment.main_port}"
+        if not isinstance(environment, TorchElasticEnvironment):
+            return {"init_method": f"tcp://{environment.main_address}:{environment.main_port}"}
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            return {"init_method": "env://"}
+        # torchrun's agent hosts the store at MASTER_PORT and keeps it across restarts: join it as a client
+        # under a prefix of this attempt, or a restarted attempt reads the previous attempt's gloo addresses
+        # ("connectFullMesh ... Connection refused", or a hang).
+        store = dist.TCPStore(
+            environment.main_address, environment.main_port, self.world_size, is_master=False, timeout=self._timeout
+        )
+        return {"store": dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)}
 
     def teardown(self) -> None:
         if dist.is_initialized():
