@@ -161,10 +161,12 @@ class ParallelStrategy(Strategy):
         # torchrun's agent hosts the store at MASTER_PORT and keeps it across restarts: join it as a client
         # under a prefix of this attempt, or a restarted attempt reads the previous attempt's gloo addresses
         # ("connectFullMesh ... Connection refused", or a hang).
-        store = dist.TCPStore(
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time, not in the stubs
             environment.main_address, environment.main_port, self.world_size, is_master=False, timeout=self._timeout
         )
-        return {"store": dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)}
+        from torch.distributed.distributed_c10d import PrefixStore
+
+        return {"store": PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)}
 
     def teardown(self) -> None:
         if dist.is_initialized():
