@@ -12,6 +12,7 @@ from fabric.utilities.lazy import lazy_exports
 if TYPE_CHECKING:
     from fabric.trainer.algorithm import Algorithm
     from fabric.trainer.callback import Callback
+    from fabric.trainer.data_spec import DataSpec
     from fabric.trainer.engine import Engine
     from fabric.trainer.evaluation import Evaluator
     from fabric.trainer.events import Event
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Algorithm",
     "Callback",
+    "DataSpec",
     "Engine",
     "Evaluator",
     "Event",
@@ -38,6 +40,7 @@ __getattr__ = lazy_exports(
     {
         "Algorithm": "fabric.trainer.algorithm",
         "Callback": "fabric.trainer.callback",
+        "DataSpec": "fabric.trainer.data_spec",
         "Engine": "fabric.trainer.engine",
         "Evaluator": "fabric.trainer.evaluation",
         "Event": "fabric.trainer.events",

@@ -10,18 +10,18 @@ EVAL_AFTER_ALL. The model runs in eval mode without gradients and returns to tra
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
+from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalInput
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.metrics import compute_metrics, update_metric
-from fabric.trainer.microbatch import batch_size
 from fabric.trainer.state import State, loader_length
 from fabric.trainer.time import Timestamp
 
@@ -30,8 +30,10 @@ from fabric.trainer.time import Timestamp
 class Evaluator:
     """An eval dataloader with a label (metric names become ``metrics/<label>/<name>``).
 
-    ``metric_names`` picks some of the model's eval metrics (default: all); ``eval_interval``
-    overrides the Trainer's; ``subset_num_batches`` limits the batches per round (-1: all).
+    ``dataloader`` may be a :class:`~fabric.trainer.data_spec.DataSpec`: it then becomes
+    ``data_spec`` and its loader ``dataloader``. ``metric_names`` picks some of the model's eval
+    metrics (default: all); ``eval_interval`` overrides the Trainer's; ``subset_num_batches`` limits
+    the batches per round (-1: all).
     """
 
     label: str
@@ -39,8 +41,11 @@ class Evaluator:
     metric_names: Sequence[str] | None = None
     eval_interval: IntervalInput | None = None
     subset_num_batches: int = -1
+    data_spec: DataSpec = field(init=False)
 
     def __post_init__(self) -> None:
+        self.data_spec = ensure_data_spec(self.dataloader)
+        self.dataloader = self.data_spec.dataloader
         if not self.label or not isinstance(self.label, str):
             raise ValueError(f"An Evaluator needs a non-empty string label, got {self.label!r}.")
         if self.subset_num_batches == 0 or self.subset_num_batches < -1:
@@ -109,17 +114,19 @@ def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Eval
     state.eval_batches = _batches_in(evaluator)
     state.eval_timestamp = Timestamp()
     run_event(Event.EVAL_START)
+    spec = evaluator.data_spec
     for index, batch in enumerate(evaluator.dataloader):
         if index == evaluator.subset_num_batches:
             break
-        state.batch = batch
+        state.batch = spec.prepare(batch, state.fabric.to_device) if spec.transforms else batch
         run_event(Event.EVAL_BATCH_START)
         run_event(Event.EVAL_BEFORE_FORWARD)
         state.outputs = eval_forward(state.batch) if eval_forward is not None else model(state.batch)
         run_event(Event.EVAL_AFTER_FORWARD)
         for metric in metrics.values():
             update_metric(model.module, state.batch, state.outputs, metric)
-        state.eval_timestamp = state.eval_timestamp.to_next_batch(batch_size(state.batch) * state.fabric.world_size)
+        samples = spec.get_num_samples_in_batch(state.batch)
+        state.eval_timestamp = state.eval_timestamp.to_next_batch(samples * state.fabric.world_size)
         run_event(Event.EVAL_BATCH_END)
     values = compute_metrics(metrics, f"metrics/{evaluator.label}")
     state.metrics.update(values)

@@ -13,18 +13,24 @@ from typing import Any
 import torch
 
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
+from fabric.trainer.data_spec import DataSpec
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
-from fabric.trainer.microbatch import batch_size
 from fabric.trainer.state import State
 from fabric.trainer.time import Timestamp
 from fabric.utilities.apply_func import move_data_to_device
 
 
 def run_prediction(
-    state: State, engine: Engine, dataloader: Iterable[Any], *, return_outputs: bool, subset_num_batches: int
+    state: State,
+    engine: Engine,
+    dataloader: Iterable[Any],
+    spec: DataSpec,
+    *,
+    return_outputs: bool,
+    subset_num_batches: int,
 ) -> list[Any]:
-    """Outputs of every batch, moved to the CPU (an empty list when ``return_outputs`` is False)."""
+    """Outputs of every batch (transformed and counted as ``spec`` says), moved to the CPU (or ``[]``)."""
     run_event, model = engine.run_event, state.model
     was_training = model.training
     outputs: list[Any] = []
@@ -37,7 +43,7 @@ def run_prediction(
             for index, batch in enumerate(dataloader):
                 if index == subset_num_batches:
                     break
-                state.batch = batch
+                state.batch = spec.prepare(batch, state.fabric.to_device) if spec.transforms else batch
                 run_event(Event.PREDICT_BATCH_START)
                 run_event(Event.PREDICT_BEFORE_FORWARD)
                 state.outputs = model(state.batch)
@@ -45,7 +51,7 @@ def run_prediction(
                 if return_outputs:
                     outputs.append(move_data_to_device(state.outputs, torch.device("cpu")))
                 state.predict_timestamp = state.predict_timestamp.to_next_batch(
-                    batch_size(state.batch) * state.fabric.world_size
+                    spec.get_num_samples_in_batch(state.batch) * state.fabric.world_size
                 )
                 run_event(Event.PREDICT_BATCH_END)
             run_event(Event.PREDICT_END)

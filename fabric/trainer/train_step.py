@@ -26,10 +26,10 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from fabric.trainer.data_spec import DataSpec
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
 from fabric.trainer.metrics import update_metric
-from fabric.trainer.microbatch import batch_size, loss_weight, split_batch
 from fabric.trainer.schedulers import LRSchedule
 from fabric.trainer.state import State
 
@@ -75,6 +75,8 @@ class TrainStep:
         self.auto_microbatching = microbatch_size == "auto"
         state.device_train_microbatch_size = None if self.auto_microbatching else microbatch_size  # type: ignore[assignment]
         self.token_counter = token_counter
+        #: How to split and count the train batches; the Trainer sets it with the train dataloader.
+        self.data_spec = DataSpec(())
         self._scaler = getattr(self.fabric.strategy.precision, "scaler", None)
 
     def schedule_lr(self) -> None:
@@ -90,7 +92,7 @@ class TrainStep:
         run_event(Event.BATCH_START)
         run_event(Event.BEFORE_TRAIN_BATCH)
         full_batch = state.batch
-        samples = batch_size(full_batch)
+        samples = self.data_spec.get_num_samples_in_batch(full_batch)
         if self.auto_microbatching:
             total_loss = self._train_with_auto_microbatches(full_batch, samples)
         else:
@@ -113,19 +115,19 @@ class TrainStep:
         # Sharded loaders give every rank equally sized batches, so the global count is local x world size.
         state.timestamp = state.timestamp.to_next_batch(
             samples * world_size,
-            self.token_counter(full_batch) * world_size,
+            self.data_spec.get_num_tokens_in_batch(full_batch, self.token_counter) * world_size,
             timedelta(seconds=time.perf_counter() - started),
         )
 
     def _train_microbatches(self, batch: Any, samples: int, microbatch_size: int | None) -> torch.Tensor:
         if microbatch_size is None or microbatch_size >= samples:
             return self._train_microbatch(batch, 1.0)
-        microbatches = split_batch(batch, microbatch_size)
+        microbatches = self.data_spec.split_batch(batch, microbatch_size)
         last = len(microbatches) - 1
         total_loss: torch.Tensor | None = None
         for index, microbatch in enumerate(microbatches):
             with self.fabric.no_backward_sync(self.state.model, enabled=index < last):
-                loss = self._train_microbatch(microbatch, loss_weight(microbatch, samples))
+                loss = self._train_microbatch(microbatch, self.data_spec.get_num_samples_in_batch(microbatch) / samples)
             total_loss = loss if total_loss is None else total_loss + loss
         assert total_loss is not None
         return total_loss

@@ -35,6 +35,7 @@ from fabric.trainer.checkpoint.dataloader_position import capture_epoch_start, r
 from fabric.trainer.checkpoint.preemption import PreemptionWatch, TrainingPreempted
 from fabric.trainer.checkpoint.saver import CheckpointSaver
 from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpointState
+from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.engine import Engine
 from fabric.trainer.evaluation import Evaluator, ensure_evaluators, run_evaluators, select_metrics
 from fabric.trainer.events import Event
@@ -68,14 +69,16 @@ class Trainer:
 
     Evaluation: ``eval_dataloader`` (a dataloader, an :class:`Evaluator`, a dict ``{label: loader}`` or
     a list), every ``eval_interval`` (Time, int epochs, or ``(state, event) -> bool``; also at the end of
-    training), ``eval_subset_num_batches``. Algorithms, callbacks and loggers hook the events; the
+    training), ``eval_subset_num_batches``. Any dataloader argument also takes a
+    :class:`~fabric.trainer.data_spec.DataSpec` (custom batch types: transforms, splitting, counting).
+    Algorithms, callbacks and loggers hook the events; the
     tqdm progress bar is added on rank 0 unless ``progress_bar=False``.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        train_dataloader: Iterable[Any] | None = None,
+        train_dataloader: Iterable[Any] | DataSpec | None = None,
         max_duration: Time[Any] | str | int | None = None,
         *,
         optimizers: Optimizer | Sequence[Optimizer] | None = None,
@@ -91,7 +94,7 @@ class Trainer:
         progress_bar: bool = True,
         device_train_microbatch_size: int | str | None = None,
         seed: int | None = None,
-        get_num_tokens_in_batch: TokenCounter = count_tokens,
+        get_num_tokens_in_batch: TokenCounter | None = None,
         run_name: str | None = None,
         save_folder: str | None = None,
         save_interval: IntervalInput = "1ep",
@@ -174,7 +177,7 @@ class Trainer:
             torch_schedulers=torch_schedulers,
             step_schedulers_every_batch=step_schedulers_every_batch,
             microbatch_size=device_train_microbatch_size,
-            token_counter=get_num_tokens_in_batch,
+            token_counter=_token_counter(get_num_tokens_in_batch, model),
         )
         self.step_schedulers_every_batch = step_schedulers_every_batch
         self._batches: Iterator[Any] | None = None  # the current epoch's, kept when fit() ends mid-epoch
@@ -233,8 +236,9 @@ class Trainer:
             raise ValueError(f"schedulers={ours} need optimizers to schedule; pass optimizers=... as well.")
         return LRSchedule(ours, self.state.optimizers, scale_schedule_ratio=self.scale_schedule_ratio), torch_schedulers
 
-    def _set_train_dataloader(self, dataloader: Iterable[Any]) -> None:
-        loader = self.fabric.setup_dataloaders(dataloader) if isinstance(dataloader, DataLoader) else dataloader
+    def _set_train_dataloader(self, dataloader: Iterable[Any] | DataSpec) -> None:
+        spec = self._train_step.data_spec = ensure_data_spec(dataloader)
+        loader = self._setup_dataloader(spec)
         self.state.dataloader = loader
         self._batches = None
         self.state.dataloader_len = loader_length(loader)
@@ -243,8 +247,7 @@ class Trainer:
         evaluators = ensure_evaluators(eval_dataloader)
         eval_metrics = model_metrics(self.state.model.module, False, self.fabric) if evaluators else {}
         for evaluator in evaluators:
-            if isinstance(evaluator.dataloader, DataLoader):
-                evaluator.dataloader = self.fabric.setup_dataloaders(evaluator.dataloader)
+            evaluator.dataloader = self._setup_dataloader(evaluator.data_spec)
             if evaluator.subset_num_batches == -1:
                 evaluator.subset_num_batches = self.eval_subset_num_batches
             self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
@@ -256,6 +259,12 @@ class Trainer:
             else create_interval(evaluator.eval_interval, name=f"{evaluator.label} eval_interval")
             for evaluator in evaluators
         ]
+
+    def _setup_dataloader(self, spec: DataSpec) -> Iterable[Any]:
+        """A DataLoader set up with Fabric (yielding batches unmoved when ``batch_transforms`` come first)."""
+        if not isinstance(spec.dataloader, DataLoader):
+            return spec.dataloader
+        return self.fabric.setup_dataloaders(spec.dataloader, move_to_device=spec.batch_transforms is None)
 
     def _scaled_duration(self, duration: Time[Any] | str | int) -> Time[Any]:
         time = Time.from_input(duration, TimeUnit.EPOCH)
@@ -270,7 +279,7 @@ class Trainer:
     def fit(
         self,
         *,
-        train_dataloader: Iterable[Any] | None = None,
+        train_dataloader: Iterable[Any] | DataSpec | None = None,
         duration: Time[Any] | str | int | None = None,
         eval_dataloader: Any = None,
     ) -> None:
@@ -331,7 +340,8 @@ class Trainer:
                 batch = next(batches)
             except StopIteration:
                 break
-            state.batch = batch
+            spec = self._train_step.data_spec
+            state.batch = spec.prepare(batch, self.fabric.to_device) if spec.transforms else batch
             run_event(Event.AFTER_DATALOADER)
             self._train_step.run(state.batch)
             self._after_batch()
@@ -460,12 +470,17 @@ class Trainer:
         return {name: value for name, value in self.state.metrics.items() if name.startswith(labels)}
 
     def predict(
-        self, dataloader: Iterable[Any], *, return_outputs: bool = True, subset_num_batches: int = -1
+        self, dataloader: Iterable[Any] | DataSpec, *, return_outputs: bool = True, subset_num_batches: int = -1
     ) -> list[Any]:
         """The model's outputs for every batch of ``dataloader`` (on the CPU), or ``[]`` to only stream them."""
-        loader = self.fabric.setup_dataloaders(dataloader) if isinstance(dataloader, DataLoader) else dataloader
+        spec = ensure_data_spec(dataloader)
         return run_prediction(
-            self.state, self.engine, loader, return_outputs=return_outputs, subset_num_batches=subset_num_batches
+            self.state,
+            self.engine,
+            self._setup_dataloader(spec),
+            spec,
+            return_outputs=return_outputs,
+            subset_num_batches=subset_num_batches,
         )
 
     def close(self) -> None:
@@ -527,6 +542,14 @@ def _agree_on_run_name(fabric: Fabric, run_name: str | None) -> str:
         return run_name
     made = f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{random.SystemRandom().getrandbits(24):06x}"
     return str(fabric.broadcast(made, src=0)) if fabric.world_size > 1 else made
+
+
+def _token_counter(given: TokenCounter | None, model: nn.Module) -> TokenCounter:
+    """The Trainer's ``get_num_tokens_in_batch``, else the model's method of that name, else ``input_ids`` counting."""
+    if given is not None:
+        return given
+    method = getattr(model, "get_num_tokens_in_batch", None)
+    return method if callable(method) else count_tokens
 
 
 def _check_microbatch_size(size: int | str | None, fabric: Fabric) -> None:
