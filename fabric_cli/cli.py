@@ -162,7 +162,7 @@ def run() -> None:
 def run_model(**options: Any) -> None:
     """Run SCRIPT (a Python file; a module with -m; a command with -c) in one process per device of this node.
 
-    The options above count wherever they appear before a `--`, also after SCRIPT. Everything after
+    The options below count wherever they appear before a `--`, also after SCRIPT. Everything after
     `--`, and every other argument after SCRIPT, is passed to the script untouched.
     """
     try:

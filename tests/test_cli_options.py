@@ -135,7 +135,7 @@ def test_command_mode_and_output_templates_really_run(tmp_path: Path) -> None:
     script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPORT}" "$@"\n')
     script.chmod(0o755)
     result = _fabric(
-        "run", "-c", str(script), str(tmp_path), "--keep", "-n", "2", "--run_directory", str(tmp_path / "run"),
+        "run", "-c", str(script), str(tmp_path), "--keep", "-n", "2", "-v", "--run_directory", str(tmp_path / "run"),
         "--stdout", "{run_dir}/out-{rank}-of-{world_size}.log", "--stderr", "{run_dir}/out-{rank}-of-{world_size}.log",
         env=_env(PYTHONUNBUFFERED=""),
     )  # fmt: skip
@@ -146,6 +146,8 @@ def test_command_mode_and_output_templates_really_run(tmp_path: Path) -> None:
     assert reports[1]["env"]["PYTHONUNBUFFERED"] == ""  # the user's setting wins
     assert "rank 1 reporting" in (tmp_path / "run" / "out-1-of-2.log").read_text()
     assert "rank 0 reporting" in result.stdout
+    assert "fabric: node 0 of 1 starts ranks 0..1 of 2 (rendezvous 127.0.0.1:" in result.stderr  # -v
+    assert "fabric: rank 1 exited with code 0" in result.stderr
 
 
 @pytest.mark.parametrize(
