@@ -38,7 +38,8 @@ def _host(layout: Layout, port: int, timeout: float) -> None:
     joined: dict[int, Layout] = {0: layout}
     connections: list[socket.socket] = []
     try:
-        with socket.create_server(("", port)) as server:
+        server = _listen(port)
+        with server:
             while len(joined) < layout.num_nodes:
                 server.settimeout(max(0.01, deadline - time.monotonic()))
                 try:
@@ -49,6 +50,7 @@ def _host(layout: Layout, port: int, timeout: float) -> None:
                 other = _read_layout(connection, deadline)
                 _check_agreement(layout, joined, other)
                 joined[other.node_rank] = other
+            _check_coverage(layout, joined)
         _send_all(connections, "go")
     except JoinError as error:
         _send_all(connections, f"abort {error}")
@@ -56,6 +58,16 @@ def _host(layout: Layout, port: int, timeout: float) -> None:
     finally:
         for connection in connections:
             connection.close()
+
+
+def _listen(port: int) -> socket.socket:
+    try:
+        return socket.create_server(("", port))
+    except OSError as error:
+        raise JoinError(
+            f"node 0 cannot listen on port {port} ({error.strerror}): is another node 0 running here? Pick a free "
+            "port with --main-port."
+        ) from None
 
 
 def _read_layout(connection: socket.socket, deadline: float) -> Layout:
@@ -82,6 +94,16 @@ def _check_agreement(layout: Layout, joined: dict[int, Layout], other: Layout) -
                 f"node {node} (ranks {other.ranks[0]}..{other.ranks[-1]}) and node {known.node_rank} (ranks "
                 f"{known.ranks[0]}..{known.ranks[-1]}) overlap: fix --base-rank or --devices."
             )
+
+
+def _check_coverage(layout: Layout, joined: dict[int, Layout]) -> None:
+    covered = {rank for node in joined.values() for rank in node.ranks}
+    unassigned = [rank for rank in range(layout.world_size) if rank not in covered]
+    if unassigned:
+        raise JoinError(
+            f"every node joined, but ranks {', '.join(map(str, unassigned))} of --world-size={layout.world_size} "
+            "are on no node: fix --devices or --base-rank."
+        )
 
 
 def _missing(layout: Layout, joined: dict[int, Layout], port: int, timeout: float) -> JoinError:

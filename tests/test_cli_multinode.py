@@ -52,16 +52,23 @@ def test_a_node_that_never_joins_fails_every_waiting_node_naming_it() -> None:
     assert f"node 0 at 127.0.0.1:{port} did not answer within --join-timeout=0.5 s" in alone.stderr
 
 
-def test_nodes_that_disagree_on_the_world_size_both_fail_before_starting_ranks() -> None:
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        ([["--num-nodes", "2", "--node-rank", "0"], ["--num-nodes", "3", "--node-rank", "1"]],
+         "node 1 has --world-size=3 --num-nodes=3, node 0 has --world-size=2 --num-nodes=2"),
+        ([["--num-nodes", "3", "--node-rank", str(rank)] for rank in (0, 1, 1)], "two nodes call themselves node 1"),
+        ([["--num-nodes", "3", "--world-size", "6", "--node-rank", str(rank), *extra]
+          for rank, extra in enumerate([[], ["--base-rank", "1"], ["--devices", "2"]])],
+         "every node joined, but ranks 2, 3 of --world-size=6 are on no node"),
+    ],
+)  # fmt: skip
+def test_nodes_that_disagree_all_fail_before_starting_ranks(nodes: list[list[str]], expected: str) -> None:
     port = str(find_free_port())
     common = ["--devices", "1", "--main-address", "127.0.0.1", "--main-port", port, "--join-timeout", "30"]
-    node0, node1 = _nodes([
-        [*FABRIC, *common, "--num-nodes", "2", "--node-rank", "0", REPORT, "/"],
-        [*FABRIC, *common, "--num-nodes", "3", "--node-rank", "1", REPORT, "/"],
-    ])  # fmt: skip
-    expected = "node 1 has --world-size=3 --num-nodes=3, node 0 has --world-size=2 --num-nodes=2"
-    assert node0.returncode == node1.returncode == 1
-    assert expected in node0.stderr and expected in node1.stderr
+    results = _nodes([[*FABRIC, *common, *node, REPORT, "/"] for node in nodes])
+    for result in results:
+        assert result.returncode == 1 and expected in result.stderr, result.stderr
 
 
 def _ip(*args: str) -> None:
