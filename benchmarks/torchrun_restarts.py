@@ -14,6 +14,8 @@ A run that exits non-zero or takes longer than ``--timeout`` seconds counts as a
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,11 +33,15 @@ def _torchrun(script: Path, args: list[str], timeout: float) -> bool:
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--max-restarts=1",
         "--monitor-interval=0.1", f"--master_port={find_free_port()}", str(script), *args,
     ]  # fmt: skip
+    job = subprocess.Popen(
+        command, env=child_env(None), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
-        result = subprocess.run(command, env=child_env(None), capture_output=True, timeout=timeout, check=False)
+        return job.wait(timeout=timeout) == 0
     except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)  # torchrun and its workers: a hung rank must not outlive the run
+        job.wait()
         return False
-    return result.returncode == 0
 
 
 def _final_params(out_dir: Path) -> list[list[torch.Tensor]]:
