@@ -197,7 +197,7 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
         node_rank=options["node_rank"],
         base_rank=options["base_rank"],
     )
-    main_address = _main_address(options["main_address"], layout)
+    main_address = options["main_address"] or "127.0.0.1"  # several nodes without one were refused above
     main_port = _main_port(options["main_port"], layout)
     passed = {name: options[name] for name in CLI_SETTINGS if options.get(name) is not None}
     if options["devices"] is not None:
@@ -237,17 +237,6 @@ def _mode(options: dict[str, Any]) -> str:
     if not Path(script).is_file():
         raise PlanError(f"SCRIPT {script!r} is not a file. Pass a Python script, -m for a module, -c for a command.")
     return "script"
-
-
-def _main_address(given: str | None, layout: Layout) -> str:
-    if given:
-        return given
-    if layout.num_nodes > 1:
-        raise PlanError(
-            f"--world-size={layout.world_size} spans {layout.num_nodes} nodes and needs --main-address: "
-            "the host of node 0, which every node can reach."
-        )
-    return "127.0.0.1"
 
 
 def _main_port(given: int | None, layout: Layout) -> int:
