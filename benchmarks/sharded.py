@@ -1,8 +1,11 @@
-"""Memory per rank and step time of DDP vs FSDP (and DeepSpeed ZeRO-2/3 when available) on 2 CPU ranks.
+"""Memory per rank and step time of DDP vs FSDP vs model parallel (and DeepSpeed ZeRO-2/3) on 2 CPU ranks.
 
 Each strategy runs the same job in its own 2-rank process group (``python benchmarks/sharded.py --job
 STRATEGY``, started by this script): an MLP of ``--layers`` square ``--width`` layers, Adam, batch 32
-per rank, ``--steps`` steps of which the first 5 are warm-up. Per rank it measures
+per rank, ``--steps`` steps of which the first 5 are warm-up. ``model_parallel`` is tensor parallelism
+over both ranks (layers alternately Colwise and Rowwise, so each pair needs one all-reduce) with FSDP2 on
+the data-parallel dimension of size 1; its ranks share one batch of 64, the global batch of the others.
+Per rank it measures
 
 * **state MB**: bytes of this rank's parameters + gradients + optimizer state tensors (local shards
   for FSDP), taken after the last step; the larger of the two ranks is shown. For DeepSpeed this
@@ -29,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-STRATEGIES = ("ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
+STRATEGIES = ("ddp", "fsdp", "model_parallel", "deepspeed_stage_2", "deepspeed_stage_3")
 RESULT_PREFIX = "SHARDED_RESULT "
 WARMUP = 5
 
@@ -60,6 +63,17 @@ def _state_bytes(model: Any, optimizer: Any) -> int:
     return total
 
 
+def _tensor_parallel(model: Any, mesh: Any) -> Any:
+    """Alternate Colwise and Rowwise over the Linear layers (``parallelize_fn`` of ``model_parallel``)."""
+    from torch import nn
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    linears = [name for name, module in model.named_children() if isinstance(module, nn.Linear)]
+    linears = linears[: len(linears) // 2 * 2]  # an odd last layer stays whole
+    plan = {name: ColwiseParallel() if i % 2 == 0 else RowwiseParallel() for i, name in enumerate(linears)}
+    return parallelize_module(model, mesh["tensor_parallel"], plan)
+
+
 def run_job(strategy: str, width: int, layers: int, steps: int) -> None:
     """One rank of the job; rank 0 prints the result line."""
     import torch
@@ -67,8 +81,10 @@ def run_job(strategy: str, width: int, layers: int, steps: int) -> None:
     from torch import nn
 
     from fabric import Fabric
+    from fabric.strategies.model_parallel import ModelParallelStrategy
 
-    fabric = Fabric(accelerator="cpu", strategy=strategy, devices=2)
+    chosen: Any = ModelParallelStrategy(_tensor_parallel) if strategy == "model_parallel" else strategy
+    fabric = Fabric(accelerator="cpu", strategy=chosen, devices=2)
     fabric.launch()
     torch.manual_seed(0)
     blocks: list[nn.Module] = []
@@ -78,7 +94,7 @@ def run_job(strategy: str, width: int, layers: int, steps: int) -> None:
     if strategy == "fsdp":
         fabric.strategy.shard_modules = {nn.Linear}  # type: ignore[attr-defined]
     model, optimizer = fabric.setup(model, torch.optim.Adam(model.parameters(), lr=1e-4))
-    x = torch.randn(32, width)
+    x = torch.randn(64 if strategy == "model_parallel" else 32, width)
     times = []
     for _ in range(steps):
         fabric.barrier()

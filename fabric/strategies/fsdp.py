@@ -175,23 +175,9 @@ class FSDPStrategy(ParallelStrategy):
             super().module_to_device(module)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """Shard ``module`` in place (sub-units first, then the root) and materialise a meta module."""
+        """Shard ``module`` (see :meth:`_shard`) and materialise a meta module."""
         originals = dict(module.named_parameters())
-        for submodule in module.modules():
-            if isinstance(submodule, tuple(self.activation_checkpointing)):
-                from torch.distributed._composable.checkpoint_activation import checkpoint
-
-                checkpoint(submodule)
-        options: dict[str, Any] = {
-            "mesh": self.mesh,
-            "reshard_after_forward": self.reshard_after_forward,
-            "mp_policy": self.mixed_precision_policy(),
-            "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
-        }
-        for submodule in reversed(list(module.modules())):  # descendants before their ancestors
-            if submodule is not module and self._is_unit(submodule):
-                fully_shard(submodule, **options)
-        fully_shard(module, **options)
+        module = self._shard(module)
         uninitialised = self._materialise(module)
         if uninitialised:
             reason = "belong to modules without reset_parameters(), so nothing initialised them"
@@ -200,6 +186,29 @@ class FSDPStrategy(ParallelStrategy):
         for name, original in originals.items():
             self._replacements[id(original)] = (weakref.ref(original), sharded[name])
         self._set_up_modules.add(module)
+        return module
+
+    def _shard_options(self, mesh: DeviceMesh) -> dict[str, Any]:
+        """``fully_shard``'s options from this strategy's settings, over ``mesh``."""
+        return {
+            "mesh": mesh,
+            "reshard_after_forward": self.reshard_after_forward,
+            "mp_policy": self.mixed_precision_policy(),
+            "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
+        }
+
+    def _shard(self, module: nn.Module) -> nn.Module:
+        """Apply activation checkpointing, then ``fully_shard`` in place: sub-units first, then the root."""
+        for submodule in module.modules():
+            if isinstance(submodule, tuple(self.activation_checkpointing)):
+                from torch.distributed._composable.checkpoint_activation import checkpoint
+
+                checkpoint(submodule)
+        options = self._shard_options(self.mesh)
+        for submodule in reversed(list(module.modules())):  # descendants before their ancestors
+            if submodule is not module and self._is_unit(submodule):
+                fully_shard(submodule, **options)
+        fully_shard(module, **options)
         return module
 
     def _is_unit(self, module: nn.Module) -> bool:

@@ -25,6 +25,11 @@ STRATEGY_REGISTRY.register("fsdp", _FSDP, description="FSDP2: parameters, gradie
 STRATEGY_REGISTRY.register(
     "fsdp_cpu_offload", _FSDP, description="FSDP2 with shards offloaded to CPU memory", cpu_offload=True
 )
+STRATEGY_REGISTRY.register(
+    "model_parallel",
+    "fabric.strategies.model_parallel:ModelParallelStrategy",
+    description="tensor parallelism (your parallelize_fn) x FSDP2 on a 2-D mesh; pass ModelParallelStrategy(fn)",
+)
 STRATEGY_REGISTRY.register("deepspeed", _DEEPSPEED, description="DeepSpeed; ZeRO stage from the config, else 2")
 STRATEGY_REGISTRY.register("deepspeed_stage_1", _DEEPSPEED, description="DeepSpeed ZeRO-1: optimizer state", stage=1)
 STRATEGY_REGISTRY.register("deepspeed_stage_2", _DEEPSPEED, description="DeepSpeed ZeRO-2: + gradients", stage=2)
