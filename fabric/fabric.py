@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -29,6 +30,7 @@ from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
 from fabric.utilities.compile import CompileArg, Compiler, compiler_for, uncompiled
 from fabric.utilities.device_parser import DevicesArg
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
+from fabric.utilities.profiler import TraceProfiler
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
 from fabric.utilities.seed import seed_everything, seeds_workers, worker_init_function
 from fabric.wrappers import FabricDataLoader, FabricModule, FabricOptimizer, wrap_dataloader, wrap_optimizer
@@ -391,6 +393,14 @@ class Fabric:
             self._strategy.module_to_device(obj)
             return obj
         return move_data_to_device(obj, self.device)  # type: ignore[no-any-return]
+
+    def profiler(self, folder: str | os.PathLike[str], **options: Any) -> TraceProfiler:
+        """A ``torch.profiler`` on a schedule writing this rank's Chrome traces to ``folder`` (see ``TraceProfiler``).
+
+        ``options``: ``wait``, ``warmup``, ``active``, ``repeat``, ``skip_first`` (in ``step()`` calls),
+        ``filename`` (``{rank}``, ``{batch}``), ``record_shapes``, ``profile_memory``, ``with_stack``, ``with_flops``.
+        """
+        return TraceProfiler(folder, rank=self.global_rank, **options)
 
     # --- collectives ------------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from fabric.trainer.loggers.destination import LoggerDestination
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.metrics import compute_metrics, model_metrics
 from fabric.trainer.prediction import run_prediction
+from fabric.trainer.profiler import Profiler
 from fabric.trainer.schedulers import LRSchedule
 from fabric.trainer.state import State, loader_length
 from fabric.trainer.time import Time, TimeUnit
@@ -69,7 +70,8 @@ class Trainer:
 
     Evaluation: ``eval_dataloader`` (a dataloader, an :class:`Evaluator`, a dict ``{label: loader}`` or
     a list), every ``eval_interval`` (Time, int epochs, or ``(state, event) -> bool``; also at the end of
-    training), ``eval_subset_num_batches``. Any dataloader argument also takes a
+    training), ``eval_subset_num_batches``. ``profiler``: a :class:`~fabric.trainer.profiler.Profiler`
+    (``torch.profiler`` traces per rank on a batch schedule). Any dataloader argument also takes a
     :class:`~fabric.trainer.data_spec.DataSpec` (custom batch types: transforms, splitting, counting).
     Algorithms, callbacks and loggers hook the events; the
     tqdm progress bar is added on rank 0 unless ``progress_bar=False``.
@@ -90,6 +92,7 @@ class Trainer:
         eval_subset_num_batches: int = -1,
         algorithms: Algorithm | Sequence[Algorithm] = (),
         callbacks: Callback | Sequence[Callback] = (),
+        profiler: Profiler | None = None,
         loggers: LoggerDestination | FabricLogger | Sequence[LoggerDestination | FabricLogger] = (),
         progress_bar: bool = True,
         device_train_microbatch_size: int | str | None = None,
@@ -143,7 +146,7 @@ class Trainer:
             max_duration=None,
             optimizers=optimizer_list,
             algorithms=_as_list(algorithms),
-            callbacks=[*_as_list(callbacks), *([saver] if saver else [])],
+            callbacks=[*_as_list(callbacks), *([saver] if saver else []), *_bound_profiler(profiler, self.run_name)],
             fabric=self.fabric,
         )
         if max_duration is not None:
@@ -550,6 +553,16 @@ def _token_counter(given: TokenCounter | None, model: nn.Module) -> TokenCounter
         return given
     method = getattr(model, "get_num_tokens_in_batch", None)
     return method if callable(method) else count_tokens
+
+
+def _bound_profiler(profiler: Profiler | None, run_name: str) -> list[Profiler]:
+    """``Trainer(profiler=...)`` as a callback that knows the run name (for its trace folder)."""
+    if profiler is None:
+        return []
+    if not isinstance(profiler, Profiler):
+        raise TypeError(f"profiler must be a fabric.trainer.profiler.Profiler, got {type(profiler).__name__}.")
+    profiler.bind(run_name)
+    return [profiler]
 
 
 def _check_microbatch_size(size: int | str | None, fabric: Fabric) -> None:

@@ -1,0 +1,189 @@
+"""The profiler: Chrome traces on the schedule, one per rank, with the Trainer's phases as named ranges."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric import Fabric
+from fabric.trainer import Trainer
+from fabric.trainer.profiler import Profiler, cyclic_schedule
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "trainer_profiler_ddp.py"
+
+
+class Regressor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.net(batch[0])
+
+    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+        return F.mse_loss(outputs, batch[1])
+
+    def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
+        return {"mae": lambda outputs, batch: (outputs - batch[1]).abs().mean()}
+
+
+def _loader() -> DataLoader:
+    x = torch.randn(24, 4, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4)
+
+
+def _spans(path: Path) -> list[dict[str, Any]]:
+    """The complete ("X") events of a Chrome trace, with their names, start times and durations."""
+    trace = json.loads(path.read_text())
+    return [event for event in trace["traceEvents"] if event.get("ph") == "X"]
+
+
+def _named(spans: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [span for span in spans if span["name"] == name]
+
+
+def _inside(inner: dict[str, Any], outer: dict[str, Any]) -> bool:
+    return outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1
+
+
+def test_trainer_writes_one_trace_per_active_cycle_with_its_phases_as_ranges(tmp_path: Path) -> None:
+    profiler = Profiler(
+        cyclic_schedule(skip_first=1, wait=1, warmup=1, active=2, repeat=1),
+        torch_prof_folder=str(tmp_path / "{run_name}" / "torch_traces"),
+    )
+    model = Regressor()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=_loader(),
+        eval_dataloader=_loader(),
+        eval_interval="3ba",
+        max_duration="6ba",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        device_train_microbatch_size=2,
+        profiler=profiler,
+        run_name="profiled",
+        progress_bar=False,
+        accelerator="cpu",
+        seed=0,
+    )
+    trainer.fit()
+
+    # batches 0 skipped, 1 waited, 2 warmed up, 3 and 4 recorded; written after batch 5 (index 4) ended
+    trace = tmp_path / "profiled" / "torch_traces" / "rank0.5.pt.trace.json"
+    assert profiler.traces == [trace]
+    assert sorted(path.name for path in trace.parent.iterdir()) == [trace.name]
+    spans = _spans(trace)
+    batches = _named(spans, "trainer/batch")
+    assert len(batches) == 2
+    assert len(_named(spans, "trainer/dataloader")) == 2
+    assert len(_named(spans, "trainer/train_batch")) == 2 and len(_named(spans, "trainer/optimizer_step")) == 2
+    for phase in ("trainer/forward", "trainer/loss", "trainer/backward"):
+        assert len(_named(spans, phase)) == 4, phase  # two microbatches per batch
+        assert all(any(_inside(span, batch) for batch in batches) for span in _named(spans, phase))
+    # the eval after batch 3 (every 3 batches) ran inside the recorded window: 6 eval batches
+    assert len(_named(spans, "trainer/eval")) == 1
+    assert len(_named(spans, "trainer/eval_forward")) == 6
+    # PyTorch's own operators are there too, inside the ranges
+    forwards = _named(spans, "trainer/forward") + _named(spans, "trainer/eval_forward")
+    linear = _named(spans, "aten::linear")
+    assert len(linear) == 10 and all(any(_inside(op, forward) for forward in forwards) for op in linear)
+
+
+def test_repeated_cycles_and_fit_calls_write_one_trace_each(tmp_path: Path) -> None:
+    model = Regressor()
+    profiler = Profiler(
+        cyclic_schedule(warmup=0, active=1, repeat=2),
+        torch_prof_folder=str(tmp_path),
+        torch_prof_filename="r{rank}-{batch}.json",
+    )
+    trainer = Trainer(
+        model=model,
+        train_dataloader=_loader(),
+        max_duration="3ba",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        profiler=profiler,
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    trainer.fit()
+    trainer.fit(duration="3ba")  # the schedule starts again with each fit()
+    assert [path.name for path in profiler.traces] == ["r0-1.json", "r0-2.json", "r0-4.json", "r0-5.json"]
+    for path in profiler.traces:
+        assert len(_named(_spans(path), "trainer/batch")) == 1
+
+
+def test_fabric_profiler_for_a_custom_loop(tmp_path: Path) -> None:
+    fabric = Fabric(accelerator="cpu")
+    model = fabric.setup(nn.Linear(4, 1))
+    with fabric.profiler(tmp_path, wait=1, warmup=1, active=2, repeat=2) as profiler:
+        for x, y in _loader():
+            with profiler.range("my_forward"):
+                loss = F.mse_loss(model(x), y)
+            loss.backward()
+            profiler.step()
+    # 6 steps: cycle 1 records steps 2-3, cycle 2 would record 6-7 but the loop ends after step 5
+    assert [path.name for path in profiler.traces] == ["rank0.4.pt.trace.json"]
+    assert len(_named(_spans(profiler.traces[0]), "my_forward")) == 2
+
+
+def test_stopping_mid_cycle_writes_what_was_recorded(tmp_path: Path) -> None:
+    fabric = Fabric(accelerator="cpu")
+    with fabric.profiler(tmp_path, warmup=0, active=5) as profiler:
+        for _ in range(3):
+            with profiler.range("work"):
+                torch.ones(3).sum()
+            profiler.step()
+    (trace,) = profiler.traces
+    assert len(_named(_spans(trace), "work")) == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"active": 0}, "active=0 must be a whole number of batches, at least 1"),
+        ({"wait": -1}, "wait=-1 must be a whole number of batches, at least 0"),
+        ({"warmup": 1.5}, r"warmup=1.5 must be a whole number"),
+    ],
+)
+def test_bad_schedules_fail_when_made(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cyclic_schedule(**options)
+
+
+def test_bad_file_names_fail_when_made() -> None:
+    with pytest.raises(ValueError, match=r"may use only \{rank\} and \{batch\}"):
+        Profiler(torch_prof_filename="{epoch}.json")
+    with pytest.raises(ValueError, match="without folders"):
+        Profiler(torch_prof_filename="a/b.json")
+    with pytest.raises(ValueError, match=r"may use only \{run_name\}"):
+        Profiler(torch_prof_folder="{rank}/traces")
+    with pytest.raises(TypeError, match=r"must be a fabric\.trainer\.profiler\.Profiler"):
+        Trainer(model=Regressor(), profiler="yes", progress_bar=False, accelerator="cpu")  # type: ignore[arg-type]
+
+
+def test_every_rank_writes_its_own_trace(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    folder = str(tmp_path / "{run_name}")
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), folder, "2"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    traces = sorted((tmp_path / "profiled").iterdir())
+    assert [path.name for path in traces] == ["rank0.4.pt.trace.json", "rank1.4.pt.trace.json"]
+    pids = set()
+    for trace in traces:
+        spans = _spans(trace)
+        assert len(_named(spans, "trainer/batch")) == 2
+        assert len(_named(spans, "trainer/backward")) == 2
+        pids |= {span["pid"] for span in _named(spans, "trainer/batch")}
+    assert len(pids) == 2  # two processes, one trace each
