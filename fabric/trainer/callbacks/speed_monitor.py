@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from fabric.trainer.callback import Callback
+from fabric.utilities.throughput import Throughput
 
 if TYPE_CHECKING:
     from fabric.trainer.state import State
     from fabric.trainer.time import Timestamp
 
-
-class _Batch(NamedTuple):
-    """What one batch did, over all ranks, and how long it took."""
-
-    samples: int
-    tokens: int
-    seconds: float
-    flops: float | None
+#: Throughput's global rates -> the names SpeedMonitor logs.
+_LOGGED_NAMES = {
+    "batches_per_sec": "throughput/batches_per_sec",
+    "samples_per_sec": "throughput/samples_per_sec",
+    "items_per_sec": "throughput/tokens_per_sec",
+    "flops_per_sec": "throughput/flops_per_sec",
+    "mfu": "throughput/mfu",
+}
 
 
 class SpeedMonitor(Callback):
@@ -30,7 +30,8 @@ class SpeedMonitor(Callback):
     so evaluation and data waits between batches do not dilute the rates. Logs
     ``throughput/batches_per_sec``, ``throughput/samples_per_sec``, ``throughput/tokens_per_sec``
     (when the batches had tokens) and ``time/train`` (``total_wct`` in seconds). Until ``window_size``
-    batches have run, the average is over those there are.
+    batches have run, the average is over those there are. The rates are
+    :class:`fabric.utilities.throughput.Throughput`'s, over the global counts.
 
     If the model has ``flops_per_batch(batch) -> float`` (FLOPs of one forward and backward of this
     rank's batch), ``throughput/flops_per_sec`` over all ranks is logged, plus
@@ -50,7 +51,8 @@ class SpeedMonitor(Callback):
             )
         self.window_size = window_size
         self.flops_available_per_device = flops_available_per_device
-        self._window: deque[_Batch] = deque(maxlen=window_size)
+        self._throughput: Throughput | None = None
+        self._totals = (0.0, 0, 0, 0)  # batch seconds, batches, samples, tokens since the first batch
         self._batch_start: Timestamp | None = None
 
     def fit_start(self, state: State, logger: Any) -> None:
@@ -62,40 +64,30 @@ class SpeedMonitor(Callback):
 
     def batch_start(self, state: State, logger: Any) -> None:
         self._batch_start = state.timestamp
+        if self._throughput is None:  # counts are global, so the whole job is one "device" of world_size times
+            peak = self.flops_available_per_device
+            available = None if peak is None else peak * _world_size(state)
+            self._throughput = Throughput(available_flops=available, window_size=self.window_size)
+            self._throughput.update(time=0.0, batches=0, samples=0, lengths=0)
 
     def batch_end(self, state: State, logger: Any) -> None:
-        now, before = state.timestamp, self._batch_start
-        if before is None:
+        now, before, throughput = state.timestamp, self._batch_start, self._throughput
+        if before is None or throughput is None:
             raise RuntimeError("SpeedMonitor saw BATCH_END without BATCH_START, so it cannot count the batch.")
-        self._window.append(
-            _Batch(
-                samples=int(now.sample) - int(before.sample),
-                tokens=int(now.token) - int(before.token),
-                seconds=now.batch_wct.total_seconds(),
-                flops=_global_flops(state),
-            )
+        seconds, batches, samples, tokens = self._totals
+        seconds, batches, samples, tokens = self._totals = (
+            seconds + now.batch_wct.total_seconds(),
+            batches + 1,
+            samples + int(now.sample) - int(before.sample),
+            tokens + int(now.token) - int(before.token),
         )
-        metrics = {"time/train": now.total_wct.total_seconds(), **self._rates(state)}
+        throughput.update(time=seconds, batches=batches, samples=samples, lengths=tokens, flops=_global_flops(state))
+        rates = throughput.compute()
+        metrics = {"time/train": now.total_wct.total_seconds()}
+        metrics.update({logged: rates[name] for name, logged in _LOGGED_NAMES.items() if name in rates})
+        if not rates.get("items_per_sec"):  # the window's batches had no tokens
+            metrics.pop("throughput/tokens_per_sec", None)
         logger.log_metrics(metrics)
-
-    def _rates(self, state: State) -> dict[str, float]:
-        seconds = sum(batch.seconds for batch in self._window)
-        if seconds <= 0:
-            return {}
-        rates = {
-            "throughput/batches_per_sec": len(self._window) / seconds,
-            "throughput/samples_per_sec": sum(batch.samples for batch in self._window) / seconds,
-        }
-        tokens = sum(batch.tokens for batch in self._window)
-        if tokens:
-            rates["throughput/tokens_per_sec"] = tokens / seconds
-        flops = [batch.flops for batch in self._window if batch.flops is not None]
-        if flops:
-            rates["throughput/flops_per_sec"] = sum(flops) / seconds
-            if self.flops_available_per_device is not None:
-                available = self.flops_available_per_device * _world_size(state)
-                rates["throughput/mfu"] = rates["throughput/flops_per_sec"] / available
-        return rates
 
 
 def _flops_per_batch(state: State) -> Callable[[Any], float] | None:
