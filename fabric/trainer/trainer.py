@@ -225,7 +225,10 @@ class Trainer:
                 f"{type(module).__name__} has no loss(outputs, batch) method; the Trainer needs one "
                 "(or subclass fabric.trainer.model.TrainerModel)."
             )
-        model, *optimizers = self.fabric.setup(module, *state.optimizers)
+        if state.optimizers:
+            model, *optimizers = self.fabric.setup(module, *state.optimizers)
+        else:  # eval or predict only: setup() then returns the module alone
+            model, optimizers = self.fabric.setup(module), []
         if callable(getattr(module, "eval_forward", None)):
             model.mark_forward_method("eval_forward")
         state.model, state.optimizers = model, optimizers

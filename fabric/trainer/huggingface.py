@@ -1,0 +1,165 @@
+"""``HuggingFaceModel``: train a ``transformers`` ``PreTrainedModel`` whose forward returns a loss with the Trainer.
+
+Needs the ``transformers`` extra (``pip install "torch-fabric[transformers]"``); it is imported only
+when a ``HuggingFaceModel`` is made. Batches are mappings of the model's inputs (``input_ids``,
+``attention_mask``, ``labels``, ...), as a ``transformers`` data collator makes them::
+
+    model = HuggingFaceModel(AutoModelForCausalLM.from_config(config), tokenizer=tokenizer)
+    trainer = Trainer(model=model, train_dataloader=loader, max_duration="1ep", optimizers=...,
+                      save_folder="checkpoints")
+    trainer.fit()
+    write_huggingface_pretrained("checkpoints/ep1-ba10-rank0.pt", "exported")
+    AutoModelForCausalLM.from_pretrained("exported")   # the trained weights
+
+* ``loss``: the loss the model's forward returned (the batch must hold ``labels``).
+* Tokens (``timestamp.token``, ``"tok"`` durations): the ones ``attention_mask`` keeps, else the
+  ``input_ids`` that are not the tokenizer's padding token, else every ``input_id``.
+* Evaluation: ``eval_forward`` returns the model's output; the default eval metric ``loss`` is its
+  sample-weighted mean. Other metrics (``metrics=`` for training, ``eval_metrics=``) are torchmetrics
+  objects updated with ``(logits, labels)`` (shifted by one position for causal language models, as
+  their loss is) or callables ``(outputs, batch) -> number``.
+* Checkpoints: the model's ``config`` and class are saved with its weights (the module's extra
+  state), so :func:`write_huggingface_pretrained` turns a one-file Trainer checkpoint into a folder
+  that ``from_pretrained`` loads. Sharded checkpoints: ``fabric consolidate`` them first.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fabric.trainer.model import TrainerModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+_INSTALL = 'HuggingFaceModel needs transformers: pip install "torch-fabric[transformers]"'
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as error:
+        raise ImportError(_INSTALL) from error
+    return transformers
+
+
+class HuggingFaceModel(TrainerModel):
+    """Wraps ``model`` (a ``transformers.PreTrainedModel``) for the Trainer; its config travels with checkpoints."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        eval_metrics: Mapping[str, Any] | None = None,
+        shift_labels: bool | None = None,
+    ) -> None:
+        super().__init__()
+        transformers = _transformers()
+        if not isinstance(model, transformers.PreTrainedModel):
+            raise TypeError(f"HuggingFaceModel wraps a transformers PreTrainedModel, got {type(model).__name__}.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.train_metrics = dict(metrics or {})
+        self.val_metrics = dict(eval_metrics) if eval_metrics is not None else {"loss": _output_loss}
+        causal = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+        #: Whether labels are compared with the logits one position earlier (next-token prediction).
+        self.shift_labels = type(model).__name__ in causal if shift_labels is None else shift_labels
+        parameters = inspect.signature(model.forward).parameters.values()
+        takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
+        self._inputs = None if takes_any else {parameter.name for parameter in parameters}
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    def forward(self, batch: Any) -> Any:
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"HuggingFaceModel takes batches that map input names to tensors (input_ids, labels, ...), "
+                f"got a {type(batch).__name__}."
+            )
+        inputs = batch if self._inputs is None else {key: value for key, value in batch.items() if key in self._inputs}
+        return self.model(**inputs)
+
+    def loss(self, outputs: Any, batch: Any) -> torch.Tensor:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+        if loss is None:
+            keys = sorted(batch) if isinstance(batch, Mapping) else []
+            raise ValueError(
+                f"{type(self.model).__name__}'s forward returned no loss: the batch needs 'labels' (it has {keys})."
+            )
+        return loss  # type: ignore[no-any-return]
+
+    def get_num_tokens_in_batch(self, batch: Any) -> int:
+        """Real tokens: those ``attention_mask`` keeps, else non-padding ``input_ids``, else all of them."""
+        if not isinstance(batch, Mapping):
+            return 0
+        mask = batch.get("attention_mask")
+        if isinstance(mask, torch.Tensor):
+            return int(mask.sum().item())
+        input_ids = batch.get("input_ids")
+        if not isinstance(input_ids, torch.Tensor):
+            return 0
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return int((input_ids != pad).sum().item()) if pad is not None else int(input_ids.numel())
+
+    def get_metrics(self, is_train: bool = False) -> Mapping[str, Any]:
+        return self.train_metrics if is_train else self.val_metrics
+
+    def update_metric(self, batch: Any, outputs: Any, metric: Any) -> None:
+        """Feed ``(logits, labels)`` to a metric object; for causal LMs the logits of position t meet label t+1."""
+        logits, labels = outputs["logits"], batch["labels"]
+        if self.shift_labels:
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        metric.update(logits, labels)
+
+    def get_extra_state(self) -> dict[str, str]:
+        """Saved with the weights: the config (JSON) and the model's class, for :func:`write_huggingface_pretrained`."""
+        return {"config": self.model.config.to_json_string(use_diff=False), "class": type(self.model).__name__}
+
+    def set_extra_state(self, state: Any) -> None:
+        """A checkpoint of another model class fails here, naming both."""
+        saved = state.get("class") if isinstance(state, Mapping) else None
+        if saved != type(self.model).__name__:
+            raise ValueError(
+                f"The checkpoint holds a {saved} and this HuggingFaceModel wraps a {type(self.model).__name__}."
+            )
+
+
+def write_huggingface_pretrained(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path:
+    """Write a one-file Trainer checkpoint of a :class:`HuggingFaceModel` as a ``from_pretrained`` folder.
+
+    The checkpoint is read with ``torch.load(weights_only=True)``: nothing in it can run code. The model
+    class must be one of ``transformers``' own. Returns the folder.
+    """
+    transformers = _transformers()
+    path = Path(checkpoint)
+    if path.is_dir():
+        raise ValueError(f"{path} is a sharded checkpoint folder; run 'fabric consolidate {path}' and pass the file.")
+    weights = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    extra = weights.pop("_extra_state", None)
+    if not isinstance(extra, Mapping) or "config" not in extra or "class" not in extra:
+        raise ValueError(f"{path} holds no HuggingFaceModel: its model entry has no saved config.")
+    found = getattr(transformers, extra["class"], None)
+    if not (inspect.isclass(found) and issubclass(found, transformers.PreTrainedModel)):
+        raise ValueError(f"{path} names the model class {extra['class']!r}, which transformers does not have.")
+    model_class: Any = found
+    model = model_class(model_class.config_class.from_dict(json.loads(extra["config"])))
+    model.load_state_dict({name.removeprefix("model."): value for name, value in weights.items()}, strict=True)
+    out = Path(folder)
+    model.save_pretrained(out)
+    return out
+
+
+def _output_loss(outputs: Any, batch: Any) -> torch.Tensor:
+    """The eval loss the model computed (its forward got the batch's labels)."""
+    return outputs["loss"]  # type: ignore[no-any-return]

@@ -1,0 +1,151 @@
+"""HuggingFaceModel: a tiny random GPT-2 and BERT through the Trainer on 1 and 2 ranks, exported for from_pretrained."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+from fabric.trainer import Trainer  # noqa: E402
+from fabric.trainer.huggingface import HuggingFaceModel, write_huggingface_pretrained  # noqa: E402
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "trainer_huggingface.py"
+_spec = importlib.util.spec_from_file_location("trainer_huggingface", SCRIPT)
+assert _spec is not None and _spec.loader is not None
+script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(script)
+
+
+def _tokenizer() -> Any:
+    """A word-level tokenizer made in memory (no download): words w0..w9, [PAD] is id 0."""
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{f"w{index}": index + 2 for index in range(10)}}
+    model = tokenizers.models.WordLevel(vocab, unk_token="[UNK]")
+    backend = tokenizers.Tokenizer(model)
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]")
+
+
+def test_one_rank_trains_counts_real_tokens_evaluates_and_exports_for_from_pretrained(tmp_path: Path) -> None:
+    tokenizer = _tokenizer()
+    texts = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9", "w1", "w2 w3 w4 w5 w6", "w7 w8"] * 2
+    encoded = tokenizer(texts, padding="longest", return_tensors="pt")
+    labels = encoded["input_ids"].masked_fill(encoded["attention_mask"] == 0, -100)
+    rows = [
+        {"input_ids": ids, "labels": label}  # no attention_mask: tokens are counted through the tokenizer's pad id
+        for ids, label in zip(encoded["input_ids"], labels, strict=True)
+    ]
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=12, n_positions=8, bos_token_id=0)
+    torch.manual_seed(0)
+    model = HuggingFaceModel(transformers.GPT2LMHeadModel(config), tokenizer=tokenizer)
+    assert model.shift_labels  # a causal LM
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(rows, batch_size=4),
+        eval_dataloader=DataLoader(rows, batch_size=6),
+        max_duration="2ep",
+        optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
+        progress_bar=False,
+        accelerator="cpu",
+        seed=0,
+    )
+    trainer.fit()
+    real_tokens = int(encoded["attention_mask"].sum())
+    assert int(trainer.state.timestamp.token) == 2 * real_tokens
+    assert encoded["input_ids"].numel() > real_tokens  # padding was there, and not counted
+
+    model.eval()
+    with torch.no_grad():  # the eval metric is the sample-weighted mean of the model's own eval loss
+        halves = [model.model(**{key: value[i : i + 6] for key, value in _stacked(rows).items()}).loss for i in (0, 6)]
+    assert trainer.state.metrics["metrics/eval/loss"] == pytest.approx(float(sum(halves) / 2), rel=1e-5)
+
+    trainer.save_checkpoint(str(tmp_path / "ckpt.pt"))
+    exported = write_huggingface_pretrained(tmp_path / "ckpt.pt", tmp_path / "exported")
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(exported)
+    ids = encoded["input_ids"][:3]
+    torch.testing.assert_close(loaded(ids).logits, model.model(ids).logits)
+
+
+def _stacked(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {key: torch.stack([row[key] for row in rows]) for key in rows[0]}
+
+
+def test_a_classifier_with_a_torchmetrics_metric_and_unshifted_labels() -> None:
+    torchmetrics = pytest.importorskip("torchmetrics")
+    config = transformers.BertConfig(
+        vocab_size=12, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, num_labels=3
+    )
+    torch.manual_seed(0)
+    bert = transformers.BertForSequenceClassification(config)
+    accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+    model = HuggingFaceModel(bert, eval_metrics={"accuracy": accuracy})
+    assert not model.shift_labels
+    ids = torch.randint(2, 12, (10, 5), generator=torch.Generator().manual_seed(1))
+    rows = [{"input_ids": row, "labels": row[0] % 3} for row in ids]
+    trainer = Trainer(
+        model=model, eval_dataloader=DataLoader(rows, batch_size=5), progress_bar=False, accelerator="cpu"
+    )
+    metrics = trainer.eval()
+    model.eval()
+    with torch.no_grad():
+        predictions = bert(input_ids=ids).logits.argmax(dim=-1)
+    expected = (predictions == ids[:, 0] % 3).float().mean().item()
+    assert metrics == {"metrics/eval/accuracy": pytest.approx(expected)}
+
+
+def test_one_and_two_ranks_reach_the_same_weights_and_the_checkpoint_loads(tmp_path: Path) -> None:
+    (tmp_path / "one").mkdir()
+    single = script.train(tmp_path / "one", 1)
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    (tmp_path / "two").mkdir()
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "two"), "2"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [torch.load(tmp_path / "two" / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    assert [rank["world_size"] for rank in ranks] == [2, 2]
+    assert single["tokens"] == ranks[0]["tokens"] == ranks[1]["tokens"] == 3 * 32 * 8
+    for ours, theirs in zip(ranks[0]["params"], ranks[1]["params"], strict=True):
+        assert torch.equal(ours, theirs), "parameters differ across ranks"
+    for ours, theirs in zip(ranks[0]["params"], single["params"], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)  # gradients averaged, not summed
+    assert ranks[0]["eval_loss"] == ranks[1]["eval_loss"] == pytest.approx(single["eval_loss"], rel=1e-4)
+    assert single["loss"] < 2.9  # it learnt something: a uniform guess over 24 tokens costs ln 24 = 3.18
+
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(
+        write_huggingface_pretrained(tmp_path / "two" / "ckpt.pt", tmp_path / "exported")
+    )
+    for ours, theirs in zip(loaded.parameters(), ranks[0]["params"], strict=True):
+        assert torch.equal(ours.detach(), theirs)
+
+
+def test_wrong_inputs_fail_with_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="wraps a transformers PreTrainedModel, got Linear"):
+        HuggingFaceModel(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+    model = HuggingFaceModel(script.tiny_gpt2())
+    batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long)}
+    with pytest.raises(ValueError, match=r"returned no loss: the batch needs 'labels' \(it has \['input_ids'\]\)"):
+        model.loss(model(batch), batch)
+    with pytest.raises(TypeError, match="map input names to tensors"):
+        model((torch.zeros(2, 4),))
+    other = HuggingFaceModel(
+        transformers.BertForMaskedLM(
+            transformers.BertConfig(
+                vocab_size=12, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+            )
+        )
+    )
+    with pytest.raises(ValueError, match="holds a GPT2LMHeadModel and this HuggingFaceModel wraps a BertForMaskedLM"):
+        other.set_extra_state(model.get_extra_state())
+    torch.save({"model": {"weight": torch.zeros(1)}}, tmp_path / "plain.pt")
+    with pytest.raises(ValueError, match="holds no HuggingFaceModel"):
+        write_huggingface_pretrained(tmp_path / "plain.pt", tmp_path / "out")
