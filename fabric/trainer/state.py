@@ -51,6 +51,8 @@ class State:
     callbacks: list[Any] = field(default_factory=list)
     #: The Fabric the trainer runs on: ``state.fabric.world_size``, ``.device``, ``.all_reduce`` for callbacks.
     fabric: Any = None
+    #: The run's name (the Trainer's ``run_name``, the same on every rank): loggers name their runs after it.
+    run_name: str | None = None
     #: Samples per forward/backward pass; None trains each batch in one pass.
     device_train_microbatch_size: int | None = None
     #: Metric objects by name (torchmetrics ``Metric`` or callables), updated during training.

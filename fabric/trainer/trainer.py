@@ -148,6 +148,7 @@ class Trainer:
             algorithms=_as_list(algorithms),
             callbacks=[*_as_list(callbacks), *([saver] if saver else []), *_bound_profiler(profiler, self.run_name)],
             fabric=self.fabric,
+            run_name=self.run_name,
         )
         if max_duration is not None:
             self.state.max_duration = self._scaled_duration(max_duration)
