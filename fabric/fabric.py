@@ -30,6 +30,7 @@ from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
 from fabric.utilities.compile import CompileArg, Compiler, compiler_for, uncompiled
 from fabric.utilities.device_parser import DevicesArg
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
+from fabric.utilities.metrics_gather import gather_unpadded
 from fabric.utilities.profiler import TraceProfiler
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
 from fabric.utilities.seed import seed_everything, seeds_workers, worker_init_function
@@ -425,6 +426,18 @@ class Fabric:
             (torch.Tensor, int, float),
             lambda t: self._strategy.all_gather(_as_tensor(t, self.device), sync_grads),
         )
+
+    def gather_for_metrics(self, data: Any, dataloader: DataLoader[Any]) -> Any:
+        """Gather per-sample results from every rank without the samples the sampler repeated.
+
+        ``DistributedSampler`` repeats a few samples so that every rank gets as many; ``all_gather`` would
+        count them twice (101 samples over 2 ranks give 102 rows). Pass tensors (or a collection) whose
+        first dimension is one row per sample of ``dataloader`` (as set up by :meth:`setup_dataloaders`),
+        per batch or for a whole pass at once; the rows of all ranks come back concatenated in sample
+        order, the repeats cut off (101 rows).
+        """
+        self._check_launched()
+        return gather_unpadded(data, dataloader, self.all_gather)
 
     def all_reduce(self, data: Any, reduce_op: ReduceOp = "mean") -> Any:
         """Reduce tensors (or numbers, or every tensor in a collection) across processes."""
