@@ -39,7 +39,8 @@ class Engine:
             for algorithm_pass in passes:
                 in_order = algorithm_pass(in_order, event)
             ordered[event] = tuple(in_order)
-        per_observer = [observer.handlers() for observer in [*callbacks, *loggers]]
+        self._observers = (*callbacks, *loggers)
+        per_observer = [observer.handlers() for observer in self._observers]
         # Only events something listens to get an entry: most events of a plain run cost one dict lookup.
         self._work: dict[Event, tuple[tuple[Algorithm, ...], tuple[Handler, ...]]] = {}
         for event in Event:
@@ -58,3 +59,30 @@ class Engine:
                 algorithm.apply(event, state, logger)
         for handler in handlers:
             handler(state, logger)
+
+    def close(self) -> None:
+        """Every callback's, then every logger's ``close(state, logger)``, then their ``post_close()``.
+
+        As in Composer, a callback whose ``close`` raised gets no ``post_close``, and one failure does not stop
+        the others from closing. Unlike Composer, failures are not only logged: one is raised as it is at the
+        end, several as one ``RuntimeError`` naming each.
+        """
+        errors: list[Exception] = []
+        closed: list[Callback] = []
+        for observer in self._observers:
+            try:
+                observer.close(self.state, self.logger)
+            except Exception as error:
+                errors.append(error)
+            else:
+                closed.append(observer)
+        for observer in closed:
+            try:
+                observer.post_close()
+            except Exception as error:
+                errors.append(error)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            failures = "; ".join(f"{type(error).__name__}: {error}" for error in errors)
+            raise RuntimeError(f"Closing the callbacks failed {len(errors)} times: {failures}") from errors[0]

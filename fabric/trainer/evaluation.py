@@ -4,7 +4,8 @@ The random number generators are put back after a round, so evaluating (or not) 
 training. Per round: EVAL_BEFORE_ALL; per evaluator: EVAL_START, per batch EVAL_BATCH_START,
 EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END; the metrics are computed (synced across
 ranks), stored in ``state.metrics["metrics/<label>/<name>"]`` and logged; EVAL_END. Then
-EVAL_AFTER_ALL. The model runs in eval mode without gradients and returns to train mode afterwards.
+EVAL_AFTER_ALL (``Trainer.eval()`` fires EVAL_STANDALONE_START/END in their place). The model runs in
+eval mode without gradients and returns to train mode afterwards.
 """
 
 from __future__ import annotations
@@ -84,14 +85,21 @@ def select_metrics(metrics: Mapping[str, Any], evaluator: Evaluator) -> dict[str
     return {name: metrics[name] for name in evaluator.metric_names}
 
 
-def run_evaluators(state: State, engine: Engine, logger: Logger, evaluators: Sequence[Evaluator]) -> None:
-    """One evaluation round over ``evaluators``, with its events; leaves the model in its previous mode."""
+def run_evaluators(
+    state: State, engine: Engine, logger: Logger, evaluators: Sequence[Evaluator], *, standalone: bool = False
+) -> None:
+    """One evaluation round over ``evaluators``, with its events; leaves the model in its previous mode.
+
+    A round during training opens with EVAL_BEFORE_ALL and closes with EVAL_AFTER_ALL; a ``standalone`` one
+    (``Trainer.eval()``) with EVAL_STANDALONE_START and EVAL_STANDALONE_END instead, as in Composer.
+    """
+    opening, closing = _ROUND_EVENTS[standalone]
     model = state.model
     was_training = model.training
     # Evaluation draws random numbers (e.g. a DataLoader iterator takes a seed); putting the generators back
     # afterwards keeps training independent of how often it evaluates, and resumes exact.
     training_rng = capture_rng_state()
-    engine.run_event(Event.EVAL_BEFORE_ALL)
+    engine.run_event(opening)
     model.eval()
     try:
         with torch.no_grad():
@@ -100,8 +108,14 @@ def run_evaluators(state: State, engine: Engine, logger: Logger, evaluators: Seq
     finally:
         state.dataloader_label = state.eval_batches = None
         model.train(was_training)
-    engine.run_event(Event.EVAL_AFTER_ALL)
+    engine.run_event(closing)
     restore_rng_state(training_rng)
+
+
+_ROUND_EVENTS = {
+    False: (Event.EVAL_BEFORE_ALL, Event.EVAL_AFTER_ALL),
+    True: (Event.EVAL_STANDALONE_START, Event.EVAL_STANDALONE_END),
+}
 
 
 def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Evaluator) -> None:

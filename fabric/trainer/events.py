@@ -5,8 +5,10 @@ into M microbatches)::
 
     INIT                                    once, in Trainer construction, before Fabric sets the
                                             model up (so model surgery changes the plain module)
-    BEFORE_LOAD, AFTER_LOAD                 once each, around loading a checkpoint (if any)
+    BEFORE_LOAD, AFTER_LOAD                 once each at the end of construction, around loading a
+                                            checkpoint if there is one (and around load_checkpoint())
     FIT_START                               once per ``fit()`` call
+     ITERATION_START                        once per ``fit()`` call (one iteration: no iteration length)
       EPOCH_START                           per epoch (not again when fit() continues an epoch)
         BEFORE_DATALOADER, AFTER_DATALOADER per batch, around fetching it
         BATCH_START                         per batch
@@ -19,6 +21,7 @@ into M microbatches)::
         (evaluation, if eval_interval says so)
         BATCH_CHECKPOINT                    per batch, after BATCH_END and any evaluation
       EPOCH_END, (evaluation), EPOCH_CHECKPOINT   per epoch
+     ITERATION_END, ITERATION_CHECKPOINT    once per ``fit()`` that ends (not on preemption or errors)
     FIT_END                                 once per ``fit()`` call
 
     EVAL_BEFORE_ALL                         once per evaluation round
@@ -26,11 +29,15 @@ into M microbatches)::
         EVAL_BATCH_START, EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END   per batch
       EVAL_END                              per evaluation dataloader
     EVAL_AFTER_ALL                          once per evaluation round
+    ``Trainer.eval()`` fires EVAL_STANDALONE_START and EVAL_STANDALONE_END in place of EVAL_BEFORE_ALL
+    and EVAL_AFTER_ALL.
 
     PREDICT_START; PREDICT_BATCH_START, PREDICT_BEFORE_FORWARD, PREDICT_AFTER_FORWARD,
     PREDICT_BATCH_END per batch; PREDICT_END
 
 A callback method for an event has the event's value as its name: ``batch_end(self, state, logger)``.
+``Trainer.close()`` then calls every callback's ``close(state, logger)`` and, after all of those,
+``post_close()``.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ class Event(str, Enum):
     BEFORE_LOAD = "before_load"
     AFTER_LOAD = "after_load"
     FIT_START = "fit_start"
+    ITERATION_START = "iteration_start"
     EPOCH_START = "epoch_start"
     BEFORE_DATALOADER = "before_dataloader"
     AFTER_DATALOADER = "after_dataloader"
@@ -64,6 +72,8 @@ class Event(str, Enum):
     BATCH_CHECKPOINT = "batch_checkpoint"
     EPOCH_END = "epoch_end"
     EPOCH_CHECKPOINT = "epoch_checkpoint"
+    ITERATION_END = "iteration_end"
+    ITERATION_CHECKPOINT = "iteration_checkpoint"
     FIT_END = "fit_end"
 
     EVAL_BEFORE_ALL = "eval_before_all"
@@ -74,6 +84,8 @@ class Event(str, Enum):
     EVAL_BATCH_END = "eval_batch_end"
     EVAL_END = "eval_end"
     EVAL_AFTER_ALL = "eval_after_all"
+    EVAL_STANDALONE_START = "eval_standalone_start"
+    EVAL_STANDALONE_END = "eval_standalone_end"
 
     PREDICT_START = "predict_start"
     PREDICT_BATCH_START = "predict_batch_start"

@@ -43,6 +43,12 @@ from fabric.trainer.intervals import IntervalFunction, IntervalInput, check_inte
 from fabric.trainer.loggers.destination import LoggerDestination
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.metrics import compute_metrics, model_metrics
+from fabric.trainer.migration import (
+    check_grad_accum,
+    load_path_from,
+    microbatch_size_for,
+    translate_fabric_choices,
+)
 from fabric.trainer.prediction import run_prediction
 from fabric.trainer.profiler import Profiler
 from fabric.trainer.schedulers import LRSchedule
@@ -58,8 +64,10 @@ class Trainer:
     """Trains, evaluates and predicts with ``model`` on a Fabric, firing events around every step.
 
     Fabric: pass ``accelerator``/``devices``/``strategy``/``precision``/``num_nodes`` (Fabric's strings;
-    precision also takes Composer's ``"fp32"``, ``"amp_fp16"``, ``"amp_bf16"``) or a ready ``fabric=``.
+    precision also takes Composer's ``"fp32"``, ``"amp"``, ``"amp_fp16"``, ``"amp_bf16"``) or a ready ``fabric=``.
     With ``strategy="ddp"`` and no launcher, constructing the Trainer starts the other local ranks.
+    Composer's names ``device``, ``deepspeed_config``, ``load_path_format`` and ``grad_accum`` mean what
+    they mean in Composer (see :mod:`fabric.trainer.migration`).
 
     Training: ``max_duration`` (a Time, ``"10ep"``, or an int meaning epochs), ``optimizers`` (one or a
     list; several optimizers all step after the backward, or, when ``loss`` returns one loss per
@@ -112,6 +120,10 @@ class Trainer:
         load_ignore_keys: Sequence[str] = (),
         autoresume: bool = False,
         fabric: Fabric | None = None,
+        device: str | None = None,
+        deepspeed_config: dict[str, Any] | None = None,
+        load_path_format: str | None = None,
+        grad_accum: int | str | None = None,
         **fabric_choices: Any,
     ) -> None:
         if autoresume and (save_folder is None or run_name is None):
@@ -130,7 +142,10 @@ class Trainer:
                 weights_only=save_weights_only,
                 overwrite=save_overwrite,
             )
-        self.fabric = _make_fabric(fabric, fabric_choices)
+        self.fabric = _make_fabric(fabric, translate_fabric_choices(fabric_choices, device, deepspeed_config))
+        load_path = load_path_from(load_path, load_path_format)
+        device_train_microbatch_size = check_grad_accum(grad_accum, device_train_microbatch_size)
+        self._grad_accum = grad_accum if isinstance(grad_accum, int) else None  # resolved per train dataloader
         _check_microbatch_size(device_train_microbatch_size, self.fabric)
         if scale_schedule_ratio <= 0:
             raise ValueError(f"scale_schedule_ratio={scale_schedule_ratio} must be positive.")
@@ -193,6 +208,7 @@ class Trainer:
         self.evaluators: list[Evaluator] = []
         self._evaluator_intervals: list[IntervalFunction] = []
         self._set_evaluators(eval_dataloader)
+        self._apply_grad_accum()
         self._closed = False
 
         self._epoch_start: dict[str, Any] | None = None  # what rebuilds the current epoch's batch order
@@ -215,6 +231,9 @@ class Trainer:
             self.load_checkpoint(
                 load_path, weights_only=load_weights_only, strict=load_strict, ignore_keys=load_ignore_keys
             )
+        else:  # as in Composer, the load events fire in every set-up, also when nothing loads
+            self.engine.run_event(Event.BEFORE_LOAD)
+            self.engine.run_event(Event.AFTER_LOAD)
 
     # --- set-up ---------------------------------------------------------------------------------
 
@@ -310,14 +329,23 @@ class Trainer:
             raise ValueError(
                 "fit() needs optimizers: pass optimizers=torch.optim.AdamW(model.parameters()) or similar."
             )
+        self._apply_grad_accum()
         self._check_clock()
         run_event = self.engine.run_event
         with self._preemption or nullcontext():
             run_event(Event.FIT_START)
+            run_event(Event.ITERATION_START)  # one iteration per fit(): there is no iteration length
             while not state.finished:
                 if not self._train_epoch():
                     break
+            run_event(Event.ITERATION_END)
+            run_event(Event.ITERATION_CHECKPOINT)
             run_event(Event.FIT_END)
+
+    def _apply_grad_accum(self) -> None:
+        """``grad_accum=N``: microbatches of the train dataloader's batch size divided by N."""
+        if self._grad_accum is not None and self.state.dataloader is not None:
+            self.state.device_train_microbatch_size = microbatch_size_for(self._grad_accum, self.state.dataloader)
 
     def _check_clock(self) -> None:
         """Fail before training if a ``dur`` or epoch time cannot be counted in batches (no dataloader length)."""
@@ -464,7 +492,8 @@ class Trainer:
     # --- evaluation and prediction ----------------------------------------------------------------
 
     def eval(self, eval_dataloader: Any = None, subset_num_batches: int | None = None) -> dict[str, float]:
-        """Run every evaluator once (or the given dataloader(s)); returns the computed metrics."""
+        """Run every evaluator once (or the given dataloader(s)) between EVAL_STANDALONE_START and
+        EVAL_STANDALONE_END; returns the computed metrics."""
         if eval_dataloader is not None:
             self._set_evaluators(eval_dataloader)
         if not self.evaluators:
@@ -472,7 +501,7 @@ class Trainer:
         if subset_num_batches is not None:
             for evaluator in self.evaluators:
                 evaluator.subset_num_batches = subset_num_batches
-        run_evaluators(self.state, self.engine, self.logger, self.evaluators)
+        run_evaluators(self.state, self.engine, self.logger, self.evaluators, standalone=True)
         labels = tuple(f"metrics/{evaluator.label}/" for evaluator in self.evaluators)
         return {name: value for name, value in self.state.metrics.items() if name.startswith(labels)}
 
@@ -491,13 +520,11 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Wait for checkpoint uploads, then flush and close the loggers. Safe to call twice."""
+        """Every callback's ``close(state, logger)`` (savers wait for their uploads), then the loggers' (flush,
+        close files), then every ``post_close()``, as in Composer. Safe to call twice: the second call does nothing."""
         if not self._closed:
             self._closed = True
-            for callback in self.state.callbacks:
-                if isinstance(callback, CheckpointSaver):
-                    callback.close()
-            self.logger.close()
+            self.engine.close()
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from fabric.trainer.events import Event
 @pytest.mark.parametrize(
     "event",
     [Event.AFTER_LOAD, Event.AFTER_FORWARD, Event.AFTER_TRAIN_BATCH, Event.BATCH_END, Event.EPOCH_END, Event.FIT_END,
-     Event.EVAL_AFTER_FORWARD, Event.EVAL_END, Event.EVAL_AFTER_ALL, Event.PREDICT_BATCH_END, Event.PREDICT_END],
+     Event.EVAL_AFTER_FORWARD, Event.EVAL_END, Event.EVAL_AFTER_ALL, Event.PREDICT_BATCH_END, Event.PREDICT_END,
+     Event.ITERATION_END, Event.EVAL_STANDALONE_END],
 )  # fmt: skip
 def test_closing_events(event: Event) -> None:
     assert event.is_after
@@ -19,7 +20,8 @@ def test_closing_events(event: Event) -> None:
 @pytest.mark.parametrize(
     "event",
     [Event.INIT, Event.BEFORE_LOAD, Event.FIT_START, Event.BATCH_START, Event.BEFORE_BACKWARD, Event.BATCH_CHECKPOINT,
-     Event.EVAL_BEFORE_ALL, Event.EVAL_START, Event.PREDICT_BEFORE_FORWARD],
+     Event.EVAL_BEFORE_ALL, Event.EVAL_START, Event.PREDICT_BEFORE_FORWARD, Event.ITERATION_START,
+     Event.ITERATION_CHECKPOINT, Event.EVAL_STANDALONE_START],
 )  # fmt: skip
 def test_opening_and_single_events(event: Event) -> None:
     assert not event.is_after
@@ -35,5 +37,6 @@ def test_eval_and_predict_families() -> None:
     assert {event for event in Event if event.is_eval} == {
         Event.EVAL_BEFORE_ALL, Event.EVAL_START, Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD,
         Event.EVAL_AFTER_FORWARD, Event.EVAL_BATCH_END, Event.EVAL_END, Event.EVAL_AFTER_ALL,
+        Event.EVAL_STANDALONE_START, Event.EVAL_STANDALONE_END,
     }  # fmt: skip
     assert sum(event.is_predict for event in Event) == 6

@@ -89,7 +89,16 @@ def test_event_counts_for_epochs_batches_and_microbatches(microbatch: int | None
     )
     trainer.fit()
     epochs, batches = 3, 3 * 6
-    once = [Event.INIT, Event.FIT_START, Event.FIT_END]
+    once = [
+        Event.INIT,
+        Event.BEFORE_LOAD,
+        Event.AFTER_LOAD,
+        Event.FIT_START,
+        Event.ITERATION_START,
+        Event.ITERATION_END,
+        Event.ITERATION_CHECKPOINT,
+        Event.FIT_END,
+    ]
     per_epoch = [Event.EPOCH_START, Event.EPOCH_END, Event.EPOCH_CHECKPOINT]
     per_batch = [
         Event.BEFORE_DATALOADER,
@@ -135,7 +144,10 @@ def test_events_of_one_batch_fire_in_the_documented_order() -> None:
     ]
     assert recorder.events == [
         Event.INIT,
+        Event.BEFORE_LOAD,
+        Event.AFTER_LOAD,
         Event.FIT_START,
+        Event.ITERATION_START,
         Event.EPOCH_START,
         Event.BEFORE_DATALOADER,
         Event.AFTER_DATALOADER,
@@ -146,6 +158,8 @@ def test_events_of_one_batch_fire_in_the_documented_order() -> None:
         Event.AFTER_TRAIN_BATCH,
         Event.BATCH_END,
         Event.BATCH_CHECKPOINT,
+        Event.ITERATION_END,
+        Event.ITERATION_CHECKPOINT,
         Event.FIT_END,
     ]
 

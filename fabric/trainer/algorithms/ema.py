@@ -9,8 +9,9 @@ every ``half_life``. Averaged weights generalise better and are less noisy than 
 Events: the average is started (a copy of the weights) at the first update at or after ``ema_start`` and updated
 at ``BATCH_END`` (``update_interval`` in ``ba``) or ``EPOCH_END`` (in ``ep``), whenever the count is a multiple of
 the interval. Evaluation uses the average: it is swapped into the model at ``EVAL_BEFORE_ALL`` and swapped out at
-``EVAL_AFTER_ALL``, so training continues on the raw weights. The model is left holding the raw weights at the
-end of training; :meth:`EMA.copy_to` puts the average into a model.
+``EVAL_AFTER_ALL`` (``EVAL_STANDALONE_START``/``END`` for ``Trainer.eval()``), so training continues on the raw
+weights. The model is left holding the raw weights at the end of training; :meth:`EMA.copy_to` puts the
+average into a model.
 
 Checkpoints: a weights-only checkpoint (``save_weights_only=True`` or ``trainer.save_checkpoint(path,
 weights_only=True)``: the model to deploy) holds the average, swapped in only while it is written
@@ -33,6 +34,8 @@ from fabric.trainer.state import State
 from fabric.trainer.time import Time, TimeUnit
 
 _INTERVAL_UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH)
+_EVAL_ROUND_OPENINGS = (Event.EVAL_BEFORE_ALL, Event.EVAL_STANDALONE_START)
+_EVAL_ROUND_EVENTS = (*_EVAL_ROUND_OPENINGS, Event.EVAL_AFTER_ALL, Event.EVAL_STANDALONE_END)
 
 
 def time_reached(state: State, time: Time[Any]) -> bool:
@@ -109,7 +112,7 @@ class EMA(Algorithm):
         if event is self._update_event:
             count = int(state.timestamp.get(self.update_interval.unit))
             return count % int(self.update_interval.value) == 0 and time_reached(state, self.ema_start)
-        return event in (Event.EVAL_BEFORE_ALL, Event.EVAL_AFTER_ALL) and self.averages is not None
+        return event in _EVAL_ROUND_EVENTS and self.averages is not None
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         tensors = self._model_tensors(state)
@@ -118,7 +121,7 @@ class EMA(Algorithm):
                 self.averages = [tensor.detach().clone() for tensor in tensors]
             else:
                 _average_into(self.averages, tensors, self.smoothing)
-        elif (event is Event.EVAL_BEFORE_ALL) != self._swapped:
+        elif (event in _EVAL_ROUND_OPENINGS) != self._swapped:
             self._swap(tensors)
 
     @contextmanager

@@ -133,7 +133,7 @@ class CheckpointSaver(Callback):
         if self._uploader is not None:
             self._uploader.wait()
 
-    def close(self) -> None:
+    def close(self, state: State | None = None, logger: Any = None) -> None:
         if self._uploader is not None:
             self._uploader.close()
             self._uploader = None

@@ -8,9 +8,12 @@ overrides (a progress bar redraws at ``batch_end``). Values reach it through the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fabric.trainer.callback import Callback
+
+if TYPE_CHECKING:
+    from fabric.trainer.state import State
 
 
 class LoggerDestination(Callback):
@@ -26,5 +29,5 @@ class LoggerDestination(Callback):
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Record the run's configuration once."""
 
-    def close(self) -> None:
-        """Flush and release files or bars; called by ``Trainer.close()``."""
+    def close(self, state: State | None = None, logger: Any = None) -> None:
+        """Flush and release files or bars; ``Trainer.close()`` calls it with its state and logger, as Composer's."""

@@ -36,7 +36,7 @@ class FabricLoggerDestination(LoggerDestination):
     def fit_end(self, state: State, logger: Any) -> None:
         self.logger.save()  # the files are complete once fit() returns, before close()
 
-    def close(self) -> None:
+    def close(self, state: State | None = None, logger: Any = None) -> None:
         self.logger.finalize("success")
 
 

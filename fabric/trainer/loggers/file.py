@@ -45,7 +45,7 @@ class FileLogger(LoggerDestination):
         if self._file is not None and int(state.timestamp.batch) % self.flush_interval == 0:
             self._file.flush()
 
-    def close(self) -> None:
+    def close(self, state: State | None = None, logger: Any = None) -> None:
         """Flush and close the file; a value logged afterwards reopens it and appends."""
         if self._file is not None:
             self._file.close()

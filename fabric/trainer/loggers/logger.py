@@ -36,10 +36,6 @@ class Logger:
         for destination in self.destinations:
             destination.log_hyperparameters(hyperparameters)
 
-    def close(self) -> None:
-        for destination in self.destinations:
-            destination.close()
-
 
 def _to_number(name: str, value: float | torch.Tensor) -> float:
     if isinstance(value, torch.Tensor):

@@ -83,7 +83,7 @@ class ProgressBarLogger(LoggerDestination):
     def eval_end(self, state: State, logger: Any) -> None:
         self._close_eval_bar()
 
-    def close(self) -> None:
+    def close(self, state: State | None = None, logger: Any = None) -> None:
         self._close_eval_bar()
         self._close_train_bar()
 
