@@ -1,6 +1,6 @@
 """The trainer's loggers: a :class:`Logger` facade and the destinations it writes to.
 
-Names load on first use, so ``import fabric.trainer.loggers`` imports neither tqdm nor tensorboard.
+Names load on first use, so ``import fabric.trainer.loggers`` imports none of tqdm, tensorboard, mlflow or wandb.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from fabric.trainer.loggers.file import FileLogger
     from fabric.trainer.loggers.in_memory import InMemoryLogger
     from fabric.trainer.loggers.logger import Logger
+    from fabric.trainer.loggers.mlflow_logger import MLFlowLogger
     from fabric.trainer.loggers.progress_bar import ProgressBarLogger
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "InMemoryLogger",
     "Logger",
     "LoggerDestination",
+    "MLFlowLogger",
     "ProgressBarLogger",
     "TensorBoardLogger",
 ]
@@ -39,6 +41,7 @@ __getattr__ = lazy_exports(
         "InMemoryLogger": "fabric.trainer.loggers.in_memory",
         "Logger": "fabric.trainer.loggers.logger",
         "LoggerDestination": "fabric.trainer.loggers.destination",
+        "MLFlowLogger": "fabric.trainer.loggers.mlflow_logger",
         "ProgressBarLogger": "fabric.trainer.loggers.progress_bar",
         "TensorBoardLogger": "fabric.trainer.loggers.fabric_logger",
     },

@@ -1,0 +1,121 @@
+"""``MLFlowLogger``: the Trainer's metrics, hyperparameters and tags in an MLflow experiment run.
+
+Needs the ``mlflow`` extra (``pip install "torch-fabric[mlflow]"``, which brings ``mlflow-skinny``
+with SQLAlchemy and Alembic for ``sqlite:`` tracking URIs); ``mlflow`` is imported when the first
+value is logged, not before. Only global rank 0 logs::
+
+    logger = MLFlowLogger(experiment_name="mnist", tracking_uri="sqlite:///mlflow.db", tags={"team": "vision"})
+    trainer = Trainer(..., loggers=logger)
+    trainer.logger.log_hyperparameters({"lr": 0.1})
+    trainer.fit()
+    trainer.close()   # writes what is buffered and ends the run as FINISHED
+
+The run is named after the Trainer's ``run_name`` unless ``run_name`` is given. Metrics keep the
+Trainer's names (``loss/train/total``, ``metrics/eval/accuracy``) and the global batch count as their
+step; they are buffered and written with one ``log_batch`` call every ``flush_interval`` batches and
+on close. Hyperparameters become MLflow params (nested dicts flattened to ``a/b``; values as text).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fabric.trainer.loggers.destination import LoggerDestination
+
+if TYPE_CHECKING:
+    from fabric.trainer.state import State
+
+
+class MLFlowLogger(LoggerDestination):
+    """Logs to an MLflow tracking store: ``tracking_uri`` (default: ``MLFLOW_TRACKING_URI``, else MLflow's)."""
+
+    def __init__(
+        self,
+        experiment_name: str | None = None,
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        flush_interval: int = 10,
+    ) -> None:
+        if isinstance(flush_interval, bool) or not isinstance(flush_interval, int) or flush_interval < 1:
+            raise ValueError(f"flush_interval must be a whole number of batches, at least 1; got {flush_interval!r}.")
+        for name, value in {"experiment_name": experiment_name, "run_name": run_name}.items():
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name}={value!r} must be a non-empty string or None.")
+        self.experiment_name = experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "fabric"
+        self.run_name = run_name
+        self.tracking_uri = tracking_uri
+        self.tags = {str(key): str(value) for key, value in (tags or {}).items()}
+        self.flush_interval = flush_interval
+        #: The MLflow run this logger writes to, once it started (``None`` before the first value).
+        self.run_id: str | None = None
+        self._client: Any = None
+        self._pending: list[Any] = []
+
+    def init(self, state: State, logger: Any) -> None:
+        if self.run_name is None:
+            self.run_name = state.run_name
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        self._start()
+        now = int(time.time() * 1000)
+        self._pending.extend(Metric(name, float(value), now, step) for name, value in metrics.items())
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        client = self._start()
+        params = [Param(name, str(value)) for name, value in _flatten(hyperparameters).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per call
+            client.log_batch(self.run_id, params=params[start : start + 100])
+
+    def batch_end(self, state: State, logger: Any) -> None:
+        if self._pending and int(state.timestamp.batch) % self.flush_interval == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered metrics now."""
+        pending, self._pending = self._pending, []
+        for start in range(0, len(pending), 1000):  # MLflow takes at most 1000 metrics per call
+            self._client.log_batch(self.run_id, metrics=pending[start : start + 1000])
+
+    def close(self, state: State | None = None, logger: Any = None) -> None:
+        """Write what is buffered and end the run (FINISHED). A later value starts a new run."""
+        if self._client is not None and self.run_id is not None:
+            self.flush()
+            self._client.set_terminated(self.run_id, status="FINISHED")
+            self.run_id = None
+
+    def _start(self) -> Any:
+        """The client, with the experiment and the run made on first use."""
+        if self._client is None:
+            try:
+                from mlflow.tracking import MlflowClient
+            except ImportError as error:
+                raise ImportError('MLFlowLogger needs mlflow: pip install "torch-fabric[mlflow]"') from error
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        if self.run_id is None:
+            experiment = self._client.get_experiment_by_name(self.experiment_name)
+            if experiment is None:
+                experiment_id = self._client.create_experiment(self.experiment_name)
+            else:
+                experiment_id = experiment.experiment_id
+            run = self._client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+            self.run_id = run.info.run_id
+        return self._client
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{key}/"))
+        else:
+            flat[key] = value
+    return flat

@@ -1,0 +1,94 @@
+"""MLFlowLogger: a Trainer run written to a local MLflow store and read back through MLflow's client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+mlflow = pytest.importorskip("mlflow")
+
+from fabric.trainer import Trainer  # noqa: E402
+from fabric.trainer.loggers import InMemoryLogger  # noqa: E402
+from fabric.trainer.loggers.mlflow_logger import MLFlowLogger  # noqa: E402
+
+
+class Regressor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.net(batch[0])
+
+    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+        return F.mse_loss(outputs, batch[1])
+
+    def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
+        return {} if is_train else {"mae": lambda outputs, batch: (outputs - batch[1]).abs().mean()}
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A local file store (MLflow 3 wants this opt-in for file stores; sqlite:/// URIs work the same way)."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    return f"file:{tmp_path / 'mlruns'}"
+
+
+def test_a_trainer_run_reads_back_with_params_metrics_steps_and_tags(store: str) -> None:
+    x = torch.randn(12, 4, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4)
+    model = Regressor()
+    memory = InMemoryLogger()
+    logger = MLFlowLogger(experiment_name="regression", tracking_uri=store, tags={"team": "fabric"}, flush_interval=2)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader,
+        eval_dataloader=loader,
+        max_duration="2ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        loggers=[logger, memory],
+        run_name="linear-1",
+        progress_bar=False,
+        accelerator="cpu",
+        seed=0,
+    )
+    trainer.logger.log_hyperparameters({"lr": 0.05, "model": {"width": 4}})
+    trainer.fit()
+    trainer.close()
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("regression")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "linear-1" and run.info.status == "FINISHED"
+    assert run.data.params == {"lr": "0.05", "model/width": "4"}
+    assert run.data.tags["team"] == "fabric"
+    for name in ("loss/train/total", "metrics/eval/mae"):
+        history = sorted((metric.step, metric.value) for metric in client.get_metric_history(run.info.run_id, name))
+        assert history == [(step, pytest.approx(value)) for step, value in memory.data[name]], name
+    assert [step for step, _ in memory.data["loss/train/total"]] == [1, 2, 3, 4, 5, 6]
+    assert [step for step, _ in memory.data["metrics/eval/mae"]] == [3, 6]
+
+
+def test_a_second_trainer_adds_a_run_to_the_same_experiment(store: str) -> None:
+    for name in ("first", "second"):
+        logger = MLFlowLogger(experiment_name="shared", tracking_uri=store, run_name=name)
+        logger.log_metrics({"value": 1.0}, step=0)
+        logger.close()
+    client = mlflow.tracking.MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("shared").experiment_id])
+    assert sorted(run.info.run_name for run in runs) == ["first", "second"]
+    assert all(run.data.metrics == {"value": 1.0} for run in runs)
+
+
+def test_only_rank_zero_logs_and_bad_options_fail_at_construction() -> None:
+    assert MLFlowLogger.all_ranks is False
+    with pytest.raises(ValueError, match="flush_interval must be a whole number of batches, at least 1; got 0"):
+        MLFlowLogger(flush_interval=0)
+    with pytest.raises(ValueError, match="experiment_name='' must be a non-empty string"):
+        MLFlowLogger(experiment_name="")
