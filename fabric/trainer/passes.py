@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fabric.trainer.algorithm import Algorithm
+from fabric.trainer.algorithms.surgery import SurgeryAlgorithm
 from fabric.trainer.events import Event
 
 AlgorithmPass = Callable[[Sequence[Algorithm], Event], list[Algorithm]]
@@ -18,6 +19,15 @@ def reverse_on_closing_events(algorithms: Sequence[Algorithm], event: Event) -> 
     """First in, last out: at ``AFTER_*``/``*_END`` events run algorithms in reverse, so an algorithm
     that changed something at the opening event undoes it after the ones applied on top of it."""
     return list(reversed(algorithms)) if event.is_after else list(algorithms)
+
+
+def layout_after_structure(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
+    """At INIT, surgery that only changes memory layout (ChannelsLast) runs after surgery that changes
+    modules, so the modules the others create (BlurPool's blurs, Factorize's pairs) get the layout too."""
+    if event != Event.INIT:
+        return list(algorithms)
+    layout_only = [a for a in algorithms if isinstance(a, SurgeryAlgorithm) and not a.changes_module_structure]
+    return [a for a in algorithms if a not in layout_only] + layout_only
 
 
 def sort_to_front(*types: type[Algorithm]) -> AlgorithmPass:
@@ -30,7 +40,7 @@ def sort_to_front(*types: type[Algorithm]) -> AlgorithmPass:
     return apply
 
 
-DEFAULT_PASSES: tuple[AlgorithmPass, ...] = (reverse_on_closing_events,)
+DEFAULT_PASSES: tuple[AlgorithmPass, ...] = (reverse_on_closing_events, layout_after_structure)
 
 
 def check_compatibility(algorithms: Sequence[Algorithm]) -> None:

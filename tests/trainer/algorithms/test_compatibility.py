@@ -24,6 +24,10 @@ import fabric.trainer.algorithms as algorithms
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.passes import check_compatibility
 
+# Channels-last convolutions hit a native kernel that crashed on AVX2-only CPUs (torch 2.13): each test runs
+# in a forked child, so a crash fails one test instead of aborting the suite (tests/isolation.py).
+pytestmark = pytest.mark.isolated
+
 
 def _factories(image_task: ModuleType) -> dict[str, Callable[[], Algorithm]]:
     """One way to build each algorithm, with settings that make it act within 4 batches of this task."""
