@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.loggers.mlflow_logger import MLFlowLogger
     from fabric.trainer.loggers.progress_bar import ProgressBarLogger
+    from fabric.trainer.loggers.wandb_logger import WandBLogger
 
 __all__ = [
     "CSVLogger",
@@ -30,6 +31,7 @@ __all__ = [
     "MLFlowLogger",
     "ProgressBarLogger",
     "TensorBoardLogger",
+    "WandBLogger",
 ]
 __getattr__ = lazy_exports(
     __name__,
@@ -44,5 +46,6 @@ __getattr__ = lazy_exports(
         "MLFlowLogger": "fabric.trainer.loggers.mlflow_logger",
         "ProgressBarLogger": "fabric.trainer.loggers.progress_bar",
         "TensorBoardLogger": "fabric.trainer.loggers.fabric_logger",
+        "WandBLogger": "fabric.trainer.loggers.wandb_logger",
     },
 )
