@@ -21,6 +21,8 @@ into M microbatches)::
         (evaluation, if eval_interval says so)
         BATCH_CHECKPOINT                    per batch, after BATCH_END and any evaluation
       EPOCH_END, (evaluation), EPOCH_CHECKPOINT   per epoch
+      (with an optimizer that steps with a closure, e.g. LBFGS, BEFORE_TRAIN_BATCH .. AFTER_TRAIN_BATCH
+      fire once per closure call, inside the step: see :mod:`fabric.trainer.train_step`)
      ITERATION_END, ITERATION_CHECKPOINT    once per ``fit()`` that ends (not on preemption or errors)
     FIT_END                                 once per ``fit()`` call
 

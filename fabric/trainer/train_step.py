@@ -13,10 +13,22 @@ then the optimizers step, PyTorch LR schedulers step, and the timestamp advances
 microbatches are weighted by their share of the samples, so the gradient equals the full batch's;
 DDP synchronises only on the last microbatch. With ``microbatch_size="auto"`` an out-of-memory error
 halves the microbatch and the batch is retried, the decision agreed across ranks.
+
+Closure optimizers: when an optimizer's ``step`` requires a closure (``torch.optim.LBFGS``), every
+optimizer steps as in Composer, ``optimizer.step(closure)``, where the closure zeroes the gradients and
+runs BEFORE_TRAIN_BATCH .. AFTER_TRAIN_BATCH (forward, loss and backward of every microbatch, events
+included) again, on the batch as it was at BATCH_START. So those events fire once per closure call
+(LBFGS calls it up to ``max_iter`` times), BATCH_START and BATCH_END once per batch. ``state.loss`` is
+the first call's loss (the loss at the weights the batch started with, what ``LBFGS.step`` returns);
+train metrics count the batch once, from that first call. On several ranks the closure returns the
+loss averaged over ranks, so every rank's line search decides alike (the gradients are averaged
+already). GradScaler (``precision="16-mixed"``) and DeepSpeed cannot step with a closure: they are
+refused when the Trainer is built.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -78,6 +90,8 @@ class TrainStep:
         #: How to split and count the train batches; the Trainer sets it with the train dataloader.
         self.data_spec = DataSpec(())
         self._scaler = getattr(self.fabric.strategy.precision, "scaler", None)
+        self.closure_step = _check_closure_optimizers(state.optimizers, self.fabric)
+        self._update_metrics = True  # False for the repeated evaluations of a closure step
 
     def schedule_lr(self) -> None:
         """Set the learning rates of the batch about to run (``timestamp.batch``), before any of its events."""
@@ -90,6 +104,33 @@ class TrainStep:
         started = time.perf_counter()
         state.batch = batch
         run_event(Event.BATCH_START)
+        if self.closure_step:
+            total_loss, full_batch, samples = self._step_with_closure(state.batch)
+        else:
+            total_loss, full_batch, samples = self._gradients(state.batch)
+            for optimizer in state.optimizers:
+                optimizer.step()
+        for optimizer in state.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        if self.step_schedulers_every_batch:
+            for scheduler in self.torch_schedulers:
+                scheduler.step()
+        state.loss = total_loss
+        world_size = self.fabric.world_size
+        # Sharded loaders give every rank equally sized batches, so the global count is local x world size.
+        state.timestamp = state.timestamp.to_next_batch(
+            samples * world_size,
+            self.data_spec.get_num_tokens_in_batch(full_batch, self.token_counter) * world_size,
+            timedelta(seconds=time.perf_counter() - started),
+        )
+
+    def _gradients(self, batch: Any) -> tuple[torch.Tensor, Any, int]:
+        """BEFORE_TRAIN_BATCH to AFTER_TRAIN_BATCH: the batch's gradients, complete and unscaled.
+
+        Returns the (detached) loss, the batch as BEFORE_TRAIN_BATCH left it, and its number of samples.
+        """
+        state, run_event = self.state, self.engine.run_event
+        state.batch = batch
         run_event(Event.BEFORE_TRAIN_BATCH)
         full_batch = state.batch
         samples = self.data_spec.get_num_samples_in_batch(full_batch)
@@ -104,20 +145,29 @@ class TrainStep:
                 # Fabric's wrapper: unscaling the wrapper would make the step unscale a second time.
                 self.fabric.strategy.precision.unscale_gradients(getattr(optimizer, "optimizer", optimizer))
         run_event(Event.AFTER_TRAIN_BATCH)
-        for optimizer in state.optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        if self.step_schedulers_every_batch:
-            for scheduler in self.torch_schedulers:
-                scheduler.step()
-        state.loss = total_loss
-        world_size = self.fabric.world_size
-        # Sharded loaders give every rank equally sized batches, so the global count is local x world size.
-        state.timestamp = state.timestamp.to_next_batch(
-            samples * world_size,
-            self.data_spec.get_num_tokens_in_batch(full_batch, self.token_counter) * world_size,
-            timedelta(seconds=time.perf_counter() - started),
-        )
+        return total_loss, full_batch, samples
+
+    def _step_with_closure(self, batch: Any) -> tuple[torch.Tensor, Any, int]:
+        """Every optimizer steps with a closure that recomputes the gradients (see the module docstring)."""
+        optimizers, fabric = self.state.optimizers, self.fabric
+        first: list[tuple[torch.Tensor, Any, int]] = []
+
+        def closure() -> Any:  # a tensor: what closures return, though Optimizer.step's hint says float
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            self._update_metrics = not first
+            result = self._gradients(batch)
+            if not first:
+                first.append(result)
+            loss = result[0]
+            return fabric.all_reduce(loss, reduce_op="mean") if fabric.world_size > 1 else loss
+
+        try:
+            for optimizer in optimizers:
+                optimizer.step(closure)
+        finally:
+            self._update_metrics = True
+        return first[0]
 
     def _train_microbatches(self, batch: Any, samples: int, microbatch_size: int | None) -> torch.Tensor:
         if microbatch_size is None or microbatch_size >= samples:
@@ -150,7 +200,7 @@ class TrainStep:
         else:
             total = self._backward_per_optimizer(losses, weight)
         run_event(Event.AFTER_BACKWARD)
-        if state.train_metrics:
+        if state.train_metrics and self._update_metrics:
             with torch.no_grad():
                 for metric in state.train_metrics.values():
                     update_metric(model.module, state.batch, state.outputs, metric)
@@ -216,6 +266,32 @@ def _all_reduce_gradients(fabric: Any, optimizers: Sequence[Optimizer]) -> None:
     for grad in grads:
         grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
+
+
+def _check_closure_optimizers(optimizers: Sequence[Optimizer], fabric: Any) -> bool:
+    """Whether an optimizer's ``step`` requires a closure (LBFGS); raises where the set-up cannot step with one."""
+    needing = [
+        type(inner).__name__
+        for optimizer in optimizers
+        if _requires_closure(inner := getattr(optimizer, "optimizer", optimizer))
+    ]
+    if not needing:
+        return False
+    if type(fabric.strategy).__name__ == "DeepSpeedStrategy":
+        cause = "DeepSpeed steps through its engine, which takes no closure"
+    elif getattr(fabric.strategy.precision, "scaler", None) is not None:
+        cause = "precision='16-mixed' steps through a GradScaler, which takes no closure"
+    else:
+        return True
+    raise ValueError(
+        f"{needing[0]} steps with a closure that recomputes the loss, but {cause}. Use precision='32-true' or "
+        "'bf16-mixed' without DeepSpeed, or an optimizer that steps without a closure."
+    )
+
+
+def _requires_closure(optimizer: Optimizer) -> bool:
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 def _total_loss(loss: Any) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""The Trainer on DDP: ``python trainer_ddp.py OUT_DIR DEVICES [auto_oom]``; each rank saves what it computed.
+"""The Trainer on DDP: ``python trainer_ddp.py OUT_DIR DEVICES [auto_oom|lbfgs]``; each rank saves what it computed.
 
 With ``devices=2`` constructing the Trainer starts rank 1 (strategy "ddp" re-runs this script). The global
 batch is 16 whatever the number of ranks, so every run should reach the same weights. ``auto_oom`` makes
-rank 1 alone run out of memory on batches above 4 samples: both ranks must agree to halve.
+rank 1 alone run out of memory on batches above 4 samples: both ranks must agree to halve. ``lbfgs`` trains
+with LBFGS and a strong-Wolfe line search, whose decisions follow the closure's loss.
 """
 
 import sys
@@ -16,7 +17,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from fabric.trainer.trainer import Trainer
 
 out_dir, devices = Path(sys.argv[1]), int(sys.argv[2])
-inject_oom = len(sys.argv) > 3 and sys.argv[3] == "auto_oom"
+mode = sys.argv[3] if len(sys.argv) > 3 else ""
+inject_oom = mode == "auto_oom"
 
 
 class Regressor(nn.Module):
@@ -47,7 +49,11 @@ trainer = Trainer(
     train_dataloader=DataLoader(data, batch_size=16 // devices),
     eval_dataloader=DataLoader(data, batch_size=8),
     max_duration="3ep",
-    optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+    optimizers=(
+        torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, line_search_fn="strong_wolfe")
+        if mode == "lbfgs"
+        else torch.optim.SGD(model.parameters(), lr=0.1)
+    ),
     device_train_microbatch_size="auto" if inject_oom else None,
     progress_bar=False,
     seed=0,

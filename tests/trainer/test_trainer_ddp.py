@@ -55,6 +55,19 @@ def test_auto_microbatching_agrees_across_ranks_when_only_one_runs_out_of_memory
     _assert_same_training(ranks, one_process)
 
 
+def test_lbfgs_on_two_ranks_matches_one_process_on_the_full_batch(tmp_path: Path) -> None:
+    """The closure returns the loss averaged over ranks, so both ranks' line searches take the same steps
+    (with each rank's own loss, rank 1 made a different number of closure calls and the job died)."""
+    (reference,) = _train(tmp_path / "single", "1", "lbfgs")
+    ranks = _train(tmp_path / "ddp", "2", "lbfgs")
+    for ours, theirs in zip(ranks[0]["params"], ranks[1]["params"], strict=True):
+        assert torch.equal(ours, theirs), "parameters differ across ranks"
+    # LBFGS amplifies the different summation order of the averaged gradients (about 2e-4 after 12 steps)
+    for ours, theirs in zip(ranks[0]["params"], reference["params"], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-2, atol=5e-4)
+    assert ranks[0]["mae"] == pytest.approx(reference["mae"], rel=1e-3)
+
+
 def test_one_loss_per_optimizer_on_two_ranks_matches_one_process(tmp_path: Path) -> None:
     script = SCRIPT.parent / "trainer_gan_ddp.py"
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
