@@ -57,6 +57,7 @@ def complete_config(
     world_size: int,
 ) -> dict[str, Any]:
     """``config`` with Fabric's settings filled in; a ``ValueError`` naming both values on a contradiction."""
+    check_types(config)
     config = copy.deepcopy(config)
     zero = config.setdefault("zero_optimization", {})
     stage = _settle_stage(zero, stage)
@@ -78,6 +79,61 @@ def complete_config(
     config.setdefault("zero_allow_untested_optimizer", True)
     config.setdefault("zero_force_ds_cpu_optimizer", False)
     return config
+
+
+#: Keys whose value must be a JSON object, with an example of one.
+_SECTIONS = {
+    "zero_optimization": '{"stage": 2}',
+    "fp16": '{"enabled": true}',
+    "bf16": '{"enabled": true}',
+    "zero_optimization.offload_optimizer": '{"device": "cpu"}',
+    "zero_optimization.offload_param": '{"device": "cpu"}',
+}
+#: Keys whose value must be a positive integer.
+_POSITIVE_INTS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def check_types(config: dict[str, Any]) -> None:
+    """Fail naming the key, its value and the expected type where DeepSpeed (or Fabric) would fail obscurely."""
+    for key, example in _SECTIONS.items():
+        found, value = _lookup(config, key)
+        if found and not isinstance(value, dict):
+            _wrong_type(key, value, f"an object (a dict), e.g. {example}")
+    for section in ("fp16", "bf16"):
+        found, value = _lookup(config, f"{section}.enabled")
+        if found and not isinstance(value, bool):
+            _wrong_type(f"{section}.enabled", value, "true or false")
+    for key in _POSITIVE_INTS:
+        found, value = _lookup(config, key)
+        if found and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            _wrong_type(key, value, "a positive integer")
+    found, value = _lookup(config, "zero_optimization.stage")
+    if found and (isinstance(value, bool) or not isinstance(value, int)):
+        _wrong_type("zero_optimization.stage", value, f"an integer, one of {list(ZERO_STAGES)}")
+    found, value = _lookup(config, "gradient_clipping")
+    if found and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+        _wrong_type("gradient_clipping", value, "a number >= 0 (0 turns clipping off)")
+
+
+def _lookup(config: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    """``(True, value)`` for a key (``"a.b"`` inside section ``a``) the config sets, else ``(False, None)``."""
+    value: Any = config
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _wrong_type(key: str, value: Any, expected: str) -> None:
+    raise ValueError(
+        f"The DeepSpeed config sets {key}={json.dumps(value, default=repr)} ({_json_type(value)}); expected {expected}."
+    )
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def with_micro_batch_size(config: dict[str, Any], batch_size: int | None) -> dict[str, Any]:
