@@ -2,9 +2,9 @@
 
 * ``device="cpu" | "gpu" | "mps"``: the same as ``accelerator=`` (both given and disagreeing is an error).
 * ``precision="amp"``: Composer's automatic mixed precision, float16 autocast with loss scaling, i.e.
-  ``"16-mixed"`` (also spelled ``"amp_fp16"``). Composer refuses it on a CPU; here it runs: float16 autocast
-  on the CPU with a GradScaler, which trains but is usually slower than ``"32-true"`` (``"amp_bf16"`` is the
-  fast CPU choice where the CPU has bfloat16 instructions).
+  ``"16-mixed"`` (also spelled ``"amp_fp16"``). Composer refuses it on a CPU; here it runs float16 autocast
+  on the CPU with a GradScaler (``"amp_bf16"`` is the CPU choice measured fast where the CPU has bfloat16
+  instructions).
 * ``deepspeed_config={...}``: train with the DeepSpeed strategy configured by that dict (``{}``: its defaults).
 * ``load_path_format``: the same as ``load_path``.
 * ``grad_accum=N``: split every batch into ``N`` microbatches, i.e. ``device_train_microbatch_size`` of the
