@@ -47,7 +47,9 @@ def test_tensor_parallel_on_two_ranks_trains_like_one_process(jobs: Path) -> Non
     report = _report(jobs, "1x2")
     assert report["mesh"] == [1, 2]
     assert report["local_rows_of_first_layer"] == 8  # the Colwise layer's 16 output rows split over 2 ranks
-    assert report["max_diff_to_reference"] < 1e-5  # parameters and Adam state after 3 steps
+    assert report["max_diff_to_reference"] < 1e-5  # parameters and Adam state after 3 steps, clipped
+    assert report["norms"] == pytest.approx(report["reference_norms"], rel=1e-5)
+    assert max(report["reference_norms"]) > 0.5  # the clip really clipped
     for step in report["batches_seen"]:
         assert step[0] == step[1]  # both ranks of the tensor-parallel group read the same batch
 
@@ -57,6 +59,7 @@ def test_a_2x2_mesh_on_four_processes_trains_like_one_process(jobs: Path) -> Non
     assert report["world_size"] == 4 and report["mesh"] == [2, 2]
     assert report["local_rows_of_first_layer"] == 4  # 16 rows: tensor parallel 2, then FSDP 2
     assert report["max_diff_to_reference"] < 1e-5
+    assert report["norms"] == pytest.approx(report["reference_norms"], rel=1e-5)
     for step in report["batches_seen"]:  # ranks 0,1 form one tensor-parallel group, 2,3 the other
         assert step[0] == step[1] and step[2] == step[3] and step[0] != step[2]
 

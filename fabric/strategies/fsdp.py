@@ -297,9 +297,27 @@ class FSDPStrategy(ParallelStrategy):
         norm_type: float = 2.0,
         error_if_nonfinite: bool = True,
     ) -> torch.Tensor:
-        """Clip by the norm over all ranks' shards; returned as a plain tensor, the same on every rank."""
-        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        """Clip by the norm over all ranks' shards; returned as a plain tensor, the same on every rank.
+
+        Parameters on different meshes (tensor-parallel layers beside FSDP-only ones) cannot meet in one
+        norm computation: each mesh's norm is taken on its own and the parts combined.
+        """
+        self.precision.unscale_gradients(optimizer)
+        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_non_finite_steps
+        groups: dict[Any, list[torch.Tensor]] = {}
+        for parameter in _optimizer_parameters(optimizer):
+            if parameter.grad is not None:
+                groups.setdefault(getattr(parameter, "device_mesh", None), []).append(parameter)
+        parts = []
+        for parameters in groups.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters], norm_type)  # type: ignore[misc]
+            parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        total = torch.linalg.vector_norm(torch.stack(parts), norm_type) if parts else torch.tensor(0.0)
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(f"The total norm of order {norm_type} of the gradients is non-finite ({total.item()}).")
+        for parameters in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+        return total
 
     # --- checkpoints -----------------------------------------------------------------------------------
 

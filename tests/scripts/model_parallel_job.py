@@ -1,10 +1,10 @@
 """ModelParallelStrategy jobs for tests/test_model_parallel.py.
 
 ``python model_parallel_job.py OUT_DIR train DP TP [LOAD_DIR]`` (DP x TP ranks): tensor parallelism
-(Colwise/Rowwise MLP) x FSDP2 trains from batches of ``setup_dataloaders`` next to a plain one-process
-reference that sees the batches of all ranks; saves a sharded checkpoint to ``OUT_DIR/ckpt-DPxTP``, and, given
-LOAD_DIR (saved on another mesh shape), loads it into a fresh model. Rank 0 writes ``OUT_DIR/train-DPxTP.json``
-and the full trained tensors to ``OUT_DIR/train-DPxTP.pt``.
+(Colwise/Rowwise MLP) x FSDP2 trains from batches of ``setup_dataloaders``, clipping gradients, next to a
+plain one-process reference that sees the batches of all ranks; saves a sharded checkpoint to
+``OUT_DIR/ckpt-DPxTP``, and, given LOAD_DIR (saved on another mesh shape), loads it into a fresh model.
+Rank 0 writes ``OUT_DIR/train-DPxTP.json`` and the full trained tensors to ``OUT_DIR/train-DPxTP.pt``.
 
 ``python model_parallel_job.py OUT_DIR load1 LOAD_DIR``: one process, a plain ``Fabric()``, loads LOAD_DIR into
 an unparallelized model and writes ``OUT_DIR/load1.pt``.
@@ -26,7 +26,7 @@ from fabric import Fabric
 from fabric.strategies.model_parallel import ModelParallelStrategy
 
 out_dir, mode = Path(sys.argv[1]), sys.argv[2]
-STEPS, LR, BATCH = 3, 0.05, 4
+STEPS, LR, BATCH, MAX_NORM = 3, 0.05, 4, 0.5
 
 
 def make_model() -> nn.Module:
@@ -78,13 +78,14 @@ report["tp_placements"] = [str(p) for p in first.placements]
 report["local_rows_of_first_layer"] = first.to_local().shape[0]
 loader = fabric.setup_dataloaders(DataLoader(data, batch_size=BATCH))
 target = torch.tensor([0.5, -0.5])
-batches_seen = []
+batches_seen, norms, reference_norms = [], [], []
 for step, (x,) in enumerate(loader):
     if step == STEPS:
         break
     loss = F.mse_loss(model(x), target.expand(len(x), 2))
     optimizer.zero_grad()
     fabric.backward(loss)
+    norms.append(fabric.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())  # TP and FSDP-only meshes
     optimizer.step()
     # the reference sees every rank's batch (a tensor-parallel group's ranks share one, which leaves the mean as is)
     everything = fabric.all_gather(x).reshape(-1, 6)
@@ -92,12 +93,14 @@ for step, (x,) in enumerate(loader):
     reference_loss = F.mse_loss(reference(everything), target.expand(len(everything), 2))
     reference_optimizer.zero_grad()
     reference_loss.backward()
+    reference_norms.append(torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM).item())
     reference_optimizer.step()
 
 trained = full_state(model.module, optimizer)
 expected = full_state(reference, reference_optimizer)
 report["max_diff_to_reference"] = max((trained[key] - expected[key]).abs().max().item() for key in expected)
 report["batches_seen"] = batches_seen
+report["norms"], report["reference_norms"] = norms, reference_norms
 fabric.save(out_dir / f"ckpt-{tag}", {"model": model, "optimizer": optimizer, "step": STEPS})
 
 if len(sys.argv) > 5:  # a checkpoint saved on another mesh shape, into a fresh model on this one
