@@ -52,7 +52,10 @@ def prepare_fast_shutdown() -> None:
     that become garbage after this point are left to the operating system to reclaim.
     """
     for obj in gc.get_objects():
-        if isinstance(obj, _BUFFERED_FILES):
+        # ``type(obj)``, never ``isinstance``: isinstance falls back to ``obj.__class__``, which runs the
+        # ``__getattr__`` of lazy or deprecated module proxies (torch.distributed.reduce_op warns) and
+        # raises ReferenceError for dead weak proxies (torch.compile leaves some)
+        if issubclass(type(obj), _BUFFERED_FILES):
             with contextlib.suppress(Exception):  # closed, detached or broken files have nothing to flush
                 if not obj.closed and obj.writable():
                     obj.flush()
