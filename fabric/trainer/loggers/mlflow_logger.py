@@ -60,16 +60,16 @@ class MLFlowLogger(LoggerDestination):
             self.run_name = state.run_name
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self._start()
         from mlflow.entities import Metric
 
-        self._start()
         now = int(time.time() * 1000)
         self._pending.extend(Metric(name, float(value), now, step) for name, value in metrics.items())
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        client = self._start()
         from mlflow.entities import Param
 
-        client = self._start()
         params = [Param(name, str(value)) for name, value in _flatten(hyperparameters).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per call
             client.log_batch(self.run_id, params=params[start : start + 100])
