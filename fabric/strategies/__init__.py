@@ -9,15 +9,24 @@ from fabric.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fabric.strategies.ddp import DDPStrategy
+    from fabric.strategies.model_parallel import ModelParallelStrategy
     from fabric.strategies.parallel import ParallelStrategy
     from fabric.strategies.single_device import SingleDeviceStrategy
     from fabric.strategies.strategy import Strategy
 
-__all__ = ["STRATEGY_REGISTRY", "DDPStrategy", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]
+__all__ = [
+    "STRATEGY_REGISTRY",
+    "DDPStrategy",
+    "ModelParallelStrategy",
+    "ParallelStrategy",
+    "SingleDeviceStrategy",
+    "Strategy",
+]
 __getattr__ = lazy_exports(
     __name__,
     {
         "DDPStrategy": "fabric.strategies.ddp",
+        "ModelParallelStrategy": "fabric.strategies.model_parallel",
         "ParallelStrategy": "fabric.strategies.parallel",
         "SingleDeviceStrategy": "fabric.strategies.single_device",
         "Strategy": "fabric.strategies.strategy",
