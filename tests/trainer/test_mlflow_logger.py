@@ -65,6 +65,7 @@ def test_a_trainer_run_reads_back_with_params_metrics_steps_and_tags(store: str)
     client = mlflow.tracking.MlflowClient(tracking_uri=store)
     experiment = client.get_experiment_by_name("regression")
     (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_id == logger.run_id
     assert run.info.run_name == "linear-1" and run.info.status == "FINISHED"
     assert run.data.params == {"lr": "0.05", "model/width": "4"}
     assert run.data.tags["team"] == "fabric"

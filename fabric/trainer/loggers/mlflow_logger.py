@@ -50,8 +50,9 @@ class MLFlowLogger(LoggerDestination):
         self.tracking_uri = tracking_uri
         self.tags = {str(key): str(value) for key, value in (tags or {}).items()}
         self.flush_interval = flush_interval
-        #: The MLflow run this logger writes to, once it started (``None`` before the first value).
+        #: The MLflow run this logger writes (or, after close, wrote) to; ``None`` before the first value.
         self.run_id: str | None = None
+        self._running = False
         self._client: Any = None
         self._pending: list[Any] = []
 
@@ -86,10 +87,10 @@ class MLFlowLogger(LoggerDestination):
 
     def close(self, state: State | None = None, logger: Any = None) -> None:
         """Write what is buffered and end the run (FINISHED). A later value starts a new run."""
-        if self._client is not None and self.run_id is not None:
+        if self._running:
             self.flush()
             self._client.set_terminated(self.run_id, status="FINISHED")
-            self.run_id = None
+            self._running = False
 
     def _start(self) -> Any:
         """The client, with the experiment and the run made on first use."""
@@ -99,14 +100,14 @@ class MLFlowLogger(LoggerDestination):
             except ImportError as error:
                 raise ImportError('MLFlowLogger needs mlflow: pip install "torch-fabric[mlflow]"') from error
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
-        if self.run_id is None:
+        if not self._running:
             experiment = self._client.get_experiment_by_name(self.experiment_name)
             if experiment is None:
                 experiment_id = self._client.create_experiment(self.experiment_name)
             else:
                 experiment_id = experiment.experiment_id
             run = self._client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
-            self.run_id = run.info.run_id
+            self.run_id, self._running = run.info.run_id, True
         return self._client
 
 
