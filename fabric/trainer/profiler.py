@@ -141,7 +141,7 @@ class Profiler(Callback):
         }
 
     def fit_start(self, state: State, logger: Any) -> None:
-        self.fit_end(state, logger)  # an earlier fit() that raised left its profiler running
+        self.close()  # an earlier fit() that raised left its profiler running
         self.profiler = TraceProfiler(
             self.folder.format(run_name=self.run_name),
             rank=state.fabric.global_rank,
@@ -152,6 +152,10 @@ class Profiler(Callback):
         self.profiler.start()
 
     def fit_end(self, state: State, logger: Any) -> None:
+        self.close()
+
+    def close(self, state: State | None = None, logger: Any = None) -> None:
+        """``Trainer.close()``: stop a profiler that a failed ``fit()`` left running (writing what it recorded)."""
         if self.profiler is not None:
             self.profiler.stop()
             self.traces.extend(self.profiler.traces)

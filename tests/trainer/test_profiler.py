@@ -187,3 +187,34 @@ def test_every_rank_writes_its_own_trace(tmp_path: Path) -> None:
         assert len(_named(spans, "trainer/backward")) == 2
         pids |= {span["pid"] for span in _named(spans, "trainer/batch")}
     assert len(pids) == 2  # two processes, one trace each
+
+
+def test_a_fit_that_fails_while_recording_keeps_its_trace_and_the_next_fit_profiles_again(tmp_path: Path) -> None:
+    class FailsOnce(Regressor):
+        calls = 0
+
+        def forward(self, batch: Any) -> torch.Tensor:
+            FailsOnce.calls += 1
+            if FailsOnce.calls == 3:
+                raise RuntimeError("the third batch fails")
+            return super().forward(batch)
+
+    model = FailsOnce()
+    profiler = Profiler(cyclic_schedule(warmup=0, active=3), torch_prof_folder=str(tmp_path))
+    trainer = Trainer(
+        model=model,
+        train_dataloader=_loader(),
+        max_duration="4ba",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        profiler=profiler,
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    with pytest.raises(RuntimeError, match="the third batch fails"):
+        trainer.fit()
+    trainer.fit()  # stops the failed fit's profiler (writing what it recorded), then profiles anew
+    first, second = profiler.traces
+    # two finished batches and the one that failed (its range closed when the profiler stopped)
+    assert (first.name, len(_named(_spans(first), "trainer/batch"))) == ("rank0.2.pt.trace.json", 3)
+    assert len(_named(_spans(first), "trainer/backward")) == 2
+    assert second.name == "rank0.4.pt.trace.json"
