@@ -152,8 +152,9 @@ class Fabric:
         assert launcher is not None, "a strategy that needs a launch has a launcher"
         if _is_interactive() and not launcher.is_interactive_compatible:
             raise RuntimeError(
-                f"strategy={type(self._strategy).__name__} re-runs your script in new processes, which a notebook "
-                "or REPL cannot do. Use strategy='ddp_notebook' (or 'ddp_fork') here."
+                f"strategy={type(self._strategy).__name__} re-runs your script in new processes, which a notebook, "
+                "REPL, `python -c` or `python - < script.py` cannot do. Use strategy='ddp_notebook' (or "
+                "'ddp_fork') here, or run the script from a file."
             )
         self._launched = True
         return launcher.launch(self._run_launched, function, *args, **kwargs)  # type: ignore[no-any-return]
@@ -564,10 +565,13 @@ def _check_filter(filter: Mapping[str, CheckpointFilter] | None, state: dict[str
 
 
 def _is_interactive() -> bool:
-    """Whether we run in a REPL or notebook, where there is no script file to start again."""
+    """Whether there is no script file to start again: a REPL, a notebook, ``python -c`` or a script read
+    from stdin (``python - < train.py``, whose stdin is used up, so a re-run would run nothing)."""
     import __main__
 
-    return not hasattr(__main__, "__file__") and getattr(__main__, "__spec__", None) is None
+    if getattr(__main__, "__spec__", None) is not None:
+        return False
+    return getattr(__main__, "__file__", "<stdin>") == "<stdin>"
 
 
 def _as_list(items: Any) -> list[Any]:

@@ -141,6 +141,8 @@ def test_a_users_cluster_environment_plugin_is_used(monkeypatch: pytest.MonkeyPa
         def node_rank(self) -> int:
             return 1
 
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2, num_nodes=2, plugins=[TwoNodeEnvironment()])
     assert (fabric.node_rank, fabric.global_rank, fabric.world_size) == (1, 2, 4)
 

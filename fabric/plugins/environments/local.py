@@ -74,8 +74,10 @@ class LocalEnvironment(ClusterEnvironment):
         return self._int("LOCAL_RANK", default=0)
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """In a launched process, the processes per node must be what ``devices`` asks for: else the
-        rendezvous would wait forever for ranks that were never started."""
+        """Refuse set-ups whose rendezvous would wait forever: in a launched process, the processes per node
+        must be what ``devices`` asks for; several nodes need the rendezvous address and port of node 0."""
+        if num_nodes > 1 and not self.creates_processes_externally:
+            self._check_multi_node(num_nodes)
         if self.creates_processes_externally and "LOCAL_WORLD_SIZE" in self._environ:
             started = self._int("LOCAL_WORLD_SIZE")
             if started != num_devices:
@@ -84,6 +86,23 @@ class LocalEnvironment(ClusterEnvironment):
                     f"Fabric(devices=...) resolved to {num_devices}. Make them agree, e.g. pass the same --devices "
                     "to the launcher and to Fabric, or leave devices out of one of them."
                 )
+
+    def _check_multi_node(self, num_nodes: int) -> None:
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in self._environ]
+        node_rank = self.node_rank()
+        if not missing and 0 <= node_rank < num_nodes:
+            return
+        problem = (
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set"
+            if missing
+            else f"NODE_RANK={node_rank} is outside [0, {num_nodes})"
+        )
+        raise ValueError(
+            f"Fabric(num_nodes={num_nodes}) without a cluster environment (SLURM, torchrun, ...) cannot start: "
+            f"{problem}, so node 0 would wait forever for nodes that never find it. On every node set "
+            f"MASTER_ADDR (the host of node 0, reachable from all nodes), the same MASTER_PORT and NODE_RANK "
+            f"(0..{num_nodes - 1}), or start the job with `fabric run --num-nodes={num_nodes} --main-address=HOST`."
+        )
 
     def node_rank(self) -> int:
         """``NODE_RANK``, else ``GROUP_RANK`` (torchrun's name for it), else 0."""
