@@ -126,6 +126,12 @@ class Fabric:
         return self._strategy.accelerator
 
     @property
+    def launched(self) -> bool:
+        """Whether ``launch()`` has run in this process (every collective and ``setup`` needs it first when
+        the strategy starts processes)."""
+        return self._launched
+
+    @property
     def loggers(self) -> list[Logger]:
         return list(self._loggers)
 
