@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.callback import Callback
+from fabric.trainer.callback import Callback, warn_unknown_hooks
 from fabric.trainer.events import Event
 from fabric.trainer.passes import DEFAULT_PASSES, AlgorithmPass, check_compatibility
 from fabric.trainer.state import State
@@ -40,6 +40,8 @@ class Engine:
                 in_order = algorithm_pass(in_order, event)
             ordered[event] = tuple(in_order)
         self._observers = (*callbacks, *loggers)
+        for observer in self._observers:
+            warn_unknown_hooks(observer)  # a misspelt hook would otherwise never run, silently
         per_observer = [observer.handlers() for observer in self._observers]
         # Only events something listens to get an entry: most events of a plain run cost one dict lookup.
         self._work: dict[Event, tuple[tuple[Algorithm, ...], tuple[Handler, ...]]] = {}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
+import sys
 import warnings
 from datetime import timedelta
 from types import SimpleNamespace
@@ -435,3 +437,58 @@ def test_a_trainer_fit_logs_speed_and_learning_rate_every_batch() -> None:
     assert all(value == pytest.approx(0.05) for _, value in memory.data["lr-SGD/group0"])
     assert all(value > 0 for _, value in memory.data["throughput/samples_per_sec"])
     assert len(memory.data["loss/train/total"]) == 6
+
+
+# --- Hook names -------------------------------------------------------------------------------------
+
+
+def test_the_hooks_are_written_in_the_class_one_per_event() -> None:
+    hooks = {
+        name
+        for name, method in vars(Callback).items()
+        if callable(method) and list(inspect.signature(method).parameters) == ["self", "state", "logger"]
+    }
+    assert hooks - {"close"} == {event.value for event in Event}  # close(state, logger) is Trainer.close()'s
+    assert "setattr" not in inspect.getsource(sys.modules[Callback.__module__])
+
+
+def test_a_misspelt_hook_is_named_with_the_closest_event_once() -> None:
+    class Misspelt(Callback):
+        def batch_ned(self, state: State, logger: Any) -> None:
+            pass
+
+        def fit_begin(self, state: State, logger: Any) -> None:
+            pass
+
+        def summary(self) -> str:  # a helper: far from every event and not shaped like a hook
+            return "ok"
+
+    with pytest.warns(UserWarning) as caught:
+        Rig(Misspelt())
+    messages = sorted(str(warning.message) for warning in caught)
+    assert len(messages) == 2
+    assert messages[0].startswith("Misspelt.batch_ned matches no event") and "'batch_end'" in messages[0]
+    assert messages[1].startswith("Misspelt.fit_begin matches no event") and "did you mean 'fit_" in messages[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Rig(Misspelt())  # the class was checked already
+
+
+def test_built_in_callbacks_and_loggers_raise_no_hook_warning() -> None:
+    from fabric.trainer.loggers import ConsoleLogger, FileLogger, InMemoryLogger, ProgressBarLogger
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Rig(
+            EarlyStopper("accuracy", "val"),
+            LRMonitor(),
+            NaNMonitor(),
+            OptimizerMonitor(),
+            RuntimeEstimator(),
+            SpeedMonitor(),
+            ThresholdStopper("accuracy", "val", 0.9),
+            ConsoleLogger(),
+            FileLogger("unused.txt"),
+            InMemoryLogger(),
+            ProgressBarLogger(),
+        )
