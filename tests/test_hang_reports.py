@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from fabric import Fabric
+from fabric.strategies.ddp import DDPStrategy
 
 SCRIPTS = Path(__file__).parent / "scripts"
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
@@ -53,3 +55,62 @@ def test_a_ddp_script_read_from_stdin_is_refused_at_launch(tmp_path: Path) -> No
     assert time.monotonic() - start < 30
     assert result.returncode == 1 and "ran" not in result.stdout
     assert "`python - < script.py` cannot do" in result.stderr
+
+
+def _line_of(script: Path, text: str) -> int:
+    return next(number for number, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+
+
+def _hang_job(mode: str, timeout: float, stall: float) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "hang_jobs.py"), mode, str(timeout), str(stall)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=_env(),
+    )
+    return result, time.monotonic() - start
+
+
+@pytest.mark.parametrize(
+    ("mode", "name"),
+    [
+        ("all_reduce", "fabric.all_reduce"),
+        ("all_gather", "fabric.all_gather"),
+        ("broadcast", "fabric.broadcast"),
+        ("barrier", "barrier 'lonely'"),
+    ],
+)
+def test_a_collective_entered_by_one_rank_names_itself_its_call_site_and_the_missing_rank(mode: str, name: str) -> None:
+    script = SCRIPTS / "hang_jobs.py"
+    result, elapsed = _hang_job(mode, timeout=3, stall=0)
+    assert result.returncode == 1, result.stderr
+    call, start = _line_of(script, f'"{mode}": lambda'), _line_of(script, 'fabric.barrier("start")')
+    assert f"Rank 0 waited 0:00:03 for the others in {name}, called at {script}:{call}: " in result.stderr
+    assert f"Rank 1 never entered it: rank 1 last entered barrier 'start' at {script}:{start} " in result.stderr
+    assert "has waited" not in result.stderr, "stall_threshold=0 turns the stall report off"
+    assert elapsed < 30, "the job must fail soon after the 3 s timeout"
+
+
+def test_a_stalled_rank_reports_once_what_it_waits_in_and_keeps_waiting_until_the_timeout() -> None:
+    script = SCRIPTS / "hang_jobs.py"
+    result, elapsed = _hang_job("mismatch", timeout=6, stall=1)
+    assert result.returncode == 1, result.stderr
+    call, other = _line_of(script, '"mismatch": lambda'), _line_of(script, "OTHER CALL")
+    stall = (
+        f"fabric: rank 0 has waited 1 s in fabric.all_reduce, called at {script}:{call}. Rank 1 never entered it: "
+        f"rank 1 is waiting in barrier 'elsewhere' at {script}:{other} (its collective #2; this is #2). "
+        "It keeps waiting until the timeout (0:00:06)."
+    )
+    assert result.stderr.count(stall) == 1, result.stderr
+    assert result.stderr.count("fabric: rank 1 has waited 1 s in barrier 'elsewhere'") == 1
+    timed_out = "Rank 0 waited 0:00:06 for the others in fabric.all_reduce"
+    assert result.stderr.index(stall) < result.stderr.index(timed_out)
+    assert 6 <= elapsed < 35
+
+
+def test_stall_threshold_must_be_seconds_or_a_timedelta_at_least_zero() -> None:
+    with pytest.raises(ValueError, match=r"stall_threshold=-1 is not valid. Accepted: a timedelta or seconds >= 0"):
+        DDPStrategy(stall_threshold=-1)
+    assert DDPStrategy(stall_threshold=timedelta(minutes=2)).stall_threshold == 120

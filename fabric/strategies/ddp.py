@@ -19,7 +19,7 @@ from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.multiprocessing import MultiProcessLauncher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.utilities.data import shard_dataloader
 
 StartMethod = Literal["popen", "spawn", "fork"]
@@ -51,6 +51,7 @@ class DDPStrategy(ParallelStrategy):
         parallel_devices: list[torch.device] | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta = DEFAULT_TIMEOUT,
+        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
         **ddp_kwargs: Any,
     ) -> None:
         if start_method not in START_METHODS:
@@ -63,6 +64,7 @@ class DDPStrategy(ParallelStrategy):
             parallel_devices=parallel_devices,
             process_group_backend=process_group_backend,
             timeout=timeout,
+            stall_threshold=stall_threshold,
         )
         self.start_method = start_method
         self._ddp_kwargs = {

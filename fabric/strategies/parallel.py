@@ -21,10 +21,13 @@ from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
 from fabric.utilities import distributed
+from fabric.utilities.collective_watch import CollectiveWatch
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 
 #: torch's own default for collectives; long, because a first NCCL step can take minutes to compile.
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+#: After this long in one collective a rank reports what it waits in and for whom (and keeps waiting).
+DEFAULT_STALL_THRESHOLD = timedelta(seconds=60)
 
 
 class ParallelStrategy(Strategy):
@@ -34,7 +37,9 @@ class ParallelStrategy(Strategy):
         cluster_environment: where ranks come from; detected (torchrun, SLURM, ...) when not given.
         process_group_backend: ``"gloo"``, ``"nccl"``, ...; by default NCCL on CUDA and gloo elsewhere.
         timeout: how long a collective (and ``fabric.barrier()``) waits for the other ranks before it
-            fails, naming the ranks that did not arrive.
+            fails, naming the collective, the line that called it and the ranks that never entered it.
+        stall_threshold: after this long in one collective a rank prints, once, what it waits in and what
+            the other ranks last entered, then keeps waiting until ``timeout``; ``0`` turns this off.
     """
 
     def __init__(
@@ -47,6 +52,7 @@ class ParallelStrategy(Strategy):
         parallel_devices: list[torch.device] | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta = DEFAULT_TIMEOUT,
+        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
     ) -> None:
         super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
         self._cluster_environment = cluster_environment
@@ -54,7 +60,9 @@ class ParallelStrategy(Strategy):
         self._num_nodes = 1
         self._process_group_backend = process_group_backend
         self._timeout = timeout
+        self._stall_threshold = _seconds(stall_threshold)
         self._barrier_group: Any = None
+        self._watch: CollectiveWatch | None = None
 
     def _configure_processes(
         self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment | None
@@ -121,6 +129,11 @@ class ParallelStrategy(Strategy):
         return self._timeout
 
     @property
+    def stall_threshold(self) -> float:
+        """Seconds in one collective after which a rank reports what it waits for (0: never)."""
+        return self._stall_threshold
+
+    @property
     def process_group_backend(self) -> str:
         if self._process_group_backend is not None:
             return self._process_group_backend
@@ -150,6 +163,10 @@ class ParallelStrategy(Strategy):
         # Barriers run on their own gloo group: it can name missing ranks (monitored_barrier) and never
         # interleaves with the training collectives of the default group.
         self._barrier_group = dist.new_group(backend="gloo", timeout=self._timeout)
+        if self.world_size > 1 and self._watch is None:
+            self._watch = CollectiveWatch(
+                distributed.default_store(), self.global_rank, self.world_size, self._timeout, self._stall_threshold
+            )
 
     def _rendezvous(self) -> dict[str, Any]:
         """``init_process_group``'s ``init_method`` or ``store``: where the ranks find each other."""
@@ -169,6 +186,9 @@ class ParallelStrategy(Strategy):
         return {"store": PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)}
 
     def teardown(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         if dist.is_initialized():
             dist.destroy_process_group()
         self._barrier_group = None
@@ -179,18 +199,42 @@ class ParallelStrategy(Strategy):
     def _distributed(self) -> bool:
         return dist.is_initialized() and self.world_size > 1
 
+    def _collective(self, name: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run a collective under the watch: on failure or stall it is reported by name and call site."""
+        if self._watch is None:
+            return function(*args, **kwargs)
+        return self._watch.call(name, function, *args, **kwargs)
+
     def barrier(self, name: str | None = None) -> None:
         if self._distributed():
-            distributed.monitored_barrier(self._barrier_group, self._timeout, name)
+            # monitored_barrier (gloo) also names the ranks that did not arrive
+            self._collective(
+                f"barrier {name!r}" if name else "fabric.barrier",
+                dist.monitored_barrier,
+                group=self._barrier_group,
+                timeout=self._timeout,
+                wait_all_ranks=True,
+            )
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return distributed.broadcast_object(obj, src) if self._distributed() else obj
+        if not self._distributed():
+            return obj
+        return self._collective("fabric.broadcast", distributed.broadcast_object, obj, src)
 
     def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> Any:
-        return distributed.all_gather(tensor, sync_grads) if self._distributed() else tensor.unsqueeze(0)
+        if not self._distributed():
+            return tensor.unsqueeze(0)
+        return self._collective("fabric.all_gather", distributed.all_gather, tensor, sync_grads)
 
     def all_reduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = "mean") -> torch.Tensor:
         parse_reduce_op(reduce_op)
         if not self._distributed():
             return super().all_reduce(tensor, reduce_op)
-        return distributed.all_reduce(tensor, reduce_op)
+        return self._collective("fabric.all_reduce", distributed.all_reduce, tensor, reduce_op)  # type: ignore[no-any-return]
+
+
+def _seconds(value: timedelta | float) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds < 0:
+        raise ValueError(f"stall_threshold={value!r} is not valid. Accepted: a timedelta or seconds >= 0 (0: off).")
+    return seconds

@@ -3,12 +3,10 @@
 - :func:`all_gather` stacks into ``(world_size, ...)``; tensors whose first dimension differs across
   ranks are padded for the transfer and returned trimmed, as a list (one tensor per rank).
 - :func:`all_reduce` never mutates its input and never truncates an integer mean.
-- :func:`monitored_barrier` names the ranks that did not arrive instead of hanging forever.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any, Literal
 
 import torch
@@ -92,14 +90,8 @@ def broadcast_object(obj: Any, src: int, group: Any = None) -> Any:
     return container[0]
 
 
-def monitored_barrier(group: Any, timeout: timedelta, name: str | None) -> None:
-    """A barrier that, after ``timeout``, raises naming every rank that did not arrive (gloo groups only)."""
-    try:
-        dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=True)
-    except RuntimeError as error:
-        where = f" at barrier {name!r}" if name else ""
-        raise RuntimeError(
-            f"Rank {dist.get_rank()} waited {timeout} for the others{where}: {error}. A collective, "
-            "`fabric.barrier()` or `fabric.save()` was probably called on some ranks only (e.g. under "
-            "`if fabric.global_rank == 0:`); call it on every rank."
-        ) from error
+def default_store() -> Any:
+    """The default process group's rendezvous store (every rank is a client of the same server)."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
