@@ -135,6 +135,11 @@ class Fabric:
     def loggers(self) -> list[Logger]:
         return list(self._loggers)
 
+    @loggers.setter
+    def loggers(self, loggers: Logger | Sequence[Logger] | None) -> None:
+        """Replace the loggers :meth:`log` writes to (a Trainer adds its route to its destinations this way)."""
+        self._loggers = _as_list(loggers)
+
     @property
     def logger(self) -> Logger:
         """The first logger; an error if there is none."""

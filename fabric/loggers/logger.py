@@ -94,16 +94,16 @@ def prepare_metrics(metrics: Mapping[str, float | torch.Tensor], prefix: str = "
     Converting right away means a bad value fails at the ``log_metrics`` call that passed it, and no
     device tensors are kept alive in a logger's buffer.
     """
-    prepared = {}
-    for key, value in metrics.items():
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError(
-                    f"Metric {key!r} must be a single number, but got a tensor of shape {tuple(value.shape)}."
-                )
-            value = value.item()
-        prepared[f"{prefix}/{key}" if prefix else key] = value
-    return prepared
+    return {f"{prefix}/{key}" if prefix else key: scalar(key, value) for key, value in metrics.items()}
+
+
+def scalar(key: str, value: float | torch.Tensor) -> float:
+    """``value`` as a Python number: a one-element tensor's item; any other tensor is an error naming ``key``."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"Metric {key!r} must be a single number, but got a tensor of shape {tuple(value.shape)}.")
+        return value.item()
+    return value
 
 
 def params_to_dict(params: Mapping[str, Any] | argparse.Namespace) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
 from fabric.fabric import Fabric
-from fabric.loggers.logger import Logger as FabricLogger
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.surgery import reapply_surgery
 from fabric.trainer.callback import Callback
@@ -40,8 +39,7 @@ from fabric.trainer.engine import Engine
 from fabric.trainer.evaluation import Evaluator, ensure_evaluators, run_evaluators, select_metrics
 from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalFunction, IntervalInput, check_interval, create_interval
-from fabric.trainer.loggers.destination import LoggerDestination
-from fabric.trainer.loggers.logger import Logger
+from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
 from fabric.trainer.metrics import compute_metrics, model_metrics
 from fabric.trainer.migration import (
     check_grad_accum,
@@ -101,7 +99,7 @@ class Trainer:
         algorithms: Algorithm | Sequence[Algorithm] = (),
         callbacks: Callback | Sequence[Callback] = (),
         profiler: Profiler | None = None,
-        loggers: LoggerDestination | FabricLogger | Sequence[LoggerDestination | FabricLogger] = (),
+        loggers: LoggerInput | Sequence[LoggerInput] = (),
         progress_bar: bool = True,
         device_train_microbatch_size: int | str | None = None,
         seed: int | None = None,
@@ -167,9 +165,10 @@ class Trainer:
         )
         if max_duration is not None:
             self.state.max_duration = self._scaled_duration(max_duration)
-        destinations = _logger_destinations(_as_list(loggers), progress_bar, self.fabric.global_rank)
-        self.logger = Logger(self.state, destinations)
-        self.engine = Engine(self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=destinations)
+        self.logger = connect_loggers(self.state, self.fabric, _as_list(loggers), progress_bar)
+        self.engine = Engine(
+            self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=self.logger.destinations
+        )
         self.engine.run_event(Event.INIT)  # before set-up, so model surgery happens on the plain model
         if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
             assert save_folder is not None
@@ -606,28 +605,3 @@ def _check_microbatch_size(size: int | str | None, fabric: Fabric) -> None:
         return
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"device_train_microbatch_size={size!r} must be a positive int, 'auto' or None.")
-
-
-def _logger_destinations(loggers: list[Any], progress_bar: bool, global_rank: int) -> list[LoggerDestination]:
-    """Loggers as destinations (Fabric loggers adapted), the progress bar added; other ranks keep all-rank ones."""
-    destinations: list[LoggerDestination] = []
-    for logger in loggers:
-        if isinstance(logger, FabricLogger):
-            from fabric.trainer.loggers.fabric_logger import FabricLoggerDestination
-
-            destinations.append(FabricLoggerDestination(logger))
-        elif isinstance(logger, LoggerDestination):
-            destinations.append(logger)
-        else:
-            raise TypeError(
-                f"loggers must be LoggerDestination objects (fabric.trainer.loggers) or fabric.loggers Loggers, "
-                f"got {type(logger).__name__}."
-            )
-    if progress_bar:
-        from fabric.trainer.loggers.progress_bar import ProgressBarLogger
-
-        if not any(isinstance(destination, ProgressBarLogger) for destination in destinations):
-            destinations.append(ProgressBarLogger())
-    if global_rank != 0:
-        destinations = [destination for destination in destinations if destination.all_ranks]
-    return destinations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import inspect
 import io
 import re
 from datetime import timedelta
@@ -10,9 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.loggers import CSVLogger as FabricCSVLogger
+from fabric.loggers import TensorBoardLogger as FabricTensorBoardLogger
+from fabric.trainer.callback import Callback
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
 from fabric.trainer.loggers import (
@@ -261,3 +266,60 @@ def test_progress_bar_eval_bar_is_labelled_and_disappears() -> None:
     assert re.search(r"\r {10,}", output[output.rindex("eval val:") :])  # the bar's line was blanked out
     bar.close()
     assert re.search(r"train:  25%.* 1/4 ", stream.getvalue().rstrip("\n").split("\n")[-1])  # left by close()
+
+
+# --- One set of destinations for the Trainer and its Fabric -------------------------------------------
+
+
+class _Regression(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 1)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        outputs: torch.Tensor = self.linear(batch[0])
+        return outputs
+
+    def loss(self, outputs: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.mse_loss(outputs, batch[1])
+
+
+class _FabricLogsEveryBatch(Callback):
+    def batch_end(self, state: State, logger: Any) -> None:
+        state.fabric.log("from_fabric", float(state.timestamp.batch) / 10)
+
+
+def test_fabric_log_and_the_trainer_write_to_the_same_destinations_once(tmp_path: Path) -> None:
+    from fabric import Fabric
+    from fabric.trainer.trainer import Trainer
+
+    fabric_csv = FabricCSVLogger(tmp_path, name="run", version=0)
+    memory = InMemoryLogger()
+    model = _Regression()
+    trainer = Trainer(
+        model,
+        DataLoader(TensorDataset(torch.randn(12, 3), torch.randn(12, 1)), batch_size=4),
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        callbacks=[_FabricLogsEveryBatch()],
+        loggers=[memory],
+        progress_bar=False,
+        fabric=Fabric(accelerator="cpu", devices=1, loggers=[fabric_csv]),
+    )
+    trainer.fit()
+    trainer.fabric.log_dict({"after_fit": torch.tensor(2.0)})  # no step: the batch count, as the Trainer's values
+    trainer.close()
+    # The Trainer's values and Fabric's reach the in-memory destination, Fabric's at the current batch, each once.
+    assert memory.data["from_fabric"] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert memory.data["after_fit"] == [(3, 2.0)]
+    assert [step for step, _ in memory.data["loss/train/total"]] == [1, 2, 3]
+    # The logger the Fabric already held gets the Trainer's values too, and Fabric's exactly once.
+    rows = _csv_rows(fabric_csv.log_dir)
+    assert [row["from_fabric"] for row in rows if row["from_fabric"]] == ["0.1", "0.2", "0.3"]
+    assert len([row for row in rows if row["loss/train/total"]]) == 3
+    assert trainer.fabric.logger is fabric_csv  # the Fabric's own logger stays first
+
+
+def test_the_trainer_csv_and_tensorboard_names_take_fabrics_signature() -> None:
+    assert inspect.signature(CSVLogger).parameters == inspect.signature(FabricCSVLogger).parameters
+    assert inspect.signature(TensorBoardLogger).parameters == inspect.signature(FabricTensorBoardLogger).parameters

@@ -1,15 +1,18 @@
-"""Use Fabric's experiment loggers (:mod:`fabric.loggers`: CSV, TensorBoard, your own) as trainer destinations.
+"""Fabric's experiment loggers (:mod:`fabric.loggers`: CSV, TensorBoard, your own) as the trainer's destinations.
 
-:class:`FabricLoggerDestination` adapts any :class:`fabric.loggers.Logger`; the Trainer wraps a plain
-Fabric logger given in ``loggers=[...]`` with it. :class:`CSVLogger` and :class:`TensorBoardLogger`
-build the Fabric logger from the same arguments, so ``loggers=[CSVLogger("runs")]`` needs one import.
+There is one set of logger classes: :mod:`fabric.loggers` defines ``CSVLogger`` and ``TensorBoardLogger``
+once, and the Trainer adapts them instead of defining its own. :class:`FabricLoggerDestination` wraps
+any :class:`fabric.loggers.Logger`; the Trainer wraps a plain Fabric logger given in ``loggers=[...]``
+(or held by the Fabric it was given) with it. ``fabric.trainer.loggers.CSVLogger`` and
+``TensorBoardLogger`` remain, for compatibility, as that adapter applied to Fabric's class: they take
+the Fabric class's arguments (one signature, Fabric's) and return a :class:`FabricLoggerDestination`.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from fabric.loggers import csv_logs, tensorboard
 from fabric.loggers.logger import Logger as FabricLogger
@@ -17,6 +20,8 @@ from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
     from fabric.trainer.state import State
+
+_P = ParamSpec("_P")
 
 
 class FabricLoggerDestination(LoggerDestination):
@@ -40,32 +45,22 @@ class FabricLoggerDestination(LoggerDestination):
         self.logger.finalize("success")
 
 
-class CSVLogger(FabricLoggerDestination):
-    """:class:`fabric.loggers.CSVLogger` as a destination: ``<root_dir>/<name>/<version>/metrics.csv``."""
+def _adapted(logger_class: Callable[_P, FabricLogger]) -> Callable[_P, FabricLoggerDestination]:
+    """``logger_class``'s constructor, returning the new logger wrapped as a destination."""
 
-    def __init__(
-        self,
-        root_dir: str | os.PathLike[str],
-        name: str = "fabric_logs",
-        version: int | str | None = None,
-        prefix: str = "",
-        flush_logs_every_n_steps: int = 100,
-    ) -> None:
-        super().__init__(csv_logs.CSVLogger(root_dir, name, version, prefix, flush_logs_every_n_steps))
+    def build(*args: _P.args, **kwargs: _P.kwargs) -> FabricLoggerDestination:
+        return FabricLoggerDestination(logger_class(*args, **kwargs))
+
+    build.__name__ = build.__qualname__ = getattr(logger_class, "__name__", "logger")
+    # help() and IDEs show the Fabric class's arguments.
+    build.__signature__ = inspect.signature(logger_class).replace(  # type: ignore[attr-defined]
+        return_annotation=FabricLoggerDestination
+    )
+    build.__doc__ = f":class:`fabric.loggers.{build.__name__}` as a trainer destination (a FabricLoggerDestination)."
+    return build
 
 
-class TensorBoardLogger(FabricLoggerDestination):
-    """:class:`fabric.loggers.TensorBoardLogger` as a destination; ``tensorboard`` is imported on the first write."""
-
-    def __init__(
-        self,
-        root_dir: str | os.PathLike[str],
-        name: str = "fabric_logs",
-        version: int | str | None = None,
-        default_hp_metric: bool = False,
-        prefix: str = "",
-        **summary_writer_kwargs: Any,
-    ) -> None:
-        super().__init__(
-            tensorboard.TensorBoardLogger(root_dir, name, version, default_hp_metric, prefix, **summary_writer_kwargs)
-        )
+#: ``<root_dir>/<name>/<version>/metrics.csv`` through :class:`fabric.loggers.CSVLogger`.
+CSVLogger = _adapted(csv_logs.CSVLogger)
+#: TensorBoard event files through :class:`fabric.loggers.TensorBoardLogger` (``tensorboard`` loads on first write).
+TensorBoardLogger = _adapted(tensorboard.TensorBoardLogger)

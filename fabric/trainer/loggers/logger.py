@@ -1,5 +1,11 @@
 """``Logger``: the object algorithms and callbacks receive as ``logger``; it fans values out to destinations.
 
+This is Composer's ``Logger`` (a facade, not a place values go); the destinations are
+:class:`~fabric.trainer.loggers.destination.LoggerDestination` objects, with Fabric's own loggers
+(:mod:`fabric.loggers`: CSV, TensorBoard, yours) adapted by
+:class:`~fabric.trainer.loggers.fabric_logger.FabricLoggerDestination`. A Trainer's Fabric writes
+through this facade too, so ``fabric.log(...)`` reaches the same destinations.
+
 ``logger.log_metrics({"lr": 0.1})`` stamps the values with the current batch count, turns tensors
 into Python numbers once, and hands them to every destination. With no destination (the default for
 benchmarks and most ranks) it returns before converting anything, so logging costs nothing.
@@ -12,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fabric.loggers.logger import scalar
 from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
@@ -27,7 +34,7 @@ class Logger:
         """Send scalar ``metrics`` to every destination, at ``step`` (default: batches trained so far)."""
         if not self.destinations:
             return
-        values = {name: _to_number(name, value) for name, value in metrics.items()}
+        values = {name: float(scalar(name, value)) for name, value in metrics.items()}
         at = int(self.state.timestamp.batch) if step is None else step
         for destination in self.destinations:
             destination.log_metrics(values, at)
@@ -35,11 +42,3 @@ class Logger:
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         for destination in self.destinations:
             destination.log_hyperparameters(hyperparameters)
-
-
-def _to_number(name: str, value: float | torch.Tensor) -> float:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"Metric {name!r} must be a single number, got a tensor of shape {tuple(value.shape)}.")
-        return float(value.item())
-    return float(value)
