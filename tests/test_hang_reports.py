@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from fabric import Fabric
 from fabric.strategies.ddp import DDPStrategy
+from fabric.strategies.launchers import processes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
@@ -114,3 +116,49 @@ def test_stall_threshold_must_be_seconds_or_a_timedelta_at_least_zero() -> None:
     with pytest.raises(ValueError, match=r"stall_threshold=-1 is not valid. Accepted: a timedelta or seconds >= 0"):
         DDPStrategy(stall_threshold=-1)
     assert DDPStrategy(stall_threshold=timedelta(minutes=2)).stall_threshold == 120
+
+
+def test_a_spawned_rank_killed_by_sigkill_is_reported_with_the_signal_and_its_usual_cause() -> None:
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "spawn_killed.py"), "SIGKILL"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=_env(),
+    )
+    assert result.returncode == 1
+    assert "Rank 1 of the launched job died with exit code 137 (killed by SIGKILL, " in result.stderr
+    cause = result.stderr.split("killed by SIGKILL, ")[1].splitlines()[0]
+    assert cause.startswith(("often the out-of-memory killer)", "likely out of memory")), cause
+    assert time.monotonic() - start < 45, "rank 0 must be stopped, not left to finish its minute of work"
+
+
+@pytest.mark.parametrize("version", ["memory.events", "memory.oom_control"])
+def test_sigkill_by_the_oom_killer_is_told_apart_by_the_cgroup_counter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    counters = tmp_path / version
+    counters.write_text("oom 3\noom_kill 3\n" if version == "memory.events" else "oom_kill_disable 0\noom_kill 3\n")
+    monkeypatch.setattr(processes, "_OOM_COUNTERS", (str(tmp_path / "missing"), str(counters)))
+    before = processes.oom_kill_count()
+    assert before == 3
+    assert processes.describe_exit(-9, before) == "137 (killed by SIGKILL, often the out-of-memory killer)"
+    counters.write_text(counters.read_text().replace("oom_kill 3", "oom_kill 4"))
+    assert processes.describe_exit(-9, before) == (
+        "137 (killed by SIGKILL, likely out of memory: the kernel's OOM killer killed a process of this cgroup "
+        "meanwhile)"
+    )
+    assert processes.describe_exit(-15, before) == "143 (killed by SIGTERM)"
+    assert processes.describe_exit(-9, None).endswith("often the out-of-memory killer)")
+
+
+def test_far_more_cpu_processes_than_cores_warns_naming_the_cores() -> None:
+    cores = os.cpu_count() or 1
+    with pytest.warns(
+        UserWarning, match=rf"devices=100000 starts 100000 CPU processes on this node, which has {cores} "
+    ):
+        Fabric(accelerator="cpu", strategy="ddp", devices=100000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Fabric(accelerator="cpu", strategy="ddp", devices=4 * cores)

@@ -20,7 +20,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.process_exit import exit_process
-from fabric.strategies.launchers.processes import TERMINATION_GRACE_SECONDS
+from fabric.strategies.launchers.processes import TERMINATION_GRACE_SECONDS, describe_exit, oom_kill_count
 
 
 class RankFailedError(RuntimeError):
@@ -58,6 +58,7 @@ class MultiProcessLauncher(Launcher):
             "LOCAL_WORLD_SIZE": str(self.num_processes),
         }
         processes, readers = [], []
+        oom_kills_before = oom_kill_count()
         for local_rank in range(self.num_processes):
             reader, writer = context.Pipe(duplex=False)  # one channel per rank: results never block on a full pipe
             process = context.Process(
@@ -71,10 +72,12 @@ class MultiProcessLauncher(Launcher):
             readers.append(reader)
         messages, failed_rank = _collect(processes, readers)
         errors = [(rank, text) for kind, rank, text in messages if kind == "error"]
-        if errors or failed_rank is not None:
+        if errors:
             details = "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in errors)
-            first = errors[0][0] if errors else failed_rank
-            raise RankFailedError(f"Rank {first} of the launched job failed.\n{details}".rstrip())
+            raise RankFailedError(f"Rank {errors[0][0]} of the launched job failed.\n{details}")
+        if failed_rank is not None:  # died without a word: a signal (e.g. SIGKILL) or os._exit
+            code = describe_exit(processes[failed_rank].exitcode, oom_kills_before)
+            raise RankFailedError(f"Rank {failed_rank} of the launched job died with exit code {code}.")
         return next((value for kind, _, value in messages if kind == "result"), None)
 
 

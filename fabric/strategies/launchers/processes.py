@@ -29,10 +29,38 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        return f"{exit_code(returncode)} (killed by {signal.Signals(-returncode).name})"
-    return str(returncode)
+def describe_exit(returncode: int, oom_kills_before: int | None = None) -> str:
+    """The exit code and, for a signal, its name; for SIGKILL whether the kernel's OOM killer struck (if
+    ``oom_kills_before``, the :func:`oom_kill_count` from before the process started, tells)."""
+    if returncode >= 0:
+        return str(returncode)
+    name = signal.Signals(-returncode).name
+    if -returncode != signal.SIGKILL:
+        return f"{exit_code(returncode)} (killed by {name})"
+    oom_kills = oom_kill_count()
+    if oom_kills_before is not None and oom_kills is not None and oom_kills > oom_kills_before:
+        cause = "likely out of memory: the kernel's OOM killer killed a process of this cgroup meanwhile"
+    else:
+        cause = "often the out-of-memory killer"
+    return f"{exit_code(returncode)} (killed by {name}, {cause})"
+
+
+#: Where the kernel counts OOM kills of this process's memory cgroup: cgroup v2, then v1.
+_OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the OOM killer has killed in this process's memory cgroup; ``None`` if unknown."""
+    for path in _OOM_COUNTERS:
+        try:
+            with open(path) as counters:
+                for line in counters:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def die_with_parent() -> None:
