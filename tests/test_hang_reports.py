@@ -14,6 +14,7 @@ import pytest
 
 from fabric import Fabric
 from fabric.strategies.ddp import DDPStrategy
+from fabric.strategies.fsdp import FSDPStrategy
 from fabric.strategies.launchers import processes
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -116,6 +117,8 @@ def test_stall_threshold_must_be_seconds_or_a_timedelta_at_least_zero() -> None:
     with pytest.raises(ValueError, match=r"stall_threshold=-1 is not valid. Accepted: a timedelta or seconds >= 0"):
         DDPStrategy(stall_threshold=-1)
     assert DDPStrategy(stall_threshold=timedelta(minutes=2)).stall_threshold == 120
+    assert FSDPStrategy(stall_threshold=0).stall_threshold == 0
+    assert DDPStrategy().stall_threshold == 60
 
 
 def test_a_spawned_rank_killed_by_sigkill_is_reported_with_the_signal_and_its_usual_cause() -> None:

@@ -50,7 +50,7 @@ from fabric.strategies.deepspeed_precision import DeepSpeedPrecision
 from fabric.strategies.deepspeed_safe_load import safe_loading
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.strategies.strategy import CheckpointFilter
 from fabric.utilities.checkpoint_state import Stateful
 from fabric.utilities.data import shard_dataloader
@@ -87,6 +87,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         parallel_devices: list[torch.device] | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta = DEFAULT_TIMEOUT,
+        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
     ) -> None:
         check_stage(stage)
         super().__init__(
@@ -96,6 +97,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             parallel_devices=parallel_devices,
             process_group_backend=process_group_backend,
             timeout=timeout,
+            stall_threshold=stall_threshold,
         )
         self._user_config = read_config(config)
         self._stage = stage

@@ -30,7 +30,7 @@ from fabric.plugins.precision.precision import Precision
 from fabric.strategies.fsdp_checkpoint import ShardedCheckpointer
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.strategies.strategy import CheckpointFilter
 from fabric.utilities.data import shard_dataloader
 
@@ -99,6 +99,7 @@ class FSDPStrategy(ParallelStrategy):
         parallel_devices: list[torch.device] | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta = DEFAULT_TIMEOUT,
+        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
     ) -> None:
         _check_policy("shard_modules", shard_modules, allow_callable=True)
         _check_policy("activation_checkpointing", activation_checkpointing, allow_callable=False)
@@ -112,6 +113,7 @@ class FSDPStrategy(ParallelStrategy):
             parallel_devices=parallel_devices,
             process_group_backend=process_group_backend,
             timeout=timeout,
+            stall_threshold=stall_threshold,
         )
         self.shard_modules = shard_modules
         self.reshard_after_forward = reshard_after_forward

@@ -29,7 +29,7 @@ from fabric.plugins.environments import ClusterEnvironment
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.fsdp import FSDPStrategy, StateDictType
-from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.utilities.data import shard_dataloader
 
 #: ``parallelize_fn(model, device_mesh) -> model``: applies tensor parallelism (and optionally FSDP) in place.
@@ -101,6 +101,7 @@ class ModelParallelStrategy(FSDPStrategy):
         parallel_devices: list[torch.device] | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta = DEFAULT_TIMEOUT,
+        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
     ) -> None:
         if not callable(parallelize_fn):
             raise ValueError(
@@ -120,6 +121,7 @@ class ModelParallelStrategy(FSDPStrategy):
             parallel_devices=parallel_devices,
             process_group_backend=process_group_backend,
             timeout=timeout,
+            stall_threshold=stall_threshold,
         )
         self.parallelize_fn = parallelize_fn
         self.data_parallel_size = data_parallel_size
