@@ -34,7 +34,14 @@ from fabric.utilities.metrics_gather import gather_unpadded
 from fabric.utilities.profiler import TraceProfiler
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
 from fabric.utilities.seed import seed_everything, seeds_workers, worker_init_function
-from fabric.wrappers import FabricDataLoader, FabricModule, FabricOptimizer, wrap_dataloader, wrap_optimizer
+from fabric.wrappers import (
+    FabricDataLoader,
+    FabricModule,
+    FabricOptimizer,
+    unwrap_optimizer,
+    wrap_dataloader,
+    wrap_optimizer,
+)
 
 if TYPE_CHECKING:
     from fabric.loggers.logger import Logger
@@ -362,7 +369,7 @@ class Fabric:
                 f"max_norm={max_norm}."
             )
         original_module = _unwrap_module(module)
-        original_optimizer = _unwrap_optimizer(optimizer)
+        original_optimizer = unwrap_optimizer(optimizer)
         if max_norm is not None:
             return self._strategy.clip_gradients_norm(
                 original_module,
@@ -597,10 +604,6 @@ def _as_tensor(value: torch.Tensor | float, device: torch.device) -> torch.Tenso
 
 def _unwrap_module(module: nn.Module) -> nn.Module:
     return module.module if isinstance(module, FabricModule) else module
-
-
-def _unwrap_optimizer(optimizer: Optimizer) -> Optimizer:
-    return optimizer.optimizer if isinstance(optimizer, FabricOptimizer) else optimizer
 
 
 def _unwrap(obj: Any) -> Any:

@@ -228,6 +228,11 @@ def wrap_optimizer(optimizer: OptimizerT, strategy: Strategy) -> OptimizerT:
     return wrapped
 
 
+def unwrap_optimizer(optimizer: Optimizer) -> Optimizer:
+    """The user's optimizer behind Fabric's wrapper (what a GradScaler tracks), or ``optimizer`` itself."""
+    return optimizer.optimizer if isinstance(optimizer, FabricOptimizer) else optimizer
+
+
 class FabricDataLoader(SetUpByFabric):
     """Mixin for the class :func:`wrap_dataloader` builds: a copy of the user's ``DataLoader`` (still an
     instance of its class) that moves each batch to the device and advances the sampler's epoch."""

@@ -84,6 +84,14 @@ class DDPStrategy(ParallelStrategy):
             )
         return self._launcher
 
+    @property
+    def launch_needs_function(self) -> bool:
+        return self.start_method != "popen"
+
+    @property
+    def replicates_gradients(self) -> bool:
+        return True
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)

@@ -51,7 +51,7 @@ from fabric.strategies.deepspeed_safe_load import safe_loading
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
-from fabric.strategies.strategy import CheckpointFilter
+from fabric.strategies.strategy import CheckpointFilter, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful
 from fabric.utilities.data import shard_dataloader
 from fabric.utilities.exceptions import CheckpointError
@@ -148,6 +148,10 @@ class DeepSpeedStrategy(ParallelStrategy):
     @property
     def zero_stage(self) -> int:
         return zero_stage(self.config)
+
+    @property
+    def engine_handles_gradients(self) -> bool:
+        return True
 
     @property
     def launcher(self) -> Launcher | None:
@@ -377,7 +381,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         if loaded_path is None:
             raise CheckpointError(f"DeepSpeed could not load {directory!s} (tag {tag!r}).")
-        self._load_unvalidated_state(directory, state, client_state, keys)
+        load_unvalidated_state(directory, self.precision, state, client_state, keys)
         for key in keys:
             if not isinstance(state[key], Stateful):
                 state[key] = client_state[key]

@@ -26,8 +26,9 @@ from torch.utils.data import DataLoader
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import ClusterEnvironment
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
+from fabric.plugins.io.distributed_checkpoint import is_distributed_checkpoint
 from fabric.plugins.precision.precision import Precision
-from fabric.strategies.fsdp_checkpoint import ShardedCheckpointer
+from fabric.strategies import fsdp_checkpoint as checkpoints
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
@@ -125,7 +126,6 @@ class FSDPStrategy(ParallelStrategy):
         # Original parameter -> its sharded replacement, so optimizers built before setup can be re-pointed.
         self._replacements: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-        self._checkpointer = ShardedCheckpointer(self)
 
     # --- configuration -------------------------------------------------------------------------------
 
@@ -325,17 +325,17 @@ class FSDPStrategy(ParallelStrategy):
 
     def get_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """The full (unsharded) state dict, gathered on rank 0 (other ranks get an empty dict)."""
-        return self._checkpointer.full_module_state(module)
+        return checkpoints.full_module_state(module)
 
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The full optimizer state in ``optimizer.state_dict()`` form, gathered on rank 0."""
-        return self._checkpointer.full_optimizer_state(optimizer)
+        return checkpoints.full_optimizer_state(self.owner_of(optimizer), optimizer)
 
     def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> None:
-        self._checkpointer.load_full_module_state(module, state_dict, strict)
+        checkpoints.load_full_module_state(module, state_dict, strict)
 
     def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
-        self._checkpointer.load_full_optimizer_state(optimizer, state_dict)
+        checkpoints.load_full_optimizer_state(self.owner_of(optimizer), optimizer, state_dict)
 
     def save_checkpoint(
         self, path: PathType, state: dict[str, Any], filter: Mapping[str, CheckpointFilter] | None = None
@@ -349,14 +349,16 @@ class FSDPStrategy(ParallelStrategy):
                 "sharded directory here. Use FSDPStrategy(state_dict_type='full') to save filtered checkpoints."
             )
         else:
-            self._checkpointer.save_sharded(path, state)
+            checkpoints.save_sharded(path, state, self.owner_of, self.precision, self)
 
     def load_checkpoint(
         self, path: PathType, state: dict[str, Any] | None = None, strict: bool = True, weights_only: bool = True
     ) -> dict[str, Any]:
         """Load a sharded directory (any number of ranks saved it) or a full file into the sharded objects."""
-        if state is not None and self._checkpointer.is_sharded(path):
-            return self._checkpointer.load_sharded(path, state, strict, weights_only)
+        if state is not None and is_distributed_checkpoint(path):
+            return checkpoints.load_sharded(
+                path, state, self.owner_of, self.precision, strict=strict, weights_only=weights_only
+            )
         return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
 
     def __repr__(self) -> str:

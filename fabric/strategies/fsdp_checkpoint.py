@@ -1,4 +1,4 @@
-"""Checkpoints of FSDP-sharded modules and their optimizers.
+"""Checkpoints of FSDP-sharded modules and their optimizers: functions the FSDP strategies call.
 
 - Sharded (default): every rank writes its own shards into a DCP directory, atomically (temporary
   directory, rename on rank 0 after a barrier). Any number of ranks can load it back, and one
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import copy
 import shutil
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -30,7 +30,6 @@ from torch.optim import Optimizer
 
 from fabric.plugins.io.checkpoint_io import PathType
 from fabric.plugins.io.distributed_checkpoint import (
-    is_distributed_checkpoint,
     load_shards,
     local_directory,
     named_optimizer_state,
@@ -41,110 +40,127 @@ from fabric.plugins.io.distributed_checkpoint import (
     temporary_directory,
     write_shards,
 )
-from fabric.strategies.strategy import PRECISION_STATE_KEY
+from fabric.plugins.precision.precision import Precision
+from fabric.strategies.strategy import PRECISION_STATE_KEY, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful
 from fabric.utilities.exceptions import CheckpointError
 
-if TYPE_CHECKING:
-    from fabric.strategies.fsdp import FSDPStrategy
+#: ``owner_of(optimizer)``: the set-up module whose sharded parameters the optimizer updates.
+OwnerOf = Callable[[Optimizer], nn.Module]
 
 #: Gather everything on rank 0, in CPU memory (the other ranks get empty dicts).
 _FULL_ON_RANK_ZERO = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class ShardedCheckpointer:
-    """Saves and loads the state of one :class:`~fabric.strategies.fsdp.FSDPStrategy`'s objects."""
+class Ranks(Protocol):
+    """The collectives a sharded save needs (a strategy provides them)."""
 
-    def __init__(self, strategy: FSDPStrategy) -> None:
-        self.strategy = strategy
+    @property
+    def is_global_zero(self) -> bool: ...
 
-    # --- full state (one file) ------------------------------------------------------------------------
+    def barrier(self, name: str | None = None) -> None: ...
 
-    def full_module_state(self, module: nn.Module) -> dict[str, Any]:
-        return get_model_state_dict(module, options=_FULL_ON_RANK_ZERO)
+    def broadcast(self, obj: Any, src: int = 0) -> Any: ...
 
-    def full_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        state = get_optimizer_state_dict(self.strategy.owner_of(optimizer), optimizer, options=_FULL_ON_RANK_ZERO)
-        return numbered_optimizer_state(state) if state else {}
 
-    def load_full_module_state(self, module: nn.Module, state_dict: dict[str, Any], strict: bool) -> None:
-        set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+# --- full state (one file) ----------------------------------------------------------------------------
 
-    def load_full_optimizer_state(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
-        owner = self.strategy.owner_of(optimizer)
-        names = _parameter_names(owner, optimizer)
-        named = named_optimizer_state(state_dict, names)
-        set_optimizer_state_dict(owner, optimizer, named, options=StateDictOptions(full_state_dict=True))
 
-    # --- sharded state (a directory) ------------------------------------------------------------------
+def full_module_state(module: nn.Module) -> dict[str, Any]:
+    """The unsharded state dict, gathered on rank 0 (other ranks get an empty dict)."""
+    return get_model_state_dict(module, options=_FULL_ON_RANK_ZERO)
 
-    @staticmethod
-    def is_sharded(path: PathType) -> bool:
-        return is_distributed_checkpoint(path)
 
-    def save_sharded(self, path: PathType, state: dict[str, Any]) -> None:
-        """Every rank writes its shards; rank 0 publishes the directory once all of them are done."""
-        strategy = self.strategy
-        target = local_directory(path)
-        checkpoint = {key: self._sharded_state_of(value) for key, value in state.items()}
-        precision_state = strategy.precision.state_dict()
-        if precision_state:
-            checkpoint[PRECISION_STATE_KEY] = precision_state
-        temporary = strategy.broadcast(temporary_directory(target) if strategy.is_global_zero else None)
-        if strategy.is_global_zero:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        strategy.barrier("save_sharded_start")
-        try:
-            write_shards(checkpoint, temporary)
-        except BaseException:
-            if strategy.is_global_zero:
-                shutil.rmtree(temporary, ignore_errors=True)
-            raise
-        strategy.barrier("save_sharded_written")
-        if strategy.is_global_zero:
-            publish(temporary, target)
+def full_optimizer_state(owner: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+    """The optimizer's full state in ``optimizer.state_dict()`` form, gathered on rank 0."""
+    state = get_optimizer_state_dict(owner, optimizer, options=_FULL_ON_RANK_ZERO)
+    return numbered_optimizer_state(state) if state else {}
 
-    def _sharded_state_of(self, value: Any) -> Any:
-        if isinstance(value, nn.Module):
-            return get_model_state_dict(value)
-        if isinstance(value, Optimizer):
-            return get_optimizer_state_dict(self.strategy.owner_of(value), value)
-        if isinstance(value, Stateful):
-            return value.state_dict()
-        return value
 
-    def load_sharded(self, path: PathType, state: dict[str, Any], strict: bool, weights_only: bool) -> dict[str, Any]:
-        """Load into the sharded objects of ``state``; return the checkpoint entries not asked for."""
-        available = read_metadata_keys(path, weights_only=weights_only)
-        missing = [key for key in state if key not in available]
-        if strict and missing:
-            raise CheckpointError(
-                f"{path!s} has no entry for {missing}; it holds {sorted(available)}. "
-                "Pass strict=False to load only the entries that exist."
-            )
-        keys = [key for key in state if key in available]
-        optimizers = [state[key] for key in keys if isinstance(state[key], Optimizer)]
-        backups = [(optimizer, copy.deepcopy(optimizer.state_dict())) for optimizer in optimizers]
-        targets = {key: _copy_tensors(self._sharded_state_of(state[key])) for key in keys}
-        if PRECISION_STATE_KEY in available and self.strategy.precision.state_dict():
-            targets[PRECISION_STATE_KEY] = _copy_tensors(self.strategy.precision.state_dict())
-        try:
-            load_shards(targets, path, strict=strict, weights_only=weights_only)
-        except CheckpointError as error:
-            for optimizer, backup in backups:  # reading the state dict may have initialised the optimizer
-                optimizer.load_state_dict(backup)
-            raise CheckpointError(f"{error} Nothing was changed.") from error
-        self.strategy._load_unvalidated_state(path, state, targets, keys)
-        for key in keys:
-            target = state[key]
-            if isinstance(target, nn.Module):
-                set_model_state_dict(target, targets[key], options=StateDictOptions(strict=strict))
-            elif isinstance(target, Optimizer):
-                set_optimizer_state_dict(self.strategy.owner_of(target), target, targets[key])
-            elif not isinstance(target, Stateful):
-                state[key] = targets[key]
-        rest = available - set(state) - {PRECISION_STATE_KEY}
-        return read_whole(path, keys=rest, weights_only=weights_only) if rest else {}
+def load_full_module_state(module: nn.Module, state_dict: dict[str, Any], strict: bool) -> None:
+    set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+def load_full_optimizer_state(owner: nn.Module, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+    named = named_optimizer_state(state_dict, _parameter_names(owner, optimizer))
+    set_optimizer_state_dict(owner, optimizer, named, options=StateDictOptions(full_state_dict=True))
+
+
+# --- sharded state (a directory) ----------------------------------------------------------------------
+
+
+def save_sharded(path: PathType, state: dict[str, Any], owner_of: OwnerOf, precision: Precision, ranks: Ranks) -> None:
+    """Every rank writes its shards; rank 0 publishes the directory once all of them are done."""
+    target = local_directory(path)
+    checkpoint = {key: _sharded_state_of(value, owner_of) for key, value in state.items()}
+    precision_state = precision.state_dict()
+    if precision_state:
+        checkpoint[PRECISION_STATE_KEY] = precision_state
+    temporary = ranks.broadcast(temporary_directory(target) if ranks.is_global_zero else None)
+    if ranks.is_global_zero:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    ranks.barrier("save_sharded_start")
+    try:
+        write_shards(checkpoint, temporary)
+    except BaseException:
+        if ranks.is_global_zero:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    ranks.barrier("save_sharded_written")
+    if ranks.is_global_zero:
+        publish(temporary, target)
+
+
+def load_sharded(
+    path: PathType,
+    state: dict[str, Any],
+    owner_of: OwnerOf,
+    precision: Precision,
+    *,
+    strict: bool,
+    weights_only: bool,
+) -> dict[str, Any]:
+    """Load into the sharded objects of ``state``; return the checkpoint entries not asked for."""
+    available = read_metadata_keys(path, weights_only=weights_only)
+    missing = [key for key in state if key not in available]
+    if strict and missing:
+        raise CheckpointError(
+            f"{path!s} has no entry for {missing}; it holds {sorted(available)}. "
+            "Pass strict=False to load only the entries that exist."
+        )
+    keys = [key for key in state if key in available]
+    optimizers = [state[key] for key in keys if isinstance(state[key], Optimizer)]
+    backups = [(optimizer, copy.deepcopy(optimizer.state_dict())) for optimizer in optimizers]
+    targets = {key: _copy_tensors(_sharded_state_of(state[key], owner_of)) for key in keys}
+    if PRECISION_STATE_KEY in available and precision.state_dict():
+        targets[PRECISION_STATE_KEY] = _copy_tensors(precision.state_dict())
+    try:
+        load_shards(targets, path, strict=strict, weights_only=weights_only)
+    except CheckpointError as error:
+        for optimizer, backup in backups:  # reading the state dict may have initialised the optimizer
+            optimizer.load_state_dict(backup)
+        raise CheckpointError(f"{error} Nothing was changed.") from error
+    load_unvalidated_state(path, precision, state, targets, keys)
+    for key in keys:
+        target = state[key]
+        if isinstance(target, nn.Module):
+            set_model_state_dict(target, targets[key], options=StateDictOptions(strict=strict))
+        elif isinstance(target, Optimizer):
+            set_optimizer_state_dict(owner_of(target), target, targets[key])
+        elif not isinstance(target, Stateful):
+            state[key] = targets[key]
+    rest = available - set(state) - {PRECISION_STATE_KEY}
+    return read_whole(path, keys=rest, weights_only=weights_only) if rest else {}
+
+
+def _sharded_state_of(value: Any, owner_of: OwnerOf) -> Any:
+    if isinstance(value, nn.Module):
+        return get_model_state_dict(value)
+    if isinstance(value, Optimizer):
+        return get_optimizer_state_dict(owner_of(value), value)
+    if isinstance(value, Stateful):
+        return value.state_dict()
+    return value
 
 
 def _parameter_names(module: nn.Module, optimizer: Optimizer) -> list[str]:

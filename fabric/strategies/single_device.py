@@ -39,3 +39,7 @@ class SingleDeviceStrategy(Strategy):
         if self._device is None:
             raise RuntimeError("SingleDeviceStrategy has no device yet; it must be set up through Fabric.")
         return self._device
+
+    @property
+    def replicates_gradients(self) -> bool:
+        return True  # the one process holds every gradient

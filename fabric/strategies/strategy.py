@@ -137,6 +137,24 @@ class Strategy:
         return self._launcher
 
     @property
+    def launch_needs_function(self) -> bool:
+        """Whether ``fabric.launch()`` starts the other processes only with a function to run in each
+        (spawn/fork); False when it re-runs the script instead, or starts nothing."""
+        return False
+
+    @property
+    def replicates_gradients(self) -> bool:
+        """Whether every rank holds the whole gradient of every parameter after the backward, so code
+        outside the strategy may skip its synchronisation and average the gradients itself (DDP)."""
+        return False
+
+    @property
+    def engine_handles_gradients(self) -> bool:
+        """Whether an engine of the strategy's own holds the gradients, clips them and steps the optimizers
+        (DeepSpeed): code outside cannot change the gradients, and an optimizer step takes no closure."""
+        return False
+
+    @property
     def module_calls_need_wrapper(self) -> bool:
         """Whether a set-up module must be entered through this strategy's wrapper (its hooks synchronise
         gradients or gather parameters). Then methods other than ``forward`` run only when marked with
@@ -359,7 +377,7 @@ class Strategy:
             )
         for key in keys:
             self._check_fits(state[key], checkpoint[key], strict, where=f"Entry {key!r} of {path!s}")
-        self._load_unvalidated_state(path, state, checkpoint, keys)
+        load_unvalidated_state(path, self.precision, state, checkpoint, keys)
         for key in keys:
             target = state[key]
             if isinstance(target, nn.Module):
@@ -369,33 +387,6 @@ class Strategy:
             elif not isinstance(target, Stateful):
                 state[key] = checkpoint[key]
         return {key: value for key, value in checkpoint.items() if key not in state and key != PRECISION_STATE_KEY}
-
-    def _load_unvalidated_state(
-        self, path: PathType, state: dict[str, Any], checkpoint: dict[str, Any], keys: list[str]
-    ) -> None:
-        """Load the objects whose state cannot be checked beforehand (schedulers, user objects, the
-        precision plugin) first, undoing them all if any one fails, so that nothing stays half-loaded."""
-        targets: list[tuple[str, Stateful, Any]] = [
-            (key, state[key], checkpoint[key])
-            for key in keys
-            if isinstance(state[key], Stateful) and not isinstance(state[key], (nn.Module, Optimizer))
-        ]
-        if PRECISION_STATE_KEY in checkpoint:
-            targets.insert(0, (PRECISION_STATE_KEY, self.precision, checkpoint[PRECISION_STATE_KEY]))
-        loaded: list[tuple[Stateful, dict[str, Any]]] = []
-        for key, target, saved in targets:
-            backup = copy.deepcopy(target.state_dict())
-            try:
-                target.load_state_dict(saved)
-            except Exception as error:
-                target.load_state_dict(backup)
-                for earlier, earlier_backup in reversed(loaded):
-                    earlier.load_state_dict(earlier_backup)
-                raise CheckpointError(
-                    f"Entry {key!r} of {path!s} could not be loaded into {type(target).__name__}: "
-                    f"{type(error).__name__}: {str(error).rstrip('.')}. Nothing was changed."
-                ) from error
-            loaded.append((target, backup))
 
     def load_raw(
         self, path: PathType, obj: nn.Module | Optimizer, strict: bool = True, weights_only: bool = True
@@ -428,6 +419,37 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(accelerator={self._accelerator}, precision={self._precision})"
+
+
+def load_unvalidated_state(
+    path: PathType, precision: Precision, state: dict[str, Any], checkpoint: dict[str, Any], keys: list[str]
+) -> None:
+    """Load the objects whose state cannot be checked beforehand (schedulers, user objects, the
+    precision plugin) first, undoing them all if any one fails, so that nothing stays half-loaded.
+
+    ``state`` maps keys to the live objects, ``checkpoint`` keys to what was saved; only ``keys`` load.
+    """
+    targets: list[tuple[str, Stateful, Any]] = [
+        (key, state[key], checkpoint[key])
+        for key in keys
+        if isinstance(state[key], Stateful) and not isinstance(state[key], (nn.Module, Optimizer))
+    ]
+    if PRECISION_STATE_KEY in checkpoint:
+        targets.insert(0, (PRECISION_STATE_KEY, precision, checkpoint[PRECISION_STATE_KEY]))
+    loaded: list[tuple[Stateful, dict[str, Any]]] = []
+    for key, target, saved in targets:
+        backup = copy.deepcopy(target.state_dict())
+        try:
+            target.load_state_dict(saved)
+        except Exception as error:
+            target.load_state_dict(backup)
+            for earlier, earlier_backup in reversed(loaded):
+                earlier.load_state_dict(earlier_backup)
+            raise CheckpointError(
+                f"Entry {key!r} of {path!s} could not be loaded into {type(target).__name__}: "
+                f"{type(error).__name__}: {str(error).rstrip('.')}. Nothing was changed."
+            ) from error
+        loaded.append((target, backup))
 
 
 def _filtered(checkpoint: dict[str, Any], filter: Mapping[str, CheckpointFilter]) -> dict[str, Any]:

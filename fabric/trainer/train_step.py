@@ -44,6 +44,7 @@ from fabric.trainer.events import Event
 from fabric.trainer.metrics import update_metric
 from fabric.trainer.schedulers import LRSchedule
 from fabric.trainer.state import State
+from fabric.wrappers import unwrap_optimizer
 
 TokenCounter = Callable[[Any], int]
 
@@ -89,7 +90,7 @@ class TrainStep:
         self.token_counter = token_counter
         #: How to split and count the train batches; the Trainer sets it with the train dataloader.
         self.data_spec = DataSpec(())
-        self._scaler = getattr(self.fabric.strategy.precision, "scaler", None)
+        self._unscale = self.fabric.strategy.precision.scales_gradients
         self.closure_step = _check_closure_optimizers(state.optimizers, self.fabric)
         self._update_metrics = True  # False for the repeated evaluations of a closure step
 
@@ -139,11 +140,11 @@ class TrainStep:
         else:
             total_loss = self._train_microbatches(full_batch, samples, state.device_train_microbatch_size)
         state.batch = full_batch
-        if self._scaler is not None:
+        if self._unscale:
             for optimizer in state.optimizers:
                 # The scaler tracks optimizers by identity and the step goes to the user's optimizer, not
                 # Fabric's wrapper: unscaling the wrapper would make the step unscale a second time.
-                self.fabric.strategy.precision.unscale_gradients(getattr(optimizer, "optimizer", optimizer))
+                self.fabric.strategy.precision.unscale_gradients(unwrap_optimizer(optimizer))
         run_event(Event.AFTER_TRAIN_BATCH)
         return total_loss, full_batch, samples
 
@@ -271,15 +272,13 @@ def _all_reduce_gradients(fabric: Any, optimizers: Sequence[Optimizer]) -> None:
 def _check_closure_optimizers(optimizers: Sequence[Optimizer], fabric: Any) -> bool:
     """Whether an optimizer's ``step`` requires a closure (LBFGS); raises where the set-up cannot step with one."""
     needing = [
-        type(inner).__name__
-        for optimizer in optimizers
-        if _requires_closure(inner := getattr(optimizer, "optimizer", optimizer))
+        type(inner).__name__ for optimizer in optimizers if _requires_closure(inner := unwrap_optimizer(optimizer))
     ]
     if not needing:
         return False
-    if type(fabric.strategy).__name__ == "DeepSpeedStrategy":
+    if fabric.strategy.engine_handles_gradients:
         cause = "DeepSpeed steps through its engine, which takes no closure"
-    elif getattr(fabric.strategy.precision, "scaler", None) is not None:
+    elif fabric.strategy.precision.scales_gradients:
         cause = "precision='16-mixed' steps through a GradScaler, which takes no closure"
     else:
         return True

@@ -27,7 +27,6 @@ from torch.utils.data import DataLoader
 
 from fabric.fabric import Fabric
 from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.algorithms.surgery import reapply_surgery
 from fabric.trainer.callback import Callback
 from fabric.trainer.checkpoint.checkpointer import TrainerCheckpointer, find_resume_checkpoint, read_surgery_records
 from fabric.trainer.checkpoint.dataloader_position import capture_epoch_start, resume_iterator
@@ -51,6 +50,7 @@ from fabric.trainer.prediction import run_prediction
 from fabric.trainer.profiler import Profiler
 from fabric.trainer.schedulers import LRSchedule
 from fabric.trainer.state import State, loader_length
+from fabric.trainer.surgery import reapply_surgery
 from fabric.trainer.time import Time, TimeUnit
 from fabric.trainer.train_step import TokenCounter, TrainStep, count_tokens
 from fabric.utilities.rank_zero import rank_zero_warn
@@ -124,67 +124,117 @@ class Trainer:
         grad_accum: int | str | None = None,
         **fabric_choices: Any,
     ) -> None:
-        if autoresume and (save_folder is None or run_name is None):
-            raise ValueError(
-                f"autoresume=True needs save_folder and run_name (got save_folder={save_folder!r}, "
-                f"run_name={run_name!r}): they name where the earlier run of this job saved its checkpoints."
-            )
-        saver = None
-        if save_folder is not None:
-            saver = CheckpointSaver(
-                save_folder,
-                filename=save_filename,
-                latest_filename=save_latest_filename,
-                save_interval=save_interval,
-                num_checkpoints_to_keep=save_num_checkpoints_to_keep,
-                weights_only=save_weights_only,
-                overwrite=save_overwrite,
-            )
+        saver = _make_saver(
+            autoresume,
+            run_name,
+            save_folder,
+            filename=save_filename,
+            latest_filename=save_latest_filename,
+            save_interval=save_interval,
+            num_checkpoints_to_keep=save_num_checkpoints_to_keep,
+            weights_only=save_weights_only,
+            overwrite=save_overwrite,
+        )
         self.fabric = _make_fabric(fabric, translate_fabric_choices(fabric_choices, device, deepspeed_config))
         load_path = load_path_from(load_path, load_path_format)
-        device_train_microbatch_size = check_grad_accum(grad_accum, device_train_microbatch_size)
-        self._grad_accum = grad_accum if isinstance(grad_accum, int) else None  # resolved per train dataloader
-        _check_microbatch_size(device_train_microbatch_size, self.fabric)
-        if scale_schedule_ratio <= 0:
-            raise ValueError(f"scale_schedule_ratio={scale_schedule_ratio} must be positive.")
-        self.scale_schedule_ratio = float(scale_schedule_ratio)
-        _launch(self.fabric)
-        self.seed = _agree_on_seed(self.fabric, seed)
-        self.fabric.seed_everything(self.seed)
-        self.run_name = _agree_on_run_name(self.fabric, run_name)
-
-        optimizer_list = _as_list(optimizers)
-        self.state = State(
-            model=model,
-            max_duration=None,
-            optimizers=optimizer_list,
-            algorithms=_as_list(algorithms),
-            callbacks=[*_as_list(callbacks), *([saver] if saver else []), *_bound_profiler(profiler, self.run_name)],
-            fabric=self.fabric,
-            run_name=self.run_name,
+        microbatch_size = self._setup_batching(grad_accum, device_train_microbatch_size, scale_schedule_ratio)
+        self._join_processes(seed, run_name)
+        self._setup_state(
+            model, _as_list(optimizers), _as_list(algorithms), _as_list(callbacks), saver, profiler, max_duration
         )
-        if max_duration is not None:
-            self.state.max_duration = self._scaled_duration(max_duration)
-        self.logger = connect_loggers(self.state, self.fabric, _as_list(loggers), progress_bar)
-        self.engine = Engine(
-            self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=self.logger.destinations
-        )
-        self.engine.run_event(Event.INIT)  # before set-up, so model surgery happens on the plain model
+        self._setup_loggers(_as_list(loggers), progress_bar)
         if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
             assert save_folder is not None
-            found = None
-            if self.fabric.is_global_zero:
-                found = find_resume_checkpoint(save_folder, save_filename, save_latest_filename, self.run_name)
-            found = self.fabric.broadcast(found)
+            found = self._find_resume_checkpoint(save_folder, save_filename, save_latest_filename)
             if found is not None:
                 load_path, load_weights_only, load_ignore_keys = found, False, ()
         if load_path is not None:  # surgery the checkpoint was saved with, and this run does not do itself
             reapply_surgery(
                 self.state.model, read_surgery_records(load_path), self.state.optimizers, self.state.algorithms
             )
-
         self._setup_model_and_optimizers()
-        lr_schedule, torch_schedulers = self._setup_schedulers(_as_list(schedulers))
+        self._setup_train_step(
+            _as_list(schedulers), step_schedulers_every_batch, microbatch_size, get_num_tokens_in_batch, model
+        )
+        self._setup_data(train_dataloader, eval_dataloader, eval_interval, eval_subset_num_batches)
+        self._setup_checkpointing()
+        if load_path is not None:
+            self.load_checkpoint(
+                load_path, weights_only=load_weights_only, strict=load_strict, ignore_keys=load_ignore_keys
+            )
+        else:  # as in Composer, the load events fire in every set-up, also when nothing loads
+            self.engine.run_event(Event.BEFORE_LOAD)
+            self.engine.run_event(Event.AFTER_LOAD)
+
+    # --- set-up steps, in the order __init__ runs them -------------------------------------------
+
+    def _setup_batching(
+        self, grad_accum: int | str | None, microbatch_size: int | str | None, scale_schedule_ratio: float
+    ) -> int | str | None:
+        """Check the batch-splitting and schedule-scaling options; return the microbatch size to train with."""
+        microbatch_size = check_grad_accum(grad_accum, microbatch_size)
+        self._grad_accum = grad_accum if isinstance(grad_accum, int) else None  # resolved per train dataloader
+        _check_microbatch_size(microbatch_size, self.fabric)
+        if scale_schedule_ratio <= 0:
+            raise ValueError(f"scale_schedule_ratio={scale_schedule_ratio} must be positive.")
+        self.scale_schedule_ratio = float(scale_schedule_ratio)
+        return microbatch_size
+
+    def _join_processes(self, seed: int | None, run_name: str | None) -> None:
+        """Start (or join) the other ranks, then agree with them on the seed and the run name."""
+        _launch(self.fabric)
+        self.seed = _agree_on_seed(self.fabric, seed)
+        self.fabric.seed_everything(self.seed)
+        self.run_name = _agree_on_run_name(self.fabric, run_name)
+
+    def _setup_state(
+        self,
+        model: nn.Module,
+        optimizers: list[Optimizer],
+        algorithms: list[Algorithm],
+        callbacks: list[Callback],
+        saver: CheckpointSaver | None,
+        profiler: Profiler | None,
+        max_duration: Time[Any] | str | int | None,
+    ) -> None:
+        """The State every event sees, with the algorithms and callbacks that hook the events."""
+        self.state = State(
+            model=model,
+            max_duration=None,
+            optimizers=optimizers,
+            algorithms=algorithms,
+            callbacks=[*callbacks, *([saver] if saver else []), *_bound_profiler(profiler, self.run_name)],
+            fabric=self.fabric,
+            run_name=self.run_name,
+        )
+        if max_duration is not None:
+            self.state.max_duration = self._scaled_duration(max_duration)
+
+    def _setup_loggers(self, loggers: list[Any], progress_bar: bool) -> None:
+        """The logger facade, the engine that fires the events, and INIT (before set-up, so model surgery
+        happens on the plain model)."""
+        self.logger = connect_loggers(self.state, self.fabric, loggers, progress_bar)
+        destinations = self.logger.destinations
+        self.engine = Engine(self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=destinations)
+        self.engine.run_event(Event.INIT)
+
+    def _find_resume_checkpoint(self, save_folder: str, filename: str, latest_filename: str | None) -> str | None:
+        """``autoresume``: the newest checkpoint of this run, found on rank 0 and shared, or None."""
+        found = None
+        if self.fabric.is_global_zero:
+            found = find_resume_checkpoint(save_folder, filename, latest_filename, self.run_name)
+        return self.fabric.broadcast(found)
+
+    def _setup_train_step(
+        self,
+        schedulers: list[Any],
+        step_schedulers_every_batch: bool,
+        microbatch_size: int | str | None,
+        get_num_tokens_in_batch: TokenCounter | None,
+        model: nn.Module,
+    ) -> None:
+        """The schedulers, the train metrics and the :class:`TrainStep` that trains one batch."""
+        lr_schedule, torch_schedulers = self._setup_schedulers(schedulers)
         self.state.schedulers = [*([lr_schedule] if lr_schedule else []), *torch_schedulers]
         self._torch_schedulers = torch_schedulers
         self.state.train_metrics = model_metrics(self.state.model.module, True, self.fabric)
@@ -194,10 +244,19 @@ class Trainer:
             lr_schedule=lr_schedule,
             torch_schedulers=torch_schedulers,
             step_schedulers_every_batch=step_schedulers_every_batch,
-            microbatch_size=device_train_microbatch_size,
+            microbatch_size=microbatch_size,
             token_counter=_token_counter(get_num_tokens_in_batch, model),
         )
         self.step_schedulers_every_batch = step_schedulers_every_batch
+
+    def _setup_data(
+        self,
+        train_dataloader: Iterable[Any] | DataSpec | None,
+        eval_dataloader: Any,
+        eval_interval: IntervalInput,
+        eval_subset_num_batches: int,
+    ) -> None:
+        """The train dataloader and the evaluators, set up on the Fabric."""
         self._batches: Iterator[Any] | None = None  # the current epoch's, kept when fit() ends mid-epoch
         if train_dataloader is not None:
             self._set_train_dataloader(train_dataloader)
@@ -210,6 +269,8 @@ class Trainer:
         self._apply_grad_accum()
         self._closed = False
 
+    def _setup_checkpointing(self) -> None:
+        """The checkpointer, bound to every CheckpointSaver, and the preemption watch that saves on SIGTERM."""
         self._epoch_start: dict[str, Any] | None = None  # what rebuilds the current epoch's batch order
         self._resume_position: DataPosition | None = None
         trainer_state = TrainerCheckpointState(
@@ -226,15 +287,8 @@ class Trainer:
             each.bind(self.checkpointer.save, self.run_name)
         self.saver = savers[0] if savers else None
         self._preemption = PreemptionWatch() if self.saver is not None else None
-        if load_path is not None:
-            self.load_checkpoint(
-                load_path, weights_only=load_weights_only, strict=load_strict, ignore_keys=load_ignore_keys
-            )
-        else:  # as in Composer, the load events fire in every set-up, also when nothing loads
-            self.engine.run_event(Event.BEFORE_LOAD)
-            self.engine.run_event(Event.AFTER_LOAD)
 
-    # --- set-up ---------------------------------------------------------------------------------
+    # --- set-up parts, also used after __init__ ---------------------------------------------------
 
     def _setup_model_and_optimizers(self) -> None:
         state = self.state
@@ -535,6 +589,18 @@ def _as_list(items: Any) -> list[Any]:
     return list(items) if isinstance(items, (list, tuple)) else [items]
 
 
+def _make_saver(
+    autoresume: bool, run_name: str | None, save_folder: str | None, **options: Any
+) -> CheckpointSaver | None:
+    """The saver the ``save_*`` options describe (None without ``save_folder``); ``autoresume`` needs both names."""
+    if autoresume and (save_folder is None or run_name is None):
+        raise ValueError(
+            f"autoresume=True needs save_folder and run_name (got save_folder={save_folder!r}, "
+            f"run_name={run_name!r}): they name where the earlier run of this job saved its checkpoints."
+        )
+    return None if save_folder is None else CheckpointSaver(save_folder, **options)
+
+
 def _make_fabric(fabric: Fabric | None, choices: dict[str, Any]) -> Fabric:
     unknown = sorted(set(choices) - set(_FABRIC_CHOICES))
     if unknown:
@@ -550,10 +616,10 @@ def _make_fabric(fabric: Fabric | None, choices: dict[str, Any]) -> Fabric:
 
 def _launch(fabric: Fabric) -> None:
     """Start the other local ranks when the strategy re-runs the script; spawn/fork strategies need a function."""
-    start_method = getattr(fabric.strategy, "start_method", "popen")
-    if start_method != "popen" and fabric.strategy.needs_launch and not fabric._launched:
+    strategy = fabric.strategy
+    if strategy.launch_needs_function and strategy.needs_launch and not fabric.launched:
         raise ValueError(
-            f"strategy={type(fabric.strategy).__name__}(start_method={start_method!r}) runs a function per process: "
+            f"strategy={strategy!r} runs a function per process: "
             "build the Trainer inside fabric.launch(fn), or use strategy='ddp'."
         )
     fabric.launch()
@@ -597,7 +663,7 @@ def _bound_profiler(profiler: Profiler | None, run_name: str) -> list[Profiler]:
 
 def _check_microbatch_size(size: int | str | None, fabric: Fabric) -> None:
     if size is None or size == "auto":
-        if size == "auto" and fabric.world_size > 1 and type(fabric.strategy).__name__ != "DDPStrategy":
+        if size == "auto" and fabric.world_size > 1 and not fabric.strategy.replicates_gradients:
             raise ValueError(
                 f"device_train_microbatch_size='auto' on several ranks needs strategy='ddp', got "
                 f"{type(fabric.strategy).__name__}."

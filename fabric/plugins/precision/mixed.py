@@ -50,6 +50,10 @@ class MixedPrecision(Precision):
     def skips_non_finite_steps(self) -> bool:  # type: ignore[override]
         return self.scaler is not None
 
+    @property
+    def scales_gradients(self) -> bool:  # type: ignore[override]
+        return self.scaler is not None
+
     def forward_context(self) -> AbstractContextManager[Any]:
         return torch.autocast(self.device_type, dtype=self.dtype)
 

@@ -28,6 +28,9 @@ class Precision:
     #: When True, steps with inf/NaN gradients are skipped by the plugin (a GradScaler), so finding
     #: them while clipping is expected and not an error.
     skips_non_finite_steps: ClassVar[bool] = False
+    #: When True, gradients carry the loss scale until ``unscale_gradients`` (a GradScaler), and the
+    #: optimizer step goes through the scaler, which takes no closure.
+    scales_gradients: ClassVar[bool] = False
 
     def __init__(self, *, device_type: str = "cpu") -> None:
         self.device_type = device_type

@@ -11,27 +11,30 @@ from typing import TYPE_CHECKING
 from fabric.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from fabric.trainer.algorithms.blurpool import BlurPool
-    from fabric.trainer.algorithms.channels_last import ChannelsLast
-    from fabric.trainer.algorithms.colout import ColOut
-    from fabric.trainer.algorithms.cutmix import CutMix
-    from fabric.trainer.algorithms.cutout import CutOut
-    from fabric.trainer.algorithms.ema import EMA
-    from fabric.trainer.algorithms.factorize import Factorize
-    from fabric.trainer.algorithms.ghost_batchnorm import GhostBatchNorm
-    from fabric.trainer.algorithms.gradient_clipping import GradientClipping
-    from fabric.trainer.algorithms.label_smoothing import LabelSmoothing
-    from fabric.trainer.algorithms.layer_freezing import LayerFreezing
-    from fabric.trainer.algorithms.mixup import MixUp
-    from fabric.trainer.algorithms.progressive_resizing import ProgressiveResizing
-    from fabric.trainer.algorithms.sam import SAM
-    from fabric.trainer.algorithms.selective_backprop import SelectiveBackprop
-    from fabric.trainer.algorithms.seq_length_warmup import SeqLengthWarmup
-    from fabric.trainer.algorithms.stochastic_depth import StochasticDepth
-    from fabric.trainer.algorithms.swa import SWA
-    from fabric.trainer.algorithms.weight_standardization import WeightStandardization
+    from fabric.trainer.algorithms.blurpool import BlurPool as BlurPool
+    from fabric.trainer.algorithms.channels_last import ChannelsLast as ChannelsLast
+    from fabric.trainer.algorithms.colout import ColOut as ColOut
+    from fabric.trainer.algorithms.cutmix import CutMix as CutMix
+    from fabric.trainer.algorithms.cutout import CutOut as CutOut
+    from fabric.trainer.algorithms.ema import EMA as EMA
+    from fabric.trainer.algorithms.factorize import Factorize as Factorize
+    from fabric.trainer.algorithms.ghost_batchnorm import GhostBatchNorm as GhostBatchNorm
+    from fabric.trainer.algorithms.gradient_clipping import GradientClipping as GradientClipping
+    from fabric.trainer.algorithms.label_smoothing import LabelSmoothing as LabelSmoothing
+    from fabric.trainer.algorithms.layer_freezing import LayerFreezing as LayerFreezing
+    from fabric.trainer.algorithms.mixup import MixUp as MixUp
+    from fabric.trainer.algorithms.progressive_resizing import ProgressiveResizing as ProgressiveResizing
+    from fabric.trainer.algorithms.sam import SAM as SAM
+    from fabric.trainer.algorithms.selective_backprop import SelectiveBackprop as SelectiveBackprop
+    from fabric.trainer.algorithms.seq_length_warmup import SeqLengthWarmup as SeqLengthWarmup
+    from fabric.trainer.algorithms.stochastic_depth import StochasticDepth as StochasticDepth
+    from fabric.trainer.algorithms.swa import SWA as SWA
+    from fabric.trainer.algorithms.weight_standardization import WeightStandardization as WeightStandardization
 
-_MODULE_OF = {
+#: The registry of algorithms: class name -> the module of this package that defines it. ``__all__``, the
+#: lazy exports and the tests derive from it. Adding an algorithm: its module, one entry here and its import
+#: under ``TYPE_CHECKING`` above (re-exported for type checkers; a test checks that the two agree).
+ALGORITHMS: dict[str, str] = {
     "BlurPool": "blurpool",
     "ChannelsLast": "channels_last",
     "ColOut": "colout",
@@ -53,25 +56,5 @@ _MODULE_OF = {
     "WeightStandardization": "weight_standardization",
 }
 
-__all__ = [
-    "BlurPool",
-    "ChannelsLast",
-    "ColOut",
-    "CutMix",
-    "CutOut",
-    "EMA",
-    "Factorize",
-    "GhostBatchNorm",
-    "GradientClipping",
-    "LabelSmoothing",
-    "LayerFreezing",
-    "MixUp",
-    "ProgressiveResizing",
-    "SAM",
-    "SWA",
-    "SelectiveBackprop",
-    "SeqLengthWarmup",
-    "StochasticDepth",
-    "WeightStandardization",
-]
-__getattr__ = lazy_exports(__name__, {name: f"{__name__}.{module}" for name, module in _MODULE_OF.items()})
+__all__ = list(ALGORITHMS)
+__getattr__ = lazy_exports(__name__, {name: f"{__name__}.{module}" for name, module in ALGORITHMS.items()})

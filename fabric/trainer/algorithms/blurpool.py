@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
 
-from fabric.trainer.algorithms.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules, share_tensors
+from fabric.trainer.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules, share_tensors
 
 
 def blur_2d(images: torch.Tensor, stride: int | tuple[int, int] = 1) -> torch.Tensor:

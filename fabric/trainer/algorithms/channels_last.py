@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
 
-from fabric.trainer.algorithms.surgery import SurgeryAlgorithm
+from fabric.trainer.surgery import SurgeryAlgorithm
 
 
 class SubsampledPointwiseConv:

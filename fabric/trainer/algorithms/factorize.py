@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from fabric.trainer.algorithms.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules
+from fabric.trainer.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules
 
 
 def _low_rank_factors(matrix: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:

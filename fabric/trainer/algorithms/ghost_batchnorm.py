@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
-from fabric.trainer.algorithms.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules, share_tensors
+from fabric.trainer.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules, share_tensors
 
 
 class _GhostBatchNorm(_BatchNorm):

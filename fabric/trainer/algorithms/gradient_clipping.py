@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from fabric.strategies.deepspeed import DeepSpeedStrategy
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
 from fabric.trainer.state import State
@@ -86,7 +85,7 @@ class GradientClipping(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Any) -> None:
         if event is Event.INIT:
-            if isinstance(getattr(state.fabric, "strategy", None), DeepSpeedStrategy):
+            if state.fabric is not None and state.fabric.strategy.engine_handles_gradients:
                 raise ValueError(
                     f"{self!r} cannot clip under DeepSpeed, whose engine holds the gradients: remove it and set "
                     f"'gradient_clipping': {self.clipping_threshold} (a norm) in the DeepSpeed config instead."

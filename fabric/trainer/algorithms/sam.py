@@ -57,8 +57,7 @@ def sam_perturbation(parameters: Sequence[torch.Tensor], rho: float, epsilon: fl
 
 
 def _uses_grad_scaler(state: State) -> bool:
-    precision = getattr(getattr(state.fabric, "strategy", None), "precision", None)
-    return getattr(precision, "scaler", None) is not None
+    return state.fabric is not None and bool(state.fabric.strategy.precision.scales_gradients)
 
 
 class SAM(Algorithm):

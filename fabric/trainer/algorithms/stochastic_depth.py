@@ -32,9 +32,9 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from fabric.trainer.algorithms.surgery import SurgeryAlgorithm
 from fabric.trainer.events import Event
 from fabric.trainer.state import State
+from fabric.trainer.surgery import SurgeryAlgorithm
 from fabric.trainer.time import Time, TimeUnit, elapsed_fraction
 
 DROP_DISTRIBUTIONS = ("linear", "uniform")

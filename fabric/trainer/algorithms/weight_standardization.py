@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.optim import Optimizer
 
-from fabric.trainer.algorithms.surgery import SurgeryAlgorithm
+from fabric.trainer.surgery import SurgeryAlgorithm
 
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 

@@ -19,11 +19,11 @@ from typing import Any
 import fsspec
 import torch
 
-from fabric.trainer.algorithms.surgery import surgery_records
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
 from fabric.trainer.checkpoint.storage import Folder, checkpoints_in, format_name
 from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
 from fabric.trainer.state import State
+from fabric.trainer.surgery import surgery_records
 from fabric.utilities.rank_zero import rank_zero_warn
 
 CHECKPOINT_FORMAT = "fabric.trainer/1"

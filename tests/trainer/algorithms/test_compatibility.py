@@ -1,4 +1,4 @@
-"""All 19 algorithms pairwise: declared incompatibilities are rejected, every other pair trains together.
+"""Every algorithm of the registry, pairwise: declared incompatibilities are rejected, every other pair trains together.
 
 Each compatible pair runs through the Trainer for 4 batches on a small residual conv net whose batches are
 dicts holding images, labels and token ids (so image methods and SeqLengthWarmup all find their inputs), with
@@ -7,11 +7,13 @@ the time-based methods set to act from the first batches on.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import math
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -57,9 +59,20 @@ def _factories(image_task: ModuleType) -> dict[str, Callable[[], Algorithm]]:
 
 def test_every_algorithm_is_exported_and_has_a_factory_here(image_task: ModuleType) -> None:
     assert sorted(_factories(image_task)) == sorted(algorithms.__all__)
-    assert len(algorithms.__all__) == 19
-    for name in algorithms.__all__:
+    assert algorithms.__all__ == list(algorithms.ALGORITHMS)
+    for name, module in algorithms.ALGORITHMS.items():
         assert issubclass(getattr(algorithms, name), Algorithm)
+        assert getattr(algorithms, name).__module__ == f"fabric.trainer.algorithms.{module}"
+
+
+def test_type_checkers_see_exactly_the_registered_algorithms() -> None:
+    """The ``TYPE_CHECKING`` imports of ``fabric.trainer.algorithms`` name each registered class from its module."""
+    tree = ast.parse(Path(algorithms.__file__).read_text())
+    guarded = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    imported = {
+        alias.name: node.module for node in guarded.body if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
+    assert imported == {name: f"fabric.trainer.algorithms.{module}" for name, module in algorithms.ALGORITHMS.items()}
 
 
 def test_plain_functions_are_exported_and_nothing_loads_before_first_use() -> None:

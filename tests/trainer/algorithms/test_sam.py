@@ -88,7 +88,7 @@ def test_sam_uses_the_fabric_backward_and_syncs_only_the_last_microbatch() -> No
         calls.append(("no_sync", enabled))
         yield
 
-    precision = SimpleNamespace()
+    precision = SimpleNamespace(scales_gradients=False)
     fabric = SimpleNamespace(
         backward=backward, no_backward_sync=no_backward_sync, strategy=SimpleNamespace(precision=precision)
     )

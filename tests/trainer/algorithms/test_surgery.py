@@ -18,15 +18,15 @@ from fabric.trainer.algorithms import (
     StochasticDepth,
     WeightStandardization,
 )
-from fabric.trainer.algorithms.surgery import (
+from fabric.trainer.engine import Engine
+from fabric.trainer.events import Event
+from fabric.trainer.state import State
+from fabric.trainer.surgery import (
     reapply_surgery,
     replace_modules,
     surgery_records,
     update_params_in_optimizer,
 )
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
 from fabric.trainer.time import Time
 
 
