@@ -98,16 +98,16 @@ def test_a_collective_entered_by_one_rank_names_itself_its_call_site_and_the_mis
 
 def test_a_stalled_rank_reports_once_what_it_waits_in_and_keeps_waiting_until_the_timeout() -> None:
     script = SCRIPTS / "hang_jobs.py"
-    result, elapsed = _hang_job("mismatch", timeout=6, stall=1)
+    result, elapsed = _hang_job("mismatch", timeout=6, stall=2)
     assert result.returncode == 1, result.stderr
     call, other = _line_of(script, '"mismatch": lambda'), _line_of(script, "OTHER CALL")
     stall = (
-        f"fabric: rank 0 has waited 1 s in fabric.all_reduce, called at {script}:{call}. Rank 1 never entered it: "
+        f"fabric: rank 0 has waited 2 s in fabric.all_reduce, called at {script}:{call}. Rank 1 never entered it: "
         f"rank 1 is waiting in barrier 'elsewhere' at {script}:{other} (its collective #2; this is #2). "
         "It keeps waiting until the timeout (0:00:06)."
     )
     assert result.stderr.count(stall) == 1, result.stderr
-    assert result.stderr.count("fabric: rank 1 has waited 1 s in barrier 'elsewhere'") == 1
+    assert result.stderr.count("fabric: rank 1 has waited 2 s in barrier 'elsewhere'") == 1
     timed_out = "Rank 0 waited 0:00:06 for the others in fabric.all_reduce"
     assert result.stderr.index(stall) < result.stderr.index(timed_out)
     assert 6 <= elapsed < 35
