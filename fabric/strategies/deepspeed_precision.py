@@ -11,11 +11,10 @@ from typing import Any
 
 import torch
 
+from fabric.plugins.precision.dtypes import PRECISION_DTYPES
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.deepspeed_config import PRECISION_SECTIONS
 from fabric.utilities.apply_func import convert_floating_tensors
-
-_DTYPES = {"32-true": torch.float32, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
 class DeepSpeedPrecision(Precision):
@@ -28,7 +27,7 @@ class DeepSpeedPrecision(Precision):
                 f"precision={precision!r} is not supported with DeepSpeed. Accepted values: {list(PRECISION_SECTIONS)}."
             )
         self.name = precision
-        self.dtype = _DTYPES[precision]
+        self.dtype = PRECISION_DTYPES[precision]
 
     @property
     def forward_is_identity(self) -> bool:  # type: ignore[override]

@@ -27,6 +27,7 @@ from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import ClusterEnvironment
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
 from fabric.plugins.io.distributed_checkpoint import is_distributed_checkpoint
+from fabric.plugins.precision.dtypes import mixed_dtype
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies import fsdp_checkpoint as checkpoints
 from fabric.strategies.launchers.launcher import Launcher
@@ -39,9 +40,6 @@ from fabric.utilities.data import shard_dataloader
 ShardPolicy = set[type[nn.Module]] | Callable[[nn.Module], bool]
 StateDictType = Literal["sharded", "full"]
 STATE_DICT_TYPES: tuple[StateDictType, ...] = get_args(StateDictType)
-
-#: Compute dtypes FSDP gathers parameters in for the mixed precisions (gradients reduce in float32).
-_MIXED_PARAM_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def mesh_layout(world_size: int, num_nodes: int, hybrid: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -224,7 +222,7 @@ class FSDPStrategy(ParallelStrategy):
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
         """From the precision plugin: ``*-mixed`` gathers parameters in half precision and reduces
         gradients in float32; ``*-true`` modules are already converted, so FSDP casts nothing."""
-        param_dtype = _MIXED_PARAM_DTYPES.get(self.precision.name)
+        param_dtype = mixed_dtype(self.precision.name)
         if param_dtype is None:
             return MixedPrecisionPolicy()
         return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)

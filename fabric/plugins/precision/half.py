@@ -7,26 +7,27 @@ default dtype) so losses and metrics computed outside the module are accumulated
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 
+from fabric.plugins.precision.dtypes import PRECISION_DTYPES
 from fabric.plugins.precision.precision import Precision, default_dtype
 from fabric.utilities.apply_func import convert_floating_tensors
 
-_HALF_DTYPES = {"16-true": torch.float16, "bf16-true": torch.bfloat16}
+HalfName = Literal["16-true", "bf16-true"]
 
 
 class HalfPrecision(Precision):
     forward_is_identity = False
 
-    def __init__(self, precision: Literal["16-true", "bf16-true"] = "bf16-true", *, device_type: str = "cpu") -> None:
+    def __init__(self, precision: HalfName = "bf16-true", *, device_type: str = "cpu") -> None:
         super().__init__(device_type=device_type)
-        if precision not in _HALF_DTYPES:
-            raise ValueError(f"HalfPrecision(precision={precision!r}): accepted values are {list(_HALF_DTYPES)}.")
+        if precision not in get_args(HalfName):
+            raise ValueError(f"HalfPrecision(precision={precision!r}): accepted values are {list(get_args(HalfName))}.")
         self.name = precision
-        self.dtype = _HALF_DTYPES[precision]
+        self.dtype = PRECISION_DTYPES[precision]
 
     def convert_module(self, module: nn.Module) -> nn.Module:
         return module.to(dtype=self.dtype)

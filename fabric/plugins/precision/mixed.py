@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from fabric.plugins.precision.dtypes import PRECISION_DTYPES
 from fabric.plugins.precision.precision import Precision
 from fabric.utilities.apply_func import convert_floating_tensors
 
-_AUTOCAST_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+MixedName = Literal["16-mixed", "bf16-mixed"]
 
 
 class MixedPrecision(Precision):
@@ -26,18 +27,20 @@ class MixedPrecision(Precision):
 
     def __init__(
         self,
-        precision: Literal["16-mixed", "bf16-mixed"] = "bf16-mixed",
+        precision: MixedName = "bf16-mixed",
         *,
         device_type: str = "cpu",
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         super().__init__(device_type=device_type)
-        if precision not in _AUTOCAST_DTYPES:
-            raise ValueError(f"MixedPrecision(precision={precision!r}): accepted values are {list(_AUTOCAST_DTYPES)}.")
+        if precision not in get_args(MixedName):
+            raise ValueError(
+                f"MixedPrecision(precision={precision!r}): accepted values are {list(get_args(MixedName))}."
+            )
         if scaler is not None and precision == "bf16-mixed":
             raise ValueError("A GradScaler is only used with precision='16-mixed'; bf16 needs no loss scaling.")
         self.name = precision
-        self.dtype = _AUTOCAST_DTYPES[precision]
+        self.dtype = PRECISION_DTYPES[precision]
         if scaler is None and precision == "16-mixed":
             scaler = torch.amp.GradScaler(device_type)
         self.scaler = scaler
