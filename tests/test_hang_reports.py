@@ -121,18 +121,28 @@ def test_stall_threshold_must_be_seconds_or_a_timedelta_at_least_zero() -> None:
     assert DDPStrategy().stall_threshold == 60
 
 
-def test_a_spawned_rank_killed_by_sigkill_is_reported_with_the_signal_and_its_usual_cause() -> None:
+@pytest.mark.parametrize(
+    ("strategy", "expected_code", "report"),
+    [
+        ("ddp_spawn", 1, "Rank 1 of the launched job died with exit code 137 (killed by SIGKILL, "),
+        ("ddp", 137, "fabric: local rank 1 (pid "),
+    ],
+)
+def test_a_rank_killed_by_sigkill_is_reported_with_the_signal_and_its_usual_cause(
+    strategy: str, expected_code: int, report: str
+) -> None:
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "spawn_killed.py"), "SIGKILL"],
+        [sys.executable, str(SCRIPTS / "killed_rank.py"), strategy, "SIGKILL"],
         capture_output=True,
         text=True,
         timeout=90,
         env=_env(),
     )
-    assert result.returncode == 1
-    assert "Rank 1 of the launched job died with exit code 137 (killed by SIGKILL, " in result.stderr
-    cause = result.stderr.split("killed by SIGKILL, ")[1].splitlines()[0]
+    assert result.returncode == expected_code, result.stderr
+    assert report in result.stderr
+    line = next(line for line in result.stderr.splitlines() if report in line)
+    cause = line.split("killed by SIGKILL, ")[1]
     assert cause.startswith(("often the out-of-memory killer)", "likely out of memory")), cause
     assert time.monotonic() - start < 45, "rank 0 must be stopped, not left to finish its minute of work"
 

@@ -1,4 +1,4 @@
-"""``launch(fn)`` with ddp_spawn where rank 1 is killed by a signal: ``python spawn_killed.py SIGNAL_NAME``."""
+"""A job whose rank 1 is killed by a signal: ``python killed_rank.py STRATEGY SIGNAL_NAME`` (ddp or ddp_spawn)."""
 
 import os
 import signal
@@ -16,4 +16,4 @@ def work(fabric: Fabric, signal_name: str) -> None:
 
 
 if __name__ == "__main__":
-    Fabric(accelerator="cpu", strategy="ddp_spawn", devices=2).launch(work, sys.argv[1])
+    Fabric(accelerator="cpu", strategy=sys.argv[1], devices=2).launch(work, sys.argv[2])

@@ -24,7 +24,13 @@ from typing import Any
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.process_exit import exit_process
-from fabric.strategies.launchers.processes import describe_exit, die_with_parent, exit_code, stop_processes
+from fabric.strategies.launchers.processes import (
+    describe_exit,
+    die_with_parent,
+    exit_code,
+    oom_kill_count,
+    stop_processes,
+)
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -40,7 +46,8 @@ class SubprocessScriptLauncher(Launcher):
 
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if not self.cluster_environment.creates_processes_externally:
-            self._supervisor = ChildSupervisor(self._start_children())
+            oom_kills_before = oom_kill_count()
+            self._supervisor = ChildSupervisor(self._start_children(), oom_kills_before)
         return function(*args, **kwargs)
 
     def _start_children(self) -> dict[int, subprocess.Popen[bytes]]:
@@ -76,8 +83,9 @@ def script_command() -> list[str]:
 class ChildSupervisor:
     """Watches the child ranks from rank 0 and turns any failure into the failure of the whole job."""
 
-    def __init__(self, children: dict[int, subprocess.Popen[bytes]]) -> None:
+    def __init__(self, children: dict[int, subprocess.Popen[bytes]], oom_kills_before: int | None = None) -> None:
         self.children = children
+        self._oom_kills_before = oom_kills_before  # tells a SIGKILL by the OOM killer from others
         self._lock = threading.Lock()
         self._stopping = False
         for local_rank, child in children.items():
@@ -94,9 +102,9 @@ class ChildSupervisor:
             if self._stopping:
                 return
             self._stopping = True
+        description = describe_exit(code, self._oom_kills_before)
         print(
-            f"fabric: local rank {local_rank} (pid {child.pid}) exited with code {describe_exit(code)}; "
-            "stopping the job.",
+            f"fabric: local rank {local_rank} (pid {child.pid}) exited with code {description}; stopping the job.",
             file=sys.stderr,
             flush=True,
         )
