@@ -10,7 +10,6 @@ from typing import Any, Literal
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import ClusterEnvironment
@@ -20,7 +19,6 @@ from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.multiprocessing import MultiProcessLauncher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
-from fabric.utilities.data import shard_dataloader
 
 StartMethod = Literal["popen", "spawn", "fork"]
 START_METHODS: tuple[StartMethod, ...] = ("popen", "spawn", "fork")
@@ -101,9 +99,6 @@ class DDPStrategy(ParallelStrategy):
         if enabled and isinstance(module, DistributedDataParallel):
             return module.no_sync()
         return contextlib.nullcontext()
-
-    def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
-        return shard_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank)
 
     def __repr__(self) -> str:
         return f"DDPStrategy(start_method={self.start_method!r}, devices={len(self._parallel_devices or [])})"

@@ -53,7 +53,6 @@ from fabric.strategies.launchers.subprocess_script import SubprocessScriptLaunch
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.strategies.strategy import CheckpointFilter, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful
-from fabric.utilities.data import shard_dataloader
 from fabric.utilities.exceptions import CheckpointError
 
 if TYPE_CHECKING:
@@ -225,7 +224,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Shard like DDP; the batch size also becomes DeepSpeed's micro batch size unless configured."""
         self._batch_size = dataloader.batch_size
-        return shard_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank)
+        return super().process_dataloader(dataloader)
 
     # --- the step -----------------------------------------------------------------------------------
 

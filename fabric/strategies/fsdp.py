@@ -21,7 +21,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import ClusterEnvironment
@@ -34,7 +33,6 @@ from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.strategies.strategy import CheckpointFilter
-from fabric.utilities.data import shard_dataloader
 
 #: Which submodules get their own FSDP unit: layer classes, or a predicate on each submodule.
 ShardPolicy = set[type[nn.Module]] | Callable[[nn.Module], bool]
@@ -154,9 +152,6 @@ class FSDPStrategy(ParallelStrategy):
         super().setup_environment()
         shape, names = mesh_layout(self.world_size, self.num_nodes, self.hybrid_shard)
         self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
-
-    def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
-        return shard_dataloader(dataloader, num_replicas=self.world_size, rank=self.global_rank)
 
     # --- modules -------------------------------------------------------------------------------------
 

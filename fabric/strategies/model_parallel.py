@@ -22,7 +22,6 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import ClusterEnvironment
@@ -30,7 +29,6 @@ from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.fsdp import FSDPStrategy, StateDictType
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
-from fabric.utilities.data import shard_dataloader
 
 #: ``parallelize_fn(model, device_mesh) -> model``: applies tensor parallelism (and optionally FSDP) in place.
 ParallelizeFn = Callable[[nn.Module, DeviceMesh], nn.Module]
@@ -150,10 +148,11 @@ class ModelParallelStrategy(FSDPStrategy):
     def tensor_parallel_mesh(self) -> DeviceMesh:
         return self.mesh[MESH_DIM_NAMES[1]]
 
-    def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+    @property
+    def data_parallel_shard(self) -> tuple[int, int]:
         """Split over the data-parallel dimension: a tensor-parallel group shares its batches."""
         mesh = self.data_parallel_mesh
-        return shard_dataloader(dataloader, num_replicas=mesh.size(), rank=mesh.get_local_rank())
+        return mesh.size(), mesh.get_local_rank()
 
     def _shard(self, module: nn.Module) -> nn.Module:
         assert self.parallelize_fn is not None  # checked at construction

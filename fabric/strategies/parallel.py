@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import (
@@ -22,6 +23,7 @@ from fabric.plugins.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
 from fabric.utilities import distributed
 from fabric.utilities.collective_watch import CollectiveWatch
+from fabric.utilities.data import shard_dataloader
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 
 #: torch's own default for collectives; long, because a first NCCL step can take minutes to compile.
@@ -122,6 +124,16 @@ class ParallelStrategy(Strategy):
     @property
     def root_device(self) -> torch.device:
         return self.parallel_devices[self.local_rank]
+
+    @property
+    def data_parallel_shard(self) -> tuple[int, int]:
+        """``(replicas, index)``: how many ranks split the data, and which share is this rank's."""
+        return self.world_size, self.global_rank
+
+    def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+        """Give this rank only its share of the data (see :attr:`data_parallel_shard`)."""
+        replicas, index = self.data_parallel_shard
+        return shard_dataloader(dataloader, num_replicas=replicas, rank=index)
 
     @property
     def timeout(self) -> timedelta:
