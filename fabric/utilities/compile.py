@@ -9,6 +9,7 @@ is loaded already.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -44,6 +45,10 @@ def compiler_for(compile: CompileArg) -> Compiler | None:
     def compiler(module: nn.Module) -> nn.Module:
         import torch
 
-        return cast("nn.Module", torch.compile(module, **arguments))  # an OptimizedModule
+        with warnings.catch_warnings():  # torch.compile's own use of a deprecated torch.jit API (torch 2.13)
+            warnings.filterwarnings(
+                "ignore", message="`torch.jit.script_method` is deprecated", category=DeprecationWarning
+            )
+            return cast("nn.Module", torch.compile(module, **arguments))  # an OptimizedModule
 
     return compiler

@@ -21,6 +21,7 @@ profiler records, and cost nothing otherwise.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -124,7 +125,9 @@ class TraceProfiler:
         if self._profile is None:
             raise RuntimeError("TraceProfiler.step() before start(): use it as a context manager or call start().")
         self._close_ranges()
-        self._profile.step()
+        with warnings.catch_warnings():  # clearing each cycle's events is the point: one trace per cycle
+            warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
+            self._profile.step()
 
     def stop(self) -> None:
         """Stop profiling; a recording cycle with a finished step is cut short and written, other cycles dropped.

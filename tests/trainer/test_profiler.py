@@ -19,6 +19,10 @@ from fabric import Fabric
 from fabric.trainer import Trainer
 from fabric.trainer.profiler import Profiler, cyclic_schedule
 
+# Some tests profile without warmup steps to stay short; torch rightly warns users that this skews timings.
+pytestmark = pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+
+
 SCRIPT = Path(__file__).parents[1] / "scripts" / "trainer_profiler_ddp.py"
 
 

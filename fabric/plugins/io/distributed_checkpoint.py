@@ -15,6 +15,7 @@ import contextlib
 import os
 import pickle
 import shutil
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,23 @@ def local_directory(path: PathType) -> Path:
     return Path(text)
 
 
+def _without_process_group() -> bool:
+    """Whether this process works alone: DCP then reads and writes without collectives (and does not warn
+    that it assumes so)."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _single_process_warning_silenced() -> Iterator[None]:
+    """torch 2.13's DCP warns that it "assumes the intent" to work in one process even when told so
+    (``no_dist=True``); one process is a case Fabric supports on purpose (loading on fewer ranks)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
 def temporary_directory(target: Path) -> Path:
     """A fresh sibling of ``target`` to write into before the rename (call on one rank, then broadcast)."""
     return temporary_sibling(target)
@@ -52,7 +70,8 @@ def write_shards(state: dict[str, Any], directory: Path) -> None:
     """Every rank writes its shards of ``state`` into ``directory`` (a collective)."""
     from torch.distributed.checkpoint.state_dict_saver import save
 
-    save(state, checkpoint_id=directory)
+    with _single_process_warning_silenced():
+        save(state, checkpoint_id=directory, no_dist=_without_process_group())
 
 
 def publish(temporary: Path, target: Path) -> None:
@@ -97,8 +116,8 @@ def load_shards(state: dict[str, Any], path: PathType, strict: bool = True, weig
     from fabric.plugins.io.safe_dcp import SafeLoadPlanner
 
     planner = (SafeLoadPlanner if weights_only else DefaultLoadPlanner)(allow_partial_load=not strict)
-    with _as_checkpoint_error(path, "could not be loaded"):
-        load(state, storage_reader=_reader(path, weights_only), planner=planner)
+    with _as_checkpoint_error(path, "could not be loaded"), _single_process_warning_silenced():
+        load(state, storage_reader=_reader(path, weights_only), planner=planner, no_dist=_without_process_group())
 
 
 def read_whole(path: PathType, keys: set[str] | None = None, weights_only: bool = True) -> dict[str, Any]:
