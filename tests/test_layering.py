@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,15 +47,34 @@ def _top_level_imports(path: Path) -> set[str]:
     return {name for name in imported if name.split(".")[0] in ("fabric", "fabric_cli")}
 
 
-def _graph() -> dict[str, set[str]]:
+def _every_import(path: Path) -> set[str]:
+    """Every module ``path`` may import: at import time, deferred inside functions, or under ``TYPE_CHECKING``."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module)
+            imported |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in imported if name.split(".")[0] in ("fabric", "fabric_cli")}
+
+
+#: The import graphs checked: what importing a module imports, and every import it may ever run or type-check
+#: with (a deferred import still couples the layers; a ``TYPE_CHECKING`` cycle still tangles the types).
+IMPORT_KINDS: dict[str, Callable[[Path], set[str]]] = {"top-level": _top_level_imports, "every": _every_import}
+
+
+def _graph(kind: str = "top-level") -> dict[str, set[str]]:
     files = [*ROOT.joinpath("fabric").rglob("*.py"), *ROOT.joinpath("fabric_cli").rglob("*.py")]
     modules = {_module_name(path): path for path in files}
-    return {name: {m for m in _top_level_imports(path) if m in modules} for name, path in modules.items()}
+    imports_of = IMPORT_KINDS[kind]
+    return {name: {m for m in imports_of(path) if m in modules} for name, path in modules.items()}
 
 
-def test_no_module_imports_a_higher_layer() -> None:
+@pytest.mark.parametrize("kind", IMPORT_KINDS)
+def test_no_module_imports_a_higher_layer(kind: str) -> None:
     violations = []
-    for module, imports in _graph().items():
+    for module, imports in _graph(kind).items():
         own = _layer(module)
         for imported in imports:
             theirs = _layer(imported)
@@ -61,8 +83,9 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert not violations, "\n".join(violations)
 
 
-def test_there_are_no_import_cycles() -> None:
-    graph = _graph()
+@pytest.mark.parametrize("kind", IMPORT_KINDS)
+def test_there_are_no_import_cycles(kind: str) -> None:
+    graph = _graph(kind)
     state: dict[str, str] = {}
     cycles: list[list[str]] = []
 
