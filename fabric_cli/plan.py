@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fabric.strategies.launchers.rank_environment import rank_variables, thread_defaults
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS, RUN_DIRECTORY_VARIABLE
 from fabric.utilities.device_parser import ALL, AUTO, parse_devices
 from fabric_cli.layout import Layout
@@ -74,20 +75,21 @@ class LaunchPlan:
             CLI_MARKER: "1",
             **self.fabric_settings,
             RUN_DIRECTORY_VARIABLE: str(self.run_dir.absolute()),
-            "MASTER_ADDR": self.main_address,
-            "MASTER_PORT": str(self.main_port),
-            "NODE_RANK": str(layout.node_rank),
-            "WORLD_SIZE": str(layout.world_size),
-            "LOCAL_WORLD_SIZE": str(layout.processes),
-            "LOCAL_RANK": str(local_rank),
-            "RANK": str(self.global_rank(local_rank)),
+            **rank_variables(
+                main_address=self.main_address,
+                main_port=self.main_port,
+                node_rank=layout.node_rank,
+                world_size=layout.world_size,
+                local_world_size=layout.processes,
+                local_rank=local_rank,
+                global_rank=self.global_rank(local_rank),
+            ),
         }
         defaults = dict(RANK_DEFAULTS)
         if self.network_interface is not None:
             defaults.update(GLOO_SOCKET_IFNAME=self.network_interface, NCCL_SOCKET_IFNAME=self.network_interface)
         variables.update({name: value for name, value in defaults.items() if name not in os.environ})
-        if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
-            variables["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // layout.processes))
+        variables.update(thread_defaults(layout.processes))
         return variables
 
     def log_files(self, local_rank: int) -> tuple[Path, Path]:

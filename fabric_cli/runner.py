@@ -23,7 +23,13 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from fabric.strategies.launchers.processes import describe_exit, die_with_parent, exit_code, stop_processes
+from fabric.strategies.launchers.processes import (
+    describe_exit,
+    die_with_parent,
+    exit_code,
+    exits_in_order,
+    stop_processes,
+)
 from fabric_cli.join import join
 from fabric_cli.plan import LaunchPlan
 
@@ -101,14 +107,7 @@ def _open_log(path: Path, log_files: list[IO[bytes]]) -> IO[bytes]:
 
 
 def _supervise(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]]) -> int:
-    by_pid = {process.pid: local_rank for local_rank, process in processes.items()}
-    while by_pid:
-        pid, status = os.wait()
-        local_rank = by_pid.pop(pid, None)
-        if local_rank is None:
-            continue
-        returncode = os.waitstatus_to_exitcode(status)
-        processes[local_rank].returncode = returncode  # we reaped it; tell Popen
+    for local_rank, returncode in exits_in_order(processes):
         if returncode != 0:
             _report_failure(plan, local_rank, returncode)
             stop_processes(processes.values())

@@ -21,6 +21,7 @@ from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.process_exit import exit_process
 from fabric.strategies.launchers.processes import TERMINATION_GRACE_SECONDS, describe_exit, oom_kill_count
+from fabric.strategies.launchers.rank_environment import rank_variables
 
 
 class RankFailedError(RuntimeError):
@@ -51,19 +52,13 @@ class MultiProcessLauncher(Launcher):
                 "CUDA calls after launch(), or use strategy='ddp_spawn'."
             )
         context: Any = multiprocessing.get_context(self.start_method)
-        rank_variables = {
-            "MASTER_ADDR": self.cluster_environment.main_address,
-            "MASTER_PORT": str(self.cluster_environment.main_port),
-            "WORLD_SIZE": str(self.num_processes),
-            "LOCAL_WORLD_SIZE": str(self.num_processes),
-        }
         processes, readers = [], []
         oom_kills_before = oom_kill_count()
         for local_rank in range(self.num_processes):
             reader, writer = context.Pipe(duplex=False)  # one channel per rank: results never block on a full pipe
             process = context.Process(
                 target=_run_rank,
-                args=(local_rank, rank_variables, writer, function, args, kwargs),
+                args=(local_rank, self._rank_variables(local_rank), writer, function, args, kwargs),
                 name=f"fabric-rank-{local_rank}",
             )
             process.start()
@@ -80,17 +75,26 @@ class MultiProcessLauncher(Launcher):
             raise RankFailedError(f"Rank {failed_rank} of the launched job died with exit code {code}.")
         return next((value for kind, _, value in messages if kind == "result"), None)
 
+    def _rank_variables(self, local_rank: int) -> dict[str, str]:
+        return rank_variables(
+            main_address=self.cluster_environment.main_address,
+            main_port=self.cluster_environment.main_port,
+            world_size=self.num_processes,
+            local_world_size=self.num_processes,
+            local_rank=local_rank,
+            global_rank=local_rank,
+        )
+
 
 def _run_rank(
     local_rank: int,
-    rank_variables: dict[str, str],
+    variables: dict[str, str],
     channel: Connection,
     function: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> None:
-    os.environ.update(rank_variables)
-    os.environ["LOCAL_RANK"] = os.environ["RANK"] = str(local_rank)
+    os.environ.update(variables)
     try:
         value = function(*args, **kwargs)
         if local_rank == 0:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import queue
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 
 #: How long stopped ranks get to exit on SIGTERM (e.g. to write a checkpoint) before SIGKILL.
 TERMINATION_GRACE_SECONDS = 5.0
@@ -22,6 +24,23 @@ def stop_processes(processes: Iterable[subprocess.Popen[bytes]], grace: float = 
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def exits_in_order(processes: Mapping[int, subprocess.Popen[bytes]]) -> Iterator[tuple[int, int]]:
+    """``(local rank, returncode)`` of each process as it ends, first to end first.
+
+    One daemon thread waits for each process, so only these processes are reaped (never other children of
+    the caller, such as dataloader workers), and the caller may stop iterating at the first failure.
+    """
+    ended: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+
+    def wait(local_rank: int, process: subprocess.Popen[bytes]) -> None:
+        ended.put((local_rank, process.wait()))
+
+    for local_rank, process in processes.items():
+        threading.Thread(target=wait, args=(local_rank, process), daemon=True, name=f"fabric-rank-{local_rank}").start()
+    for _ in processes:
+        yield ended.get()
 
 
 def exit_code(returncode: int) -> int:

@@ -28,9 +28,11 @@ from fabric.strategies.launchers.processes import (
     describe_exit,
     die_with_parent,
     exit_code,
+    exits_in_order,
     oom_kill_count,
     stop_processes,
 )
+from fabric.strategies.launchers.rank_environment import rank_variables, thread_defaults
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -53,24 +55,19 @@ class SubprocessScriptLauncher(Launcher):
     def _start_children(self) -> dict[int, subprocess.Popen[bytes]]:
         environment = self.cluster_environment
         node_rank = environment.node_rank()
-        shared = {
-            **os.environ,
-            "MASTER_ADDR": environment.main_address,
-            "MASTER_PORT": str(environment.main_port),
-            "NODE_RANK": str(node_rank),
-            "WORLD_SIZE": str(self.num_processes * self.num_nodes),
-            "LOCAL_WORLD_SIZE": str(self.num_processes),
-        }
-        if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
-            shared["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.num_processes))
+        shared = {**os.environ, **thread_defaults(self.num_processes)}
         command = script_command()
         children = {}
         for local_rank in range(1, self.num_processes):
-            child_env = {
-                **shared,
-                "LOCAL_RANK": str(local_rank),
-                "RANK": str(node_rank * self.num_processes + local_rank),
-            }
+            child_env = shared | rank_variables(
+                main_address=environment.main_address,
+                main_port=environment.main_port,
+                node_rank=node_rank,
+                world_size=self.num_processes * self.num_nodes,
+                local_world_size=self.num_processes,
+                local_rank=local_rank,
+                global_rank=node_rank * self.num_processes + local_rank,
+            )
             children[local_rank] = subprocess.Popen(command, env=child_env, preexec_fn=die_with_parent)
         return children
 
@@ -88,23 +85,22 @@ class ChildSupervisor:
         self._oom_kills_before = oom_kills_before  # tells a SIGKILL by the OOM killer from others
         self._lock = threading.Lock()
         self._stopping = False
-        for local_rank, child in children.items():
-            threading.Thread(
-                target=self._watch, args=(local_rank, child), daemon=True, name=f"fabric-rank-{local_rank}"
-            ).start()
+        threading.Thread(target=self._watch, daemon=True, name="fabric-child-supervisor").start()
         atexit.register(self._at_rank_zero_exit)
 
-    def _watch(self, local_rank: int, child: subprocess.Popen[bytes]) -> None:
-        code = child.wait()
-        if code == 0:
+    def _watch(self) -> None:
+        failed = next(((rank, code) for rank, code in exits_in_order(self.children) if code != 0), None)
+        if failed is None:
             return
+        local_rank, code = failed
         with self._lock:
             if self._stopping:
                 return
             self._stopping = True
         description = describe_exit(code, self._oom_kills_before)
         print(
-            f"fabric: local rank {local_rank} (pid {child.pid}) exited with code {description}; stopping the job.",
+            f"fabric: local rank {local_rank} (pid {self.children[local_rank].pid}) exited with code {description}; "
+            "stopping the job.",
             file=sys.stderr,
             flush=True,
         )
