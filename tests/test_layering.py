@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -35,28 +35,26 @@ def _layer(module: str) -> int | None:
     return LAYERS[max(matches, key=len)] if matches else None
 
 
-def _top_level_imports(path: Path) -> set[str]:
-    """Modules imported when ``path`` is imported: not those under ``if TYPE_CHECKING`` or in functions."""
+def _project_imports(nodes: Iterable[ast.AST]) -> set[str]:
+    """The project modules (and names in them) that the import statements among ``nodes`` import."""
     imported = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in nodes:
         if isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             imported.add(node.module)
             imported |= {f"{node.module}.{alias.name}" for alias in node.names}
     return {name for name in imported if name.split(".")[0] in ("fabric", "fabric_cli")}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Modules imported when ``path`` is imported: not those under ``if TYPE_CHECKING`` or in functions."""
+    return _project_imports(ast.parse(path.read_text()).body)
 
 
 def _every_import(path: Path) -> set[str]:
     """Every module ``path`` may import: at import time, deferred inside functions, or under ``TYPE_CHECKING``."""
-    imported = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            imported.add(node.module)
-            imported |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name for name in imported if name.split(".")[0] in ("fabric", "fabric_cli")}
+    return _project_imports(ast.walk(ast.parse(path.read_text())))
 
 
 #: The import graphs checked: what importing a module imports, and every import it may ever run or type-check
