@@ -131,6 +131,16 @@ def test_a_failing_rank_ends_the_whole_job_with_its_code(
     assert not any(_alive(pid) for pid in _pids(tmp_path)), "a rank was left running"
 
 
+def test_rank_zero_exiting_early_ends_the_job_promptly_and_not_with_success(tmp_path: Path) -> None:
+    """Rank 0 leaves (sys.exit(7)) while rank 1 waits for it in a collective with a 5-minute timeout."""
+    start = time.monotonic()
+    result = _run([sys.executable, str(SCRIPTS / "ddp_failures.py"), "rank0_exits_7", str(tmp_path)], timeout=120)
+    assert result.returncode != 0, result.stderr
+    assert "local rank 1" in result.stderr and "after rank 0 had ended and left it" in result.stderr
+    assert time.monotonic() - start < 30, "rank 1 must not wait out the collective timeout"
+    assert not any(_alive(pid) for pid in _pids(tmp_path)), "a rank was left running"
+
+
 def test_a_barrier_reached_by_one_rank_only_fails_naming_the_missing_rank(tmp_path: Path) -> None:
     result = _run([sys.executable, str(SCRIPTS / "ddp_failures.py"), "only_rank0_barrier", str(tmp_path)], timeout=90)
     assert result.returncode != 0

@@ -1,7 +1,9 @@
 """Jobs that go wrong on purpose: ``python ddp_failures.py MODE PID_DIR``.
 
 MODE: ``child_raises`` (rank 1 raises), ``child_exits_3`` (rank 1 calls sys.exit(3)), ``rank0_raises``,
-``only_rank0_barrier`` (rank 0 waits at a barrier that rank 1 never reaches).
+``only_rank0_barrier`` (rank 0 waits at a barrier that rank 1 never reaches), ``rank0_exits_7`` (rank 0 calls
+sys.exit(7) while rank 1 enters an all_reduce; the collective timeout is 5 minutes here, so only a prompt end
+of the job passes the test's time bound).
 """
 
 import os
@@ -16,10 +18,13 @@ from fabric import Fabric
 from fabric.strategies.ddp import DDPStrategy
 
 mode, pid_dir = sys.argv[1], Path(sys.argv[2])
-fabric = Fabric(accelerator="cpu", strategy=DDPStrategy(timeout=timedelta(seconds=5)), devices=2)
+timeout = timedelta(seconds=300 if mode == "rank0_exits_7" else 5)
+fabric = Fabric(accelerator="cpu", strategy=DDPStrategy(timeout=timeout), devices=2)
 fabric.launch()
 pid_dir.mkdir(parents=True, exist_ok=True)
-(pid_dir / f"rank{fabric.global_rank}.pid").write_text(str(os.getpid()))
+pid_file = pid_dir / f".rank{fabric.global_rank}.pid.tmp"
+pid_file.write_text(str(os.getpid()))
+pid_file.rename(pid_dir / f"rank{fabric.global_rank}.pid")  # whole, never seen empty by the test polling for it
 fabric.barrier()  # both ranks are up
 if mode == "child_raises" and fabric.global_rank == 1:
     raise ValueError("rank 1 fails on purpose")
@@ -27,6 +32,10 @@ if mode == "child_exits_3" and fabric.global_rank == 1:
     sys.exit(3)
 if mode == "rank0_raises" and fabric.global_rank == 0:
     raise ValueError("rank 0 fails on purpose")
+if mode == "rank0_exits_7":
+    if fabric.global_rank == 0:
+        sys.exit(7)
+    fabric.all_reduce(torch.ones(1))
 if mode == "only_rank0_barrier":
     if fabric.global_rank == 0:
         fabric.barrier("only rank 0")

@@ -98,9 +98,12 @@ class ChildSupervisor:
                 return
             self._stopping = True
         description = describe_exit(code, self._oom_kills_before)
+        # Rank 0's interpreter is shutting down (its script ended, by sys.exit or otherwise) and left this rank
+        # waiting for it. Exit handlers cannot see rank 0's own exit status, so the job fails with this rank's.
+        after_rank_zero = "" if threading.main_thread().is_alive() else " after rank 0 had ended and left it"
         print(
-            f"fabric: local rank {local_rank} (pid {self.children[local_rank].pid}) exited with code {description}; "
-            "stopping the job.",
+            f"fabric: local rank {local_rank} (pid {self.children[local_rank].pid}) exited with code {description}"
+            f"{after_rank_zero}; stopping the job.",
             file=sys.stderr,
             flush=True,
         )
