@@ -17,6 +17,9 @@ import time
 from fabric_cli.layout import Layout
 
 _RETRY_SECONDS = 0.2
+# Once connected, a node waits this much longer than its own --join-timeout for node 0's answer: node 0
+# answers by its own deadline, which started before this node connected but may be late on a loaded machine.
+_ANSWER_GRACE_SECONDS = 10.0
 
 
 class JoinError(RuntimeError):
@@ -122,7 +125,7 @@ def _check_in(layout: Layout, address: str, port: int, timeout: float) -> None:
         try:
             with socket.create_connection((address, port), timeout=max(0.01, deadline - time.monotonic())) as link:
                 link.sendall(message.encode())
-                link.settimeout(max(timeout, 1.0))  # node 0 answers by its own deadline
+                link.settimeout(timeout + _ANSWER_GRACE_SECONDS)
                 answer = _read_line(link)
                 break
         except (ConnectionRefusedError, TimeoutError) as error:

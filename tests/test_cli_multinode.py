@@ -41,8 +41,9 @@ def _nodes(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
 def test_a_node_that_never_joins_fails_every_waiting_node_naming_it() -> None:
     port = str(find_free_port())
     common = ["--devices", "1", "--num-nodes", "3", "--main-address", "127.0.0.1", "--main-port", port]
-    node0, node1 = _nodes([[*FABRIC, *common, "--join-timeout", "1.5", "--node-rank", str(rank), REPORT, "/"]
-                           for rank in (0, 1)])  # fmt: skip
+    # Node 1 waits longer than node 0, so however slowly the two start, it fails by node 0's verdict.
+    node0, node1 = _nodes([[*FABRIC, *common, "--join-timeout", timeout, "--node-rank", str(rank), REPORT, "/"]
+                           for rank, timeout in ((0, "1.5"), (1, "60"))])  # fmt: skip
     assert node0.returncode == 1 and node1.returncode == 1
     missing = "node(s) 2 did not join within --join-timeout=1.5 s (joined: 0, 1)"
     assert missing in node0.stderr and missing in node1.stderr  # node 1 hears why from node 0
