@@ -2,8 +2,9 @@
 
 MODE: ``child_raises`` (rank 1 raises), ``child_exits_3`` (rank 1 calls sys.exit(3)), ``rank0_raises``,
 ``only_rank0_barrier`` (rank 0 waits at a barrier that rank 1 never reaches), ``rank0_exits_7`` (rank 0 calls
-sys.exit(7) while rank 1 enters an all_reduce; the collective timeout is 5 minutes here, so only a prompt end
-of the job passes the test's time bound).
+sys.exit(7) while rank 1 enters an all_reduce), ``rank0_raises_systemexit_7`` (the same with ``raise
+SystemExit(7)``). The collective timeout of the last two is 5 minutes, so only a prompt end of the job passes the
+test's time bound.
 """
 
 import os
@@ -18,7 +19,7 @@ from fabric import Fabric
 from fabric.strategies.ddp import DDPStrategy
 
 mode, pid_dir = sys.argv[1], Path(sys.argv[2])
-timeout = timedelta(seconds=300 if mode == "rank0_exits_7" else 5)
+timeout = timedelta(seconds=300 if mode.startswith("rank0_") and mode.endswith("_7") else 5)
 fabric = Fabric(accelerator="cpu", strategy=DDPStrategy(timeout=timeout), devices=2)
 fabric.launch()
 pid_dir.mkdir(parents=True, exist_ok=True)
@@ -32,9 +33,11 @@ if mode == "child_exits_3" and fabric.global_rank == 1:
     sys.exit(3)
 if mode == "rank0_raises" and fabric.global_rank == 0:
     raise ValueError("rank 0 fails on purpose")
-if mode == "rank0_exits_7":
+if mode in ("rank0_exits_7", "rank0_raises_systemexit_7"):
     if fabric.global_rank == 0:
-        sys.exit(7)
+        if mode == "rank0_exits_7":
+            sys.exit(7)
+        raise SystemExit(7)
     fabric.all_reduce(torch.ones(1))
 if mode == "only_rank0_barrier":
     if fabric.global_rank == 0:

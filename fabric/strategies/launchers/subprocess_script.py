@@ -6,7 +6,8 @@ launching again. A supervisor in rank 0 makes the job behave as one program:
 
 - if a child exits non-zero, the other children are stopped (SIGTERM, then SIGKILL after a grace
   period) and rank 0 exits with that child's code, after one line naming the rank;
-- if rank 0 raises, the children are stopped the same way;
+- if rank 0 raises, or leaves with a non-zero ``sys.exit`` code, the children are stopped the same way
+  and the job ends with rank 0's code;
 - a child whose parent dies is killed by the kernel (``PR_SET_PDEATHSIG`` on Linux), never orphaned;
 - at a normal end, rank 0 waits for the children and fails if any of them failed.
 """
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
@@ -85,7 +86,11 @@ class ChildSupervisor:
         self._oom_kills_before = oom_kills_before  # tells a SIGKILL by the OOM killer from others
         self._lock = threading.Lock()
         self._stopping = False
-        threading.Thread(target=self._watch, daemon=True, name="fabric-child-supervisor").start()
+        self._rank_zero_exit_code: int | None = None
+        self._system_exit = sys.exit
+        sys.exit = self._record_exit_code_then_exit
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="fabric-child-supervisor")
+        self._watcher.start()
         atexit.register(self._at_rank_zero_exit)
 
     def _watch(self) -> None:
@@ -97,27 +102,46 @@ class ChildSupervisor:
             if self._stopping:
                 return
             self._stopping = True
+        child = f"local rank {local_rank} (pid {self.children[local_rank].pid})"
+        if self._rank_zero_exit_code:  # rank 0 left first, and that is why this rank failed
+            self._report(f"rank 0 exited with code {self._rank_zero_exit_code}; {child} failed after it")
+            self.stop_children()
+            exit_process(self._rank_zero_exit_code)
         description = describe_exit(code, self._oom_kills_before)
-        # Rank 0's interpreter is shutting down (its script ended, by sys.exit or otherwise) and left this rank
-        # waiting for it. Exit handlers cannot see rank 0's own exit status, so the job fails with this rank's.
+        # Rank 0's interpreter is shutting down (its script ended, or raised SystemExit itself, whose code exit
+        # handlers cannot see) and left this rank waiting for it: the job fails with this rank's code.
         after_rank_zero = "" if threading.main_thread().is_alive() else " after rank 0 had ended and left it"
-        print(
-            f"fabric: local rank {local_rank} (pid {self.children[local_rank].pid}) exited with code {description}"
-            f"{after_rank_zero}; stopping the job.",
-            file=sys.stderr,
-            flush=True,
-        )
+        self._report(f"{child} exited with code {description}{after_rank_zero}")
         self.stop_children()
         exit_process(exit_code(code))
+
+    @staticmethod
+    def _report(what: str) -> None:
+        print(f"fabric: {what}; stopping the job.", file=sys.stderr, flush=True)
+
+    def _record_exit_code_then_exit(self, status: str | int | None = None) -> NoReturn:
+        """``sys.exit`` in rank 0: note the code its main thread leaves with, then exit as usual.
+
+        Exit handlers cannot see a process's exit status, so this is how the job learns rank 0's code when
+        rank 0 leaves while other ranks still run (and may be waiting for it in a collective).
+        """
+        if threading.current_thread() is threading.main_thread():
+            self._rank_zero_exit_code = status if isinstance(status, int) else int(status is not None)
+        self._system_exit(status)
 
     def stop_children(self) -> None:
         stop_processes(self.children.values())
 
     def _at_rank_zero_exit(self) -> None:
-        if getattr(sys, "last_value", None) is not None:  # rank 0 died of an exception
-            with self._lock:
-                self._stopping = True
-            self.stop_children()
+        died_of_exception = getattr(sys, "last_value", None) is not None
+        if not (died_of_exception or self._rank_zero_exit_code):
+            self._watcher.join()  # returns once every child has succeeded; a failure ends the process there
             return
-        for child in self.children.values():
-            child.wait()  # a failure is reported by its watcher thread, which ends the process
+        with self._lock:
+            child_failed_first, self._stopping = self._stopping, True
+        if child_failed_first:
+            self._watcher.join()  # its watcher reports it and ends the process
+            return
+        if self._rank_zero_exit_code:
+            self._report(f"rank 0 exited with code {self._rank_zero_exit_code}")
+        self.stop_children()
