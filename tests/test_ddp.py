@@ -72,6 +72,23 @@ def test_launch_function_returns_rank_zeros_result_with_tensors(strategy: str) -
     assert result.stdout.strip() == "rank=0 world=2 total=21.0 type=Tensor"
 
 
+def test_launch_function_returns_a_result_larger_than_a_pipe_holds() -> None:
+    result = _run([sys.executable, str(SCRIPTS / "spawn_return.py"), "ddp_spawn", "large"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "shape=(4, 1024, 1024) values=[10.0]"
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
+def test_a_launched_rank_raising_stops_the_others_and_reraises_its_traceback(strategy: str) -> None:
+    """Rank 0 sleeps for 10 minutes; the job ends once rank 1 raises, with rank 1's traceback."""
+    start = time.monotonic()
+    result = _run([sys.executable, str(SCRIPTS / "spawn_return.py"), strategy, "rank1_raises"], timeout=120)
+    assert result.returncode == 1
+    assert "RankFailedError: Rank 1 of the launched job failed." in result.stderr
+    assert "ValueError: rank 1 fails on purpose" in result.stderr
+    assert time.monotonic() - start < 60, "rank 0 must be stopped, not waited for"
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_collectives_return_the_documented_shapes_and_values(tmp_path: Path, world_size: int) -> None:
     result = _run([sys.executable, str(SCRIPTS / "ddp_collectives.py"), str(tmp_path), str(world_size)])

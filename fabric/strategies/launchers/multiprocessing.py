@@ -7,11 +7,14 @@ queue, so it must be picklable; tensors are moved to the CPU first.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import subprocess
+import threading
 import traceback
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 import torch
@@ -20,7 +23,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.process_exit import exit_process
-from fabric.strategies.launchers.processes import TERMINATION_GRACE_SECONDS, describe_exit, oom_kill_count
+from fabric.strategies.launchers.processes import describe_exit, exits_in_order, oom_kill_count, stop_processes
 from fabric.strategies.launchers.rank_environment import rank_variables
 
 
@@ -106,33 +109,49 @@ def _run_rank(
 
 
 def _collect(processes: list[Any], readers: list[Connection]) -> tuple[list[tuple[str, int, Any]], int | None]:
-    """Read every rank's messages until all ranks ended; on the first failure stop the others."""
+    """Read every rank's messages while the ranks run; on the first failure stop the others.
+
+    Each channel is drained by its own thread, so a rank sending a large result never blocks on a full pipe
+    while this process waits for the ranks to end.
+    """
     messages: list[tuple[str, int, Any]] = []
-    failed_rank: int | None = None
-    open_readers = set(readers)
-    running = {process.sentinel: rank for rank, process in enumerate(processes)}
-    while open_readers or running:
-        for ready in wait([*open_readers, *running]):
-            if isinstance(ready, Connection):
-                try:
-                    messages.append(ready.recv())
-                except EOFError:
-                    open_readers.discard(ready)
-                continue
-            rank = running.pop(ready)
-            processes[rank].join()
-            if processes[rank].exitcode != 0 and failed_rank is None:
-                failed_rank = rank
-                _stop(processes)
+    drains = [threading.Thread(target=_drain, args=(reader, messages), daemon=True) for reader in readers]
+    for drain in drains:
+        drain.start()
+    ranks = {rank: SpawnedRank(process) for rank, process in enumerate(processes)}
+    failed_rank = next((rank for rank, code in exits_in_order(ranks) if code != 0), None)
+    if failed_rank is not None:
+        stop_processes(ranks.values())
+    for drain in drains:
+        drain.join()
     return messages, failed_rank
 
 
-def _stop(processes: list[Any]) -> None:
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    for process in processes:
-        process.join(TERMINATION_GRACE_SECONDS)
-        if process.is_alive():
-            process.kill()
-            process.join()
+def _drain(reader: Connection, messages: list[tuple[str, int, Any]]) -> None:
+    with contextlib.suppress(EOFError):  # the rank ended and closed its end
+        while True:
+            messages.append(reader.recv())
+
+
+class SpawnedRank:
+    """A ``multiprocessing.Process`` behind the ``subprocess.Popen`` methods the shared supervision uses."""
+
+    def __init__(self, process: Any) -> None:
+        self.process = process
+
+    def poll(self) -> int | None:
+        return self.process.exitcode  # type: ignore[no-any-return]
+
+    def send_signal(self, sig: int) -> None:
+        if self.process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.kill(self.process.pid, sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.process.name, timeout or 0.0)
+        return self.process.exitcode  # type: ignore[no-any-return]
+
+    def kill(self) -> None:
+        self.process.kill()

@@ -8,12 +8,25 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol
 
 #: How long stopped ranks get to exit on SIGTERM (e.g. to write a checkpoint) before SIGKILL.
 TERMINATION_GRACE_SECONDS = 5.0
 
 
-def stop_processes(processes: Iterable[subprocess.Popen[bytes]], grace: float = TERMINATION_GRACE_SECONDS) -> None:
+class RankProcess(Protocol):
+    """What supervising a rank's process takes: ``subprocess.Popen`` has it (spawned ranks get an adapter)."""
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+def stop_processes(processes: Iterable[RankProcess], grace: float = TERMINATION_GRACE_SECONDS) -> None:
     """SIGTERM every process still running, then SIGKILL whatever is left after ``grace`` seconds."""
     running = [process for process in processes if process.poll() is None]
     for process in running:
@@ -26,7 +39,7 @@ def stop_processes(processes: Iterable[subprocess.Popen[bytes]], grace: float = 
             process.wait()
 
 
-def exits_in_order(processes: Mapping[int, subprocess.Popen[bytes]]) -> Iterator[tuple[int, int]]:
+def exits_in_order(processes: Mapping[int, RankProcess]) -> Iterator[tuple[int, int]]:
     """``(local rank, returncode)`` of each process as it ends, first to end first.
 
     One daemon thread waits for each process, so only these processes are reaped (never other children of
@@ -34,7 +47,7 @@ def exits_in_order(processes: Mapping[int, subprocess.Popen[bytes]]) -> Iterator
     """
     ended: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
 
-    def wait(local_rank: int, process: subprocess.Popen[bytes]) -> None:
+    def wait(local_rank: int, process: RankProcess) -> None:
         ended.put((local_rank, process.wait()))
 
     for local_rank, process in processes.items():
