@@ -15,6 +15,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for_ready
 from typing import Any, Literal
 
 import torch
@@ -134,24 +135,33 @@ def _drain(reader: Connection, messages: list[tuple[str, int, Any]]) -> None:
 
 
 class SpawnedRank:
-    """A ``multiprocessing.Process`` behind the ``subprocess.Popen`` methods the shared supervision uses."""
+    """A ``multiprocessing.Process`` behind the ``subprocess.Popen`` methods the shared supervision uses.
+
+    Several threads wait on one rank (its waiter in ``exits_in_order``, ``stop_processes``). They wait on
+    the process's sentinel, which does not reap it, and reap under a lock once it has ended: two threads
+    reaping at once would leave the loser with no exit code.
+    """
 
     def __init__(self, process: Any) -> None:
         self.process = process
+        self._reaping = threading.Lock()
 
     def poll(self) -> int | None:
-        return self.process.exitcode  # type: ignore[no-any-return]
+        with self._reaping:
+            return self.process.exitcode  # type: ignore[no-any-return]
 
     def send_signal(self, sig: int) -> None:
-        if self.process.exitcode is None:
+        if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                 os.kill(self.process.pid, sig)
 
     def wait(self, timeout: float | None = None) -> int:
-        self.process.join(timeout)
-        if self.process.exitcode is None:
+        if not wait_for_ready([self.process.sentinel], timeout):
             raise subprocess.TimeoutExpired(self.process.name, timeout or 0.0)
-        return self.process.exitcode  # type: ignore[no-any-return]
+        with self._reaping:
+            self.process.join()  # it has ended, so this returns at once
+            return self.process.exitcode  # type: ignore[no-any-return]
 
     def kill(self) -> None:
-        self.process.kill()
+        if self.poll() is None:
+            self.process.kill()
