@@ -28,6 +28,7 @@ from fabric.strategies.launchers.processes import (
     die_with_parent,
     exit_code,
     exits_in_order,
+    oom_kill_count,
     stop_processes,
 )
 from fabric_cli.join import join
@@ -57,9 +58,10 @@ def run(plan: LaunchPlan) -> int:
             plan.run_dir.mkdir(parents=True, exist_ok=True)
             join(plan.layout, plan.main_address, plan.main_port, plan.join_timeout)
             _say(plan, _start_line(plan))
+            oom_kills_before = oom_kill_count()  # tells a SIGKILL by the OOM killer from others
             for local_rank in range(plan.processes):
                 processes[local_rank] = _start(plan, local_rank, log_files)
-            return _supervise(plan, processes)
+            return _supervise(plan, processes, oom_kills_before)
         except _Stopped as stopped:
             return _stop_on_signal(plan, processes, stopped.signum)
     except _Stopped as again:  # a second signal while the ranks were given time to exit
@@ -106,10 +108,10 @@ def _open_log(path: Path, log_files: list[IO[bytes]]) -> IO[bytes]:
     return file
 
 
-def _supervise(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]]) -> int:
+def _supervise(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], oom_kills_before: int | None) -> int:
     for local_rank, returncode in exits_in_order(processes):
         if returncode != 0:
-            _report_failure(plan, local_rank, returncode)
+            _report_failure(plan, local_rank, describe_exit(returncode, oom_kills_before))
             stop_processes(processes.values())
             return exit_code(returncode)
         _say(plan, f"rank {plan.global_rank(local_rank)} exited with code 0")
@@ -148,15 +150,13 @@ def _stop_on_signal(plan: LaunchPlan, processes: dict[int, subprocess.Popen[byte
     return next((code for code in codes if code != 0), 0)
 
 
-def _report_failure(plan: LaunchPlan, local_rank: int, returncode: int) -> None:
+def _report_failure(plan: LaunchPlan, local_rank: int, description: str) -> None:
     rank = plan.global_rank(local_rank)
     if local_rank == 0:
-        print(
-            f"fabric: rank {rank} exited with code {describe_exit(returncode)} (its output is above).", file=sys.stderr
-        )
+        print(f"fabric: rank {rank} exited with code {description} (its output is above).", file=sys.stderr)
         return
     stderr_path = plan.log_files(local_rank)[1]
-    print(f"fabric: rank {rank} exited with code {describe_exit(returncode)}; log: {stderr_path}", file=sys.stderr)
+    print(f"fabric: rank {rank} exited with code {description}; log: {stderr_path}", file=sys.stderr)
     for line in _tail(stderr_path, STDERR_TAIL_LINES):
         print(f"  [rank {rank}] {line}", file=sys.stderr)
 

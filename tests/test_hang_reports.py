@@ -122,18 +122,19 @@ def test_stall_threshold_must_be_seconds_or_a_timedelta_at_least_zero() -> None:
 
 
 @pytest.mark.parametrize(
-    ("strategy", "expected_code", "report"),
+    ("launcher", "strategy", "expected_code", "report"),
     [
-        ("ddp_spawn", 1, "Rank 1 of the launched job died with exit code 137 (killed by SIGKILL, "),
-        ("ddp", 137, "fabric: local rank 1 (pid "),
+        ([], "ddp_spawn", 1, "Rank 1 of the launched job died with exit code 137 (killed by SIGKILL, "),
+        ([], "ddp", 137, "fabric: local rank 1 (pid "),
+        (["-m", "fabric_cli", "run", "model", "--devices", "2"], "ddp", 137, "fabric: rank 1 exited with code 137 ("),
     ],
 )
 def test_a_rank_killed_by_sigkill_is_reported_with_the_signal_and_its_usual_cause(
-    strategy: str, expected_code: int, report: str
+    launcher: list[str], strategy: str, expected_code: int, report: str
 ) -> None:
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "killed_rank.py"), strategy, "SIGKILL"],
+        [sys.executable, *launcher, str(SCRIPTS / "killed_rank.py"), strategy, "SIGKILL"],
         capture_output=True,
         text=True,
         timeout=90,
