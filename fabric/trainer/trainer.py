@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from torch import nn
@@ -364,8 +364,18 @@ class Trainer:
     ) -> None:
         """Train until ``max_duration``; with ``duration``, train that much longer than the current time.
 
-        New ``train_dataloader``/``eval_dataloader`` replace the ones given before.
+        New ``train_dataloader``/``eval_dataloader`` replace the ones given before. If it raises, the loggers
+        hear of it first (``log_exception``: trackers mark the run failed).
         """
+        with self._failures_logged():
+            self._fit(train_dataloader, duration, eval_dataloader)
+
+    def _fit(
+        self,
+        train_dataloader: Iterable[Any] | DataSpec | None,
+        duration: Time[Any] | str | int | None,
+        eval_dataloader: Any,
+    ) -> None:
         state = self.state
         if train_dataloader is not None:
             self._set_train_dataloader(train_dataloader)
@@ -554,7 +564,8 @@ class Trainer:
         if subset_num_batches is not None:
             for evaluator in self.evaluators:
                 evaluator.subset_num_batches = subset_num_batches
-        run_evaluators(self.state, self.engine, self.logger, self.evaluators, standalone=True)
+        with self._failures_logged():
+            run_evaluators(self.state, self.engine, self.logger, self.evaluators, standalone=True)
         labels = tuple(f"metrics/{evaluator.label}/" for evaluator in self.evaluators)
         return {name: value for name, value in self.state.metrics.items() if name.startswith(labels)}
 
@@ -571,6 +582,15 @@ class Trainer:
             return_outputs=return_outputs,
             subset_num_batches=subset_num_batches,
         )
+
+    @contextmanager
+    def _failures_logged(self) -> Iterator[None]:
+        """An exception ending ``fit()``/``eval()`` reaches the loggers before it propagates."""
+        try:
+            yield
+        except BaseException as error:
+            self.logger.log_exception(error)
+            raise
 
     def close(self) -> None:
         """Every callback's ``close(state, logger)`` (savers wait for their uploads), then the loggers' (flush,

@@ -93,3 +93,35 @@ def test_only_rank_zero_logs_and_bad_options_fail_at_construction() -> None:
         MLFlowLogger(flush_interval=0)
     with pytest.raises(ValueError, match="experiment_name='' must be a non-empty string"):
         MLFlowLogger(experiment_name="")
+
+
+class FailsAtBatch3(Regressor):
+    def forward(self, batch: Any) -> torch.Tensor:
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 3:
+            raise RuntimeError("the model fails on purpose")
+        return super().forward(batch)
+
+
+def test_a_run_whose_fit_raises_ends_failed_with_what_it_logged_before(store: str) -> None:
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    model = FailsAtBatch3()
+    logger = MLFlowLogger(experiment_name="crash", tracking_uri=store, flush_interval=100)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        loggers=logger,
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    with pytest.raises(RuntimeError, match="the model fails on purpose"):
+        trainer.fit()
+    trainer.close()  # closing afterwards does not turn the failed run into a finished one
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=store)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FAILED"
+    history = client.get_metric_history(run.info.run_id, "loss/train/total")
+    assert [metric.step for metric in history] == [1, 2]  # buffered values were written before the run ended

@@ -323,3 +323,54 @@ def test_fabric_log_and_the_trainer_write_to_the_same_destinations_once(tmp_path
 def test_the_trainer_csv_and_tensorboard_names_take_fabrics_signature() -> None:
     assert inspect.signature(CSVLogger).parameters == inspect.signature(FabricCSVLogger).parameters
     assert inspect.signature(TensorBoardLogger).parameters == inspect.signature(FabricTensorBoardLogger).parameters
+
+
+# --- failures -----------------------------------------------------------------------------------------
+
+
+class ExceptionRecorder(LoggerDestination):
+    def __init__(self) -> None:
+        self.exceptions: list[BaseException] = []
+
+    def log_exception(self, exception: BaseException) -> None:
+        self.exceptions.append(exception)
+
+
+class RaisesOnEval(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(2, 1)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        if not self.training:
+            raise RuntimeError("eval fails on purpose")
+        return self.net(batch[0])
+
+    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+        return (outputs - batch[1]).pow(2).mean()
+
+
+def test_every_destination_hears_of_an_exception_ending_fit_or_eval_once_and_of_nothing_on_success() -> None:
+    from fabric.trainer import Trainer
+
+    x = torch.randn(8, 2)
+    loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4)
+    recorders = [ExceptionRecorder(), ExceptionRecorder()]
+    model = RaisesOnEval()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader,
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        loggers=recorders,
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    trainer.fit()
+    assert [recorder.exceptions for recorder in recorders] == [[], []]
+    with pytest.raises(RuntimeError, match="eval fails on purpose") as raised:
+        trainer.eval(eval_dataloader=loader)
+    assert [recorder.exceptions for recorder in recorders] == [[raised.value], [raised.value]]
+    with pytest.raises(RuntimeError, match="eval fails on purpose"):
+        trainer.fit(duration="1ep", eval_dataloader=loader)  # evaluates at the end of the epoch
+    assert [len(recorder.exceptions) for recorder in recorders] == [2, 2]

@@ -154,6 +154,32 @@ def test_without_log_artifacts_no_checkpoint_is_logged(tmp_path: Path, offline: 
     assert [record.run.display_name for record in records if record.HasField("run")] == ["named"]
 
 
+def test_a_run_whose_fit_raises_finishes_with_a_failing_exit_code(tmp_path: Path, offline: dict[str, Any]) -> None:
+    class Fails(Regressor):
+        def forward(self, batch: Any) -> torch.Tensor:
+            raise RuntimeError("the model fails on purpose")
+
+    model = Fails()
+    x = torch.randn(4, 4)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        loggers=WandBLogger(name="crash", init_kwargs=offline),
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    trainer.logger.log_hyperparameters({"lr": 0.05})  # the run starts with its first value
+    with pytest.raises(RuntimeError, match="the model fails on purpose"):
+        trainer.fit()
+    trainer.close()
+    wandb.teardown()
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    (exit_record,) = [record.exit for record in _records(run_file) if record.HasField("exit")]
+    assert exit_record.exit_code == 1
+
+
 def test_only_rank_zero_logs_and_bad_options_fail_at_construction() -> None:
     assert WandBLogger.all_ranks is False
     with pytest.raises(ValueError, match=r"Pass \['project'\] as WandBLogger arguments, not in init_kwargs"):

@@ -29,5 +29,9 @@ class LoggerDestination(Callback):
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Record the run's configuration once."""
 
+    def log_exception(self, exception: BaseException) -> None:
+        """``fit()`` or ``eval()`` is ending with ``exception`` (Composer's name): a tracker marks its run failed
+        (or killed, for ``KeyboardInterrupt``/``SystemExit``), so a crashed run never reads as finished."""
+
     def close(self, state: State | None = None, logger: Any = None) -> None:
         """Flush and release files or bars; ``Trainer.close()`` calls it with its state and logger, as Composer's."""

@@ -42,3 +42,8 @@ class Logger:
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         for destination in self.destinations:
             destination.log_hyperparameters(hyperparameters)
+
+    def log_exception(self, exception: BaseException) -> None:
+        """Tell every destination that the run is ending with ``exception`` (before it propagates)."""
+        for destination in self.destinations:
+            destination.log_exception(exception)

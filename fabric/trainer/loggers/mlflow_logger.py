@@ -8,7 +8,7 @@ value is logged, not before. Only global rank 0 logs::
     trainer = Trainer(..., loggers=logger)
     trainer.logger.log_hyperparameters({"lr": 0.1})
     trainer.fit()
-    trainer.close()   # writes what is buffered and ends the run as FINISHED
+    trainer.close()   # writes what is buffered and ends the run as FINISHED (FAILED if fit() raised)
 
 The run is named after the Trainer's ``run_name`` unless ``run_name`` is given. Metrics keep the
 Trainer's names (``loss/train/total``, ``metrics/eval/accuracy``) and the global batch count as their
@@ -85,11 +85,18 @@ class MLFlowLogger(LoggerDestination):
         for start in range(0, len(pending), 1000):  # MLflow takes at most 1000 metrics per call
             self._client.log_batch(self.run_id, metrics=pending[start : start + 1000])
 
+    def log_exception(self, exception: BaseException) -> None:
+        """End the run as FAILED (KILLED for ``KeyboardInterrupt``, ``SystemExit`` and preemption)."""
+        self._end("KILLED" if isinstance(exception, (KeyboardInterrupt, SystemExit)) else "FAILED")
+
     def close(self, state: State | None = None, logger: Any = None) -> None:
-        """Write what is buffered and end the run (FINISHED). A later value starts a new run."""
+        """Write what is buffered and end the run (FINISHED, unless it failed). A later value starts a new run."""
+        self._end("FINISHED")
+
+    def _end(self, status: str) -> None:
         if self._running:
             self.flush()
-            self._client.set_terminated(self.run_id, status="FINISHED")
+            self._client.set_terminated(self.run_id, status=status)
             self._running = False
 
     def _start(self) -> Any:

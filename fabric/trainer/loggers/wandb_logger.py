@@ -86,11 +86,20 @@ class WandBLogger(LoggerDestination):
     def fit_end(self, state: State, logger: Any) -> None:
         self._log_new_checkpoints(state)
 
+    def log_exception(self, exception: BaseException) -> None:
+        """Finish the run with a non-zero exit code, so W&B shows it failed: a ``SystemExit``'s own code (the
+        Trainer's preemption exits 75), else 1."""
+        code = exception.code if isinstance(exception, SystemExit) and isinstance(exception.code, int) else 1
+        self._finish(code or 1)
+
     def close(self, state: State | None = None, logger: Any = None) -> None:
-        """Finish the run (exit code 0). A later value starts a new run."""
+        """Finish the run (exit code 0, unless it failed). A later value starts a new run."""
+        self._finish(0)
+
+    def _finish(self, exit_code: int) -> None:
         if self.run is not None:
             run, self.run = self.run, None
-            run.finish()
+            run.finish(exit_code=exit_code)
 
     def _start(self) -> Any:
         if self.run is None:
