@@ -137,9 +137,9 @@ def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Eval
         run_event(Event.EVAL_BEFORE_FORWARD)
         state.outputs = eval_forward(state.batch) if eval_forward is not None else model(state.batch)
         run_event(Event.EVAL_AFTER_FORWARD)
-        for metric in metrics.values():
-            update_metric(model.module, state.batch, state.outputs, metric)
         samples = spec.get_num_samples_in_batch(state.batch)
+        for metric in metrics.values():
+            update_metric(model.module, state.batch, state.outputs, metric, samples)
         state.eval_timestamp = state.eval_timestamp.to_next_batch(samples * state.fabric.world_size)
         run_event(Event.EVAL_BATCH_END)
     values = compute_metrics(metrics, f"metrics/{evaluator.label}")

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from fabric.trainer.microbatch import batch_size
 from fabric.trainer.model import TrainerModel
 
 MetricFunction = Callable[[Any, Any], "float | torch.Tensor"]
@@ -26,8 +25,8 @@ class CallableMetric:
         self._total = torch.zeros((), dtype=torch.float64)
         self._samples = 0
 
-    def update(self, outputs: Any, batch: Any) -> None:
-        samples = batch_size(batch)
+    def update(self, outputs: Any, batch: Any, samples: int) -> None:
+        """Add ``function(outputs, batch)`` weighted by ``samples``, the batch's size as its DataSpec counts it."""
         value = self.function(outputs, batch)
         self._total = self._total + torch.as_tensor(value, dtype=torch.float64).detach().cpu() * samples
         self._samples += samples
@@ -67,10 +66,11 @@ def model_metrics(model: Any, is_train: bool, fabric: Any) -> dict[str, Any]:
     return prepared
 
 
-def update_metric(model: Any, batch: Any, outputs: Any, metric: Any) -> None:
-    """Feed a batch to ``metric``: callables see the whole batch, others go through the model's ``update_metric``."""
+def update_metric(model: Any, batch: Any, outputs: Any, metric: Any, samples: int) -> None:
+    """Feed a batch of ``samples`` samples to ``metric``: callables see the whole batch, others go through the
+    model's ``update_metric``."""
     if isinstance(metric, CallableMetric):
-        metric.update(outputs, batch)
+        metric.update(outputs, batch, samples)
     elif hasattr(model, "update_metric"):
         model.update_metric(batch, outputs, metric)
     else:

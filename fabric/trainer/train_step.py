@@ -202,9 +202,10 @@ class TrainStep:
             total = self._backward_per_optimizer(losses, weight)
         run_event(Event.AFTER_BACKWARD)
         if state.train_metrics and self._update_metrics:
+            samples = self.data_spec.get_num_samples_in_batch(state.batch)
             with torch.no_grad():
                 for metric in state.train_metrics.values():
-                    update_metric(model.module, state.batch, state.outputs, metric)
+                    update_metric(model.module, state.batch, state.outputs, metric, samples)
         detached = total.detach()
         return detached * weight if weight != 1.0 else detached
 

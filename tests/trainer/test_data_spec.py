@@ -173,3 +173,19 @@ def test_without_a_spec_function_the_defaults_still_fail_loudly_on_unknown_batch
     trainer = _trainer(Regressor(), DataSpec(_spec().dataloader))
     with pytest.raises(TypeError, match="Cannot tell the batch size of a Rows"):
         trainer.fit()
+
+
+def test_callable_metrics_weigh_each_batch_by_the_samples_the_spec_counts() -> None:
+    class WithMetric(Regressor):
+        def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
+            return {"target_mean": lambda outputs, batch: batch.y.mean()}
+
+    loader = DataLoader(_dataset(), batch_size=8, collate_fn=_collate)  # batches of 8 and 4 samples
+    spec = DataSpec(
+        loader, split_batch=lambda batch, size: batch.chunks(size), get_num_samples_in_batch=lambda b: len(b.x)
+    )
+    trainer = _trainer(WithMetric(), _spec(), eval_dataloader=spec)
+    metrics = trainer.eval()
+    targets = _dataset().tensors[1]
+    assert metrics["metrics/eval/target_mean"] == pytest.approx(float(targets.mean()))  # not the mean of batch means
+    assert float(targets.mean()) != pytest.approx(float((targets[:8].mean() + targets[8:].mean()) / 2))
