@@ -18,9 +18,10 @@ when a ``HuggingFaceModel`` is made. Batches are mappings of the model's inputs 
   sample-weighted mean. Other metrics (``metrics=`` for training, ``eval_metrics=``) are torchmetrics
   objects updated with ``(logits, labels)`` (shifted by one position for causal language models, as
   their loss is) or callables ``(outputs, batch) -> number``.
-* Checkpoints: the model's ``config`` and class are saved with its weights (the module's extra
-  state), so :func:`write_huggingface_pretrained` turns a one-file Trainer checkpoint into a folder
-  that ``from_pretrained`` loads. Sharded checkpoints: ``fabric consolidate`` them first.
+* Checkpoints: the model's ``config`` and class, and the tokenizer's files when there is one, are saved
+  with its weights (the module's extra state), so :func:`write_huggingface_pretrained` turns a one-file
+  Trainer checkpoint into a folder that ``from_pretrained`` (model and ``AutoTokenizer``) loads. Sharded
+  checkpoints: ``fabric consolidate`` them first.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +70,7 @@ class HuggingFaceModel(TrainerModel):
             raise TypeError(f"HuggingFaceModel wraps a transformers PreTrainedModel, got {type(model).__name__}.")
         self.model = model
         self.tokenizer = tokenizer
+        self._tokenizer_files: dict[str, bytes] | None = None  # written once, on the first checkpoint
         self.train_metrics = dict(metrics or {})
         self.val_metrics = dict(eval_metrics) if eval_metrics is not None else {"loss": _output_loss}
         causal = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
@@ -122,9 +125,16 @@ class HuggingFaceModel(TrainerModel):
             logits, labels = logits[:, :-1], labels[:, 1:]
         metric.update(logits, labels)
 
-    def get_extra_state(self) -> dict[str, str]:
-        """Saved with the weights: the config (JSON) and the model's class, for :func:`write_huggingface_pretrained`."""
-        return {"config": self.model.config.to_json_string(use_diff=False), "class": type(self.model).__name__}
+    def get_extra_state(self) -> dict[str, Any]:
+        """Saved with the weights, for :func:`write_huggingface_pretrained`: the config (JSON), the model's class
+        and the tokenizer's ``save_pretrained`` files (name -> bytes) when there is a tokenizer."""
+        extra: dict[str, Any] = {"config": self.model.config.to_json_string(use_diff=False)}
+        extra["class"] = type(self.model).__name__
+        if self.tokenizer is not None:
+            if self._tokenizer_files is None:
+                self._tokenizer_files = _saved_files(self.tokenizer)
+            extra["tokenizer"] = self._tokenizer_files
+        return extra
 
     def set_extra_state(self, state: Any) -> None:
         """A checkpoint of another model class fails here, naming both."""
@@ -139,7 +149,8 @@ def write_huggingface_pretrained(checkpoint: str | os.PathLike[str], folder: str
     """Write a one-file Trainer checkpoint of a :class:`HuggingFaceModel` as a ``from_pretrained`` folder.
 
     The checkpoint is read with ``torch.load(weights_only=True)``: nothing in it can run code. The model
-    class must be one of ``transformers``' own. Returns the folder.
+    class must be one of ``transformers``' own. The tokenizer's files, if saved, are written beside the
+    weights. Returns the folder.
     """
     transformers = _transformers()
     path = Path(checkpoint)
@@ -153,11 +164,25 @@ def write_huggingface_pretrained(checkpoint: str | os.PathLike[str], folder: str
     if not (inspect.isclass(found) and issubclass(found, transformers.PreTrainedModel)):
         raise ValueError(f"{path} names the model class {extra['class']!r}, which transformers does not have.")
     model_class: Any = found
+    tokenizer_files = extra.get("tokenizer", {})
+    for name, content in tokenizer_files.items():
+        plain_name = isinstance(name, str) and Path(name).name == name and name not in (".", "..")
+        if not plain_name or not isinstance(content, bytes):
+            raise ValueError(f"{path} holds a tokenizer file {name!r} that is not a plain file name with bytes.")
     model = model_class(model_class.config_class.from_dict(json.loads(extra["config"])))
     model.load_state_dict({name.removeprefix("model."): value for name, value in weights.items()}, strict=True)
     out = Path(folder)
     model.save_pretrained(out)
+    for name, content in tokenizer_files.items():
+        (out / name).write_bytes(content)
     return out
+
+
+def _saved_files(tokenizer: Any) -> dict[str, bytes]:
+    """The files ``tokenizer.save_pretrained`` writes, by name."""
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        return {path.name: path.read_bytes() for path in sorted(Path(folder).iterdir()) if path.is_file()}
 
 
 def _output_loss(outputs: Any, batch: Any) -> torch.Tensor:

@@ -73,6 +73,16 @@ def test_one_rank_trains_counts_real_tokens_evaluates_and_exports_for_from_pretr
     loaded = transformers.GPT2LMHeadModel.from_pretrained(exported)
     ids = encoded["input_ids"][:3]
     torch.testing.assert_close(loaded(ids).logits, model.model(ids).logits)
+    reloaded_tokenizer = transformers.AutoTokenizer.from_pretrained(exported)  # saved with the checkpoint
+    assert reloaded_tokenizer(texts, padding="longest")["input_ids"] == encoded["input_ids"].tolist()
+    assert reloaded_tokenizer.pad_token == "[PAD]"
+
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    checkpoint["model"]["_extra_state"]["tokenizer"]["../escaped.json"] = b"{}"
+    torch.save(checkpoint, tmp_path / "hostile.pt")
+    with pytest.raises(ValueError, match=r"tokenizer file '../escaped.json' that is not a plain file name"):
+        write_huggingface_pretrained(tmp_path / "hostile.pt", tmp_path / "out" / "hostile")
+    assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 def _stacked(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
