@@ -11,11 +11,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from torch.distributed import HashStore
 
 from fabric import Fabric
 from fabric.strategies.ddp import DDPStrategy
 from fabric.strategies.fsdp import FSDPStrategy
 from fabric.strategies.launchers import processes
+from fabric.utilities.collective_watch import CollectiveError, CollectiveWatch
 
 SCRIPTS = Path(__file__).parent / "scripts"
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
@@ -111,6 +113,37 @@ def test_a_stalled_rank_reports_once_what_it_waits_in_and_keeps_waiting_until_th
     timed_out = "Rank 0 waited 0:00:06 for the others in fabric.all_reduce"
     assert result.stderr.index(stall) < result.stderr.index(timed_out)
     assert 6 <= elapsed < 35
+
+
+def test_a_rank_left_in_the_gradient_all_reduce_of_its_backward_reports_the_stall_and_the_timeout() -> None:
+    """Rank 0's fabric.backward waits in DDP's gradient all-reduce for rank 1, which sits in a barrier."""
+    script = SCRIPTS / "hang_jobs.py"
+    result, elapsed = _hang_job("backward", timeout=6, stall=2)
+    assert result.returncode == 1, result.stderr
+    call, other = _line_of(script, '"backward": lambda'), _line_of(script, "OTHER CALL")
+    waits = f"in fabric.backward, called at {script}:{call}"
+    stall = f"fabric: rank 0 has waited 2 s {waits}. Rank 1 never entered it: rank 1 is waiting in barrier 'elsewhere'"
+    assert result.stderr.count(stall) == 1, result.stderr
+    assert f"Rank 0 waited 0:00:06 for the others {waits}: " in result.stderr
+    assert f"barrier 'elsewhere' at {script}:{other}" in result.stderr
+    assert 6 <= elapsed < 35
+
+
+def test_an_error_of_the_backward_itself_passes_unchanged() -> None:
+    """Only a wait for the other ranks is explained as one: a backward's own error is the user's to read."""
+    watch = CollectiveWatch(HashStore(), rank=0, world_size=2, timeout=timedelta(seconds=60), stall_threshold=0)
+
+    def backward() -> None:
+        raise RuntimeError("element 0 of tensors does not require grad")
+
+    try:
+        with pytest.raises(RuntimeError, match="does not require grad") as raised:
+            watch.call_computation("fabric.backward", backward)
+        assert type(raised.value) is RuntimeError
+        with pytest.raises(CollectiveError, match="rank 1 has entered no Fabric collective yet"):
+            watch.call("fabric.all_reduce", backward)  # a collective's errors are explained
+    finally:
+        watch.stop()
 
 
 def test_stall_threshold_must_be_seconds_or_a_timedelta_at_least_zero() -> None:

@@ -232,7 +232,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         engine = self._engine(module=module) if module is not None else self._only_engine()
         self.backward_in_progress = True
         try:
-            engine.backward(tensor, *args, **kwargs)
+            self._exchanging_gradients(engine.backward, tensor, *args, **kwargs)
         finally:
             self.backward_in_progress = False
 

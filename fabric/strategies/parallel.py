@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
@@ -216,6 +217,18 @@ class ParallelStrategy(Strategy):
         if self._watch is None:
             return function(*args, **kwargs)
         return self._watch.call(name, function, *args, **kwargs)
+
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """Under the collective watch: the gradient exchange inside (DDP's all-reduce, FSDP's reduce-scatter)
+        waits for every rank, so a rank left there by one that skipped its backward is reported by name, call
+        site and what the others entered, like any collective."""
+        self._exchanging_gradients(super().backward, tensor, module, *args, **kwargs)
+
+    def _exchanging_gradients(self, backward: Any, *args: Any, **kwargs: Any) -> None:
+        if self._watch is None:
+            backward(*args, **kwargs)
+        else:
+            self._watch.call_computation("fabric.backward", backward, *args, **kwargs)
 
     def barrier(self, name: str | None = None) -> None:
         if self._distributed():

@@ -124,13 +124,25 @@ class CollectiveWatch:
 
     def call(self, name: str, function: Any, *args: Any, **kwargs: Any) -> Any:
         """Run the collective ``function(*args, **kwargs)`` as this rank's next collective, named ``name``."""
+        return self._run(name, function, args, kwargs, explain_any_error=True)
+
+    def call_computation(self, name: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``function``, a computation with a collective inside (a backward pass and its gradient all-reduce),
+        as this rank's next collective: published and stall-reported like one. Only an error after (nearly)
+        the whole timeout is explained as a wait for the others; the computation's own errors (a shape
+        mismatch, DDP's unused-parameter check) pass unchanged."""
+        return self._run(name, function, args, kwargs, explain_any_error=False)
+
+    def _run(self, name: str, function: Any, args: Any, kwargs: Any, explain_any_error: bool) -> Any:
         self._count += 1
         entry = Entry(self._count, name, *call_site(), time.monotonic())
         self._last = self._waiting = entry
         try:
             return function(*args, **kwargs)
         except RuntimeError as error:
-            raise CollectiveError(self._explain(entry, error)) from error
+            if explain_any_error or self._timed_out(entry):
+                raise CollectiveError(self._explain(entry, error)) from error
+            raise
         finally:
             self._waiting = None
 
@@ -148,12 +160,14 @@ class CollectiveWatch:
                 records[rank] = self._store.get(key).decode() if self._store.check([key]) else None
         return describe_records(records, mine)
 
+    def _timed_out(self, entry: Entry) -> bool:
+        return time.monotonic() - entry.entered_at >= 0.9 * self.timeout.total_seconds()
+
     def _explain(self, entry: Entry, error: RuntimeError) -> str:
-        waited = time.monotonic() - entry.entered_at
         head = (
             f"Rank {self.rank} waited {self.timeout} for the others"
-            if waited >= 0.9 * self.timeout.total_seconds()
-            else f"Rank {self.rank} failed after {waited:.1f} s"
+            if self._timed_out(entry)
+            else f"Rank {self.rank} failed after {time.monotonic() - entry.entered_at:.1f} s"
         )
         try:
             others = self.others(entry)
