@@ -133,23 +133,9 @@ def test_an_offline_trainer_run_holds_name_config_metrics_with_steps_and_checkpo
 
 
 def test_without_log_artifacts_no_checkpoint_is_logged(tmp_path: Path, offline: dict[str, Any]) -> None:
-    model = Regressor()
-    x = torch.randn(4, 4)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
-        max_duration="1ep",
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-        loggers=WandBLogger(name="named", init_kwargs=offline),
-        save_folder=str(tmp_path / "checkpoints"),
-        progress_bar=False,
-        accelerator="cpu",
-    )
+    trainer = _one_batch_trainer(Regressor(), WandBLogger(name="named", init_kwargs=offline), str(tmp_path / "ckpt"))
     trainer.fit()
-    trainer.close()
-    wandb.teardown()  # the run file is written asynchronously: wait until W&B's service flushed it
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    records = list(_records(run_file))
+    records = _close_and_read(trainer, tmp_path)
     assert not [record for record in records if record.HasField("artifact")]
     assert [record.run.display_name for record in records if record.HasField("run")] == ["named"]
 
@@ -159,25 +145,34 @@ def test_a_run_whose_fit_raises_finishes_with_a_failing_exit_code(tmp_path: Path
         def forward(self, batch: Any) -> torch.Tensor:
             raise RuntimeError("the model fails on purpose")
 
-    model = Fails()
+    trainer = _one_batch_trainer(Fails(), WandBLogger(name="crash", init_kwargs=offline))
+    trainer.logger.log_hyperparameters({"lr": 0.05})  # the run starts with its first value
+    with pytest.raises(RuntimeError, match="the model fails on purpose"):
+        trainer.fit()
+    (exit_record,) = [record.exit for record in _close_and_read(trainer, tmp_path) if record.HasField("exit")]
+    assert exit_record.exit_code == 1
+
+
+def _one_batch_trainer(model: nn.Module, logger: WandBLogger, save_folder: str | None = None) -> Trainer:
     x = torch.randn(4, 4)
-    trainer = Trainer(
+    return Trainer(
         model=model,
         train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
         max_duration="1ep",
         optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-        loggers=WandBLogger(name="crash", init_kwargs=offline),
+        loggers=logger,
+        save_folder=save_folder,
         progress_bar=False,
         accelerator="cpu",
     )
-    trainer.logger.log_hyperparameters({"lr": 0.05})  # the run starts with its first value
-    with pytest.raises(RuntimeError, match="the model fails on purpose"):
-        trainer.fit()
+
+
+def _close_and_read(trainer: Trainer, tmp_path: Path) -> list[Any]:
+    """Close the trainer, then the records of the one run file under ``tmp_path``."""
     trainer.close()
-    wandb.teardown()
+    wandb.teardown()  # the run file is written asynchronously: wait until W&B's service flushed it
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    (exit_record,) = [record.exit for record in _records(run_file) if record.HasField("exit")]
-    assert exit_record.exit_code == 1
+    return list(_records(run_file))
 
 
 def test_only_rank_zero_logs_and_bad_options_fail_at_construction() -> None:
