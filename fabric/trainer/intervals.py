@@ -52,6 +52,11 @@ def check_interval(interval: IntervalFunction, state: State) -> None:
         interval.check(state)
 
 
+def counts_tokens(interval: IntervalFunction) -> bool:
+    """Whether ``interval`` is a Time in tokens (it never fires if no tokens are counted)."""
+    return isinstance(interval, _CountInterval) and interval.unit is TimeUnit.TOKEN
+
+
 def _at_end_of_training(state: State, event: Event) -> bool:
     return event in (Event.BATCH_END, Event.EPOCH_END) and state.finished
 

@@ -37,7 +37,7 @@ from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.engine import Engine
 from fabric.trainer.evaluation import Evaluator, ensure_evaluators, run_evaluators, select_metrics
 from fabric.trainer.events import Event
-from fabric.trainer.intervals import IntervalFunction, IntervalInput, check_interval, create_interval
+from fabric.trainer.intervals import IntervalFunction, IntervalInput, check_interval, counts_tokens, create_interval
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
 from fabric.trainer.metrics import compute_metrics, model_metrics
 from fabric.trainer.migration import (
@@ -265,6 +265,7 @@ class Trainer:
         self.eval_subset_num_batches = eval_subset_num_batches
         self.evaluators: list[Evaluator] = []
         self._evaluator_intervals: list[IntervalFunction] = []
+        self._times_in_tokens: list[str] = []  # what the first batch of a fit checks are counted
         self._set_evaluators(eval_dataloader)
         self._apply_grad_accum()
         self._closed = False
@@ -411,10 +412,20 @@ class Trainer:
             self.state.device_train_microbatch_size = microbatch_size_for(self._grad_accum, self.state.dataloader)
 
     def _check_clock(self) -> None:
-        """Fail before training if a ``dur`` or epoch time cannot be counted in batches (no dataloader length)."""
+        """Fail before training if a ``dur`` or epoch time cannot be counted in batches (no dataloader length);
+        note the times in tokens, which the first batch checks are counted (:meth:`_check_tokens_counted`)."""
         savers = [callback for callback in self.state.callbacks if isinstance(callback, CheckpointSaver)]
-        for interval in [*self._evaluator_intervals, *(saver.interval for saver in savers)]:
+        intervals = [
+            *((f"{evaluator.label} eval_interval", interval)
+              for evaluator, interval in zip(self.evaluators, self._evaluator_intervals, strict=True)),
+            *(("save_interval", saver.interval) for saver in savers),
+        ]  # fmt: skip
+        for _, interval in intervals:
             check_interval(interval, self.state)
+        duration = self.state.max_duration
+        in_tokens = [f"max_duration ({duration})"] if duration is not None and duration.unit is TimeUnit.TOKEN else []
+        in_tokens += [f"{name} ({interval!r})" for name, interval in intervals if counts_tokens(interval)]
+        self._times_in_tokens = in_tokens
         if self._train_step.lr_schedule is not None:
             try:
                 self._train_step.lr_schedule.multiplier(self.state)
@@ -501,6 +512,8 @@ class Trainer:
 
     def _after_batch(self) -> None:
         state, run_event = self.state, self.engine.run_event
+        if self._times_in_tokens:
+            self._check_tokens_counted()
         if state.train_metrics:
             state.metrics.update(compute_metrics(state.train_metrics, "metrics/train"))
         if self.logger.destinations:
@@ -510,6 +523,19 @@ class Trainer:
         run_event(Event.BATCH_CHECKPOINT)
         if self._preemption is not None and self._preemption.requested_anywhere(self.fabric):
             self._stop_for_preemption()
+
+    def _check_tokens_counted(self) -> None:
+        """After the first batch of a fit: a time in tokens while no tokens are counted would never come (a run
+        that never ends, an evaluation or checkpoint that never happens), so fail naming it."""
+        if int(self.state.timestamp.token) == 0:
+            times = self._times_in_tokens
+            raise ValueError(
+                f"{', '.join(times)} {'is' if len(times) == 1 else 'are'} in tokens, but the first batch counted "
+                "none, so it would never come. Count them with get_num_tokens_in_batch: Trainer("
+                "get_num_tokens_in_batch=...), DataSpec(get_num_tokens_in_batch=...) or a method of the model; or "
+                "use ba, sp or ep."
+            )
+        self._times_in_tokens = []
 
     def _stop_for_preemption(self) -> None:
         """SIGTERM arrived: save at this batch boundary, flush, and exit with PREEMPTED_EXIT_CODE."""

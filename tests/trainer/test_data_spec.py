@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -189,3 +190,43 @@ def test_callable_metrics_weigh_each_batch_by_the_samples_the_spec_counts() -> N
     targets = _dataset().tensors[1]
     assert metrics["metrics/eval/target_mean"] == pytest.approx(float(targets.mean()))  # not the mean of batch means
     assert float(targets.mean()) != pytest.approx(float((targets[:8].mean() + targets[8:].mean()) / 2))
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"max_duration": "100tok"}, "max_duration (100tok) is in tokens"),
+        ({"max_duration": "2ba", "eval_interval": "50tok"}, "eval eval_interval (every 50tok) is in tokens"),
+    ],
+)
+def test_a_time_in_tokens_with_no_tokens_counted_fails_at_the_first_batch(options: dict[str, Any], named: str) -> None:
+    """Without a token counter the run would never end, or the evaluator never run: fail, naming the option."""
+    model = Regressor()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=_spec(),
+        eval_dataloader=_spec(),
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        progress_bar=False,
+        accelerator="cpu",
+        **options,
+    )
+    with pytest.raises(ValueError, match=re.escape(named) + r", but the first batch counted none"):
+        trainer.fit()
+    assert int(trainer.state.timestamp.batch) == 1
+
+
+def test_a_time_in_tokens_counts_the_tokens_the_spec_gives() -> None:
+    tokens = {"get_num_tokens_in_batch": lambda batch: int(batch.mask.sum())}
+    model = Regressor()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=_spec(**tokens),
+        max_duration="30tok",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    trainer.fit()
+    assert int(trainer.state.timestamp.token) >= 30
+    assert int(trainer.state.timestamp.token) - int(_dataset().tensors[2][-6:].sum()) < 30  # stopped at the mark
