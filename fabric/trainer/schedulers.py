@@ -186,16 +186,23 @@ class _TimeScheduler(Scheduler):
         now, (end,) = self._place(state, ssr if scale_warmup else 1.0, t_warmup=t_warmup)
         return None if _reached(now, end) else now / end
 
-    def __repr__(self) -> str:
-        def show(value: object) -> str:
-            if isinstance(value, Time):
-                return repr(str(value))
-            if isinstance(value, list):
-                return "[" + ", ".join(show(item) for item in value) + "]"
-            return repr(value)
-
+    def arguments(self) -> dict[str, Any]:
+        """The constructor's arguments by name, as this scheduler holds them."""
         names = list(inspect.signature(type(self).__init__).parameters)[1:]
-        return f"{type(self).__name__}({', '.join(f'{name}={show(getattr(self, name))}' for name in names)})"
+        return {name: getattr(self, name) for name in names}
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={_show(value)}" for name, value in self.arguments().items())
+        return f"{type(self).__name__}({shown})"
+
+
+def _show(value: object) -> str:
+    """An argument as a user writes it: times as strings (``'100tok'``), lists of them in brackets."""
+    if isinstance(value, Time):
+        return repr(str(value))
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(item) for item in value) + "]"
+    return repr(value)
 
 
 def _on_axis(owner: str, name: str, time: Time[Any], state: SchedulerState, ssr: float) -> tuple[TimeUnit, float]:
@@ -552,6 +559,18 @@ class LRSchedule:
         self.scale_schedule_ratio = float(scale_schedule_ratio)
         self._initial_lrs: list[list[float]] = [[] for _ in self.optimizers]
         self._record_new_groups()
+
+    def times_in_tokens(self) -> list[str]:
+        """The schedulers' arguments given in tokens (``"LinearWithWarmupScheduler t_warmup='100tok'"``): they
+        only move if tokens are counted."""
+        found = []
+        for scheduler in self.schedulers:
+            if isinstance(scheduler, _TimeScheduler):
+                for name, value in scheduler.arguments().items():
+                    times = value if isinstance(value, list) else [value]
+                    if any(isinstance(time, Time) and time.unit is TimeUnit.TOKEN for time in times):
+                        found.append(f"{type(scheduler).__name__} {name}={_show(value)}")
+        return found
 
     @property
     def initial_lrs(self) -> list[list[float]]:

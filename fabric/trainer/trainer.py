@@ -425,6 +425,8 @@ class Trainer:
         duration = self.state.max_duration
         in_tokens = [f"max_duration ({duration})"] if duration is not None and duration.unit is TimeUnit.TOKEN else []
         in_tokens += [f"{name} ({interval!r})" for name, interval in intervals if counts_tokens(interval)]
+        if self._train_step.lr_schedule is not None:
+            in_tokens += self._train_step.lr_schedule.times_in_tokens()
         self._times_in_tokens = in_tokens
         if self._train_step.lr_schedule is not None:
             try:
@@ -531,7 +533,8 @@ class Trainer:
             times = self._times_in_tokens
             raise ValueError(
                 f"{', '.join(times)} {'is' if len(times) == 1 else 'are'} in tokens, but the first batch counted "
-                "none, so it would never come. Count them with get_num_tokens_in_batch: Trainer("
+                f"none, so {'it' if len(times) == 1 else 'they'} would never come. Count tokens with "
+                "get_num_tokens_in_batch: Trainer("
                 "get_num_tokens_in_batch=...), DataSpec(get_num_tokens_in_batch=...) or a method of the model; or "
                 "use ba, sp or ep."
             )

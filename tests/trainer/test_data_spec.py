@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.trainer import DataSpec, Trainer
 from fabric.trainer.evaluation import Evaluator
+from fabric.trainer.schedulers import LinearWithWarmupScheduler
 
 
 class Rows:
@@ -197,6 +198,10 @@ def test_callable_metrics_weigh_each_batch_by_the_samples_the_spec_counts() -> N
     [
         ({"max_duration": "100tok"}, "max_duration (100tok) is in tokens"),
         ({"max_duration": "2ba", "eval_interval": "50tok"}, "eval eval_interval (every 50tok) is in tokens"),
+        (
+            {"max_duration": "2ba", "schedulers": LinearWithWarmupScheduler(t_warmup="100tok", t_max="900tok")},
+            "LinearWithWarmupScheduler t_warmup='100tok', LinearWithWarmupScheduler t_max='900tok' are in tokens",
+        ),
     ],
 )
 def test_a_time_in_tokens_with_no_tokens_counted_fails_at_the_first_batch(options: dict[str, Any], named: str) -> None:
