@@ -425,14 +425,14 @@ class Trainer:
         duration = self.state.max_duration
         in_tokens = [f"max_duration ({duration})"] if duration is not None and duration.unit is TimeUnit.TOKEN else []
         in_tokens += [f"{name} ({interval!r})" for name, interval in intervals if counts_tokens(interval)]
-        if self._train_step.lr_schedule is not None:
-            in_tokens += self._train_step.lr_schedule.times_in_tokens()
-        self._times_in_tokens = in_tokens
-        if self._train_step.lr_schedule is not None:
+        schedule = self._train_step.lr_schedule
+        if schedule is not None:
             try:
-                self._train_step.lr_schedule.multiplier(self.state)
+                schedule.multiplier(self.state)
             except ValueError as error:
                 raise ValueError(f"schedulers: {error}") from None
+            in_tokens += schedule.times_in_tokens()
+        self._times_in_tokens = in_tokens
 
     def _train_epoch(self) -> bool:
         """Train until the dataloader runs out (True: the epoch ended) or training is finished (False)."""
@@ -534,9 +534,8 @@ class Trainer:
             raise ValueError(
                 f"{', '.join(times)} {'is' if len(times) == 1 else 'are'} in tokens, but the first batch counted "
                 f"none, so {'it' if len(times) == 1 else 'they'} would never come. Count tokens with "
-                "get_num_tokens_in_batch: Trainer("
-                "get_num_tokens_in_batch=...), DataSpec(get_num_tokens_in_batch=...) or a method of the model; or "
-                "use ba, sp or ep."
+                "Trainer(get_num_tokens_in_batch=...), DataSpec(get_num_tokens_in_batch=...) or a "
+                "get_num_tokens_in_batch method of the model; or use ba, sp or ep."
             )
         self._times_in_tokens = []
 
