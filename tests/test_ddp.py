@@ -168,6 +168,13 @@ def test_rank_zero_exiting_early_ends_the_job_promptly_with_its_code(
     assert not any(_alive(pid) for pid in _pids(tmp_path)), "a rank was left running"
 
 
+def test_a_sys_exit_that_rank_zero_catches_neither_stops_the_others_nor_fails_the_job(tmp_path: Path) -> None:
+    result = _run([sys.executable, str(SCRIPTS / "ddp_failures.py"), "rank0_catches_exit", str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "rank1.done").read_text() == "done"  # rank 1 was waited for, not stopped
+    assert "stopping the job" not in result.stderr
+
+
 def test_a_barrier_reached_by_one_rank_only_fails_naming_the_missing_rank(tmp_path: Path) -> None:
     result = _run([sys.executable, str(SCRIPTS / "ddp_failures.py"), "only_rank0_barrier", str(tmp_path)], timeout=90)
     assert result.returncode != 0

@@ -3,10 +3,12 @@
 MODE: ``child_raises`` (rank 1 raises), ``child_exits_3`` (rank 1 calls sys.exit(3)), ``rank0_raises``,
 ``only_rank0_barrier`` (rank 0 waits at a barrier that rank 1 never reaches), ``rank0_exits_7`` (rank 0 calls
 sys.exit(7) while rank 1 enters an all_reduce), ``rank0_raises_systemexit_7`` (the same with ``raise
-SystemExit(7)``). The collective timeout of the last two is 5 minutes, so only a prompt end of the job passes the
-test's time bound.
+SystemExit(7)``), ``rank0_catches_exit`` (rank 0 catches its own sys.exit(3) and reaches the end of the script
+before rank 1 ends). The collective timeout of the ``_7`` modes is 5 minutes, so only a prompt end of the job
+passes the test's time bound.
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -39,11 +41,18 @@ if mode in ("rank0_exits_7", "rank0_raises_systemexit_7"):
             sys.exit(7)
         raise SystemExit(7)
     fabric.all_reduce(torch.ones(1))
+if mode == "rank0_catches_exit":  # a sys.exit that rank 0 catches must not count as rank 0 leaving
+    if fabric.global_rank == 0:
+        with contextlib.suppress(SystemExit):
+            sys.exit(3)
+    else:
+        time.sleep(1.0)  # rank 0 reaches the end of the script first, then rank 1 finishes its work
+        (pid_dir / "rank1.done").write_text("done")
 if mode == "only_rank0_barrier":
     if fabric.global_rank == 0:
         fabric.barrier("only rank 0")
     else:
         fabric.all_reduce(torch.ones(1))
-# the surviving ranks keep working until they are stopped
-for _ in range(600):
-    time.sleep(0.1)
+if mode != "rank0_catches_exit":  # the surviving ranks keep working until they are stopped
+    for _ in range(600):
+        time.sleep(0.1)

@@ -6,8 +6,8 @@ launching again. A supervisor in rank 0 makes the job behave as one program:
 
 - if a child exits non-zero, the other children are stopped (SIGTERM, then SIGKILL after a grace
   period) and rank 0 exits with that child's code, after one line naming the rank;
-- if rank 0 raises, or leaves with a non-zero ``sys.exit`` code, the children are stopped the same way
-  and the job ends with rank 0's code;
+- if rank 0 raises, the children are stopped the same way; if it leaves with ``sys.exit(N)``, N != 0,
+  while a child waits for it in a collective, the child fails at once and the job ends with N;
 - a child whose parent dies is killed by the kernel (``PR_SET_PDEATHSIG`` on Linux), never orphaned;
 - at a normal end, rank 0 waits for the children and fails if any of them failed.
 """
@@ -103,14 +103,15 @@ class ChildSupervisor:
                 return
             self._stopping = True
         child = f"local rank {local_rank} (pid {self.children[local_rank].pid})"
-        if self._rank_zero_exit_code:  # rank 0 left first, and that is why this rank failed
+        rank_zero_ended = not threading.main_thread().is_alive()
+        if rank_zero_ended and self._rank_zero_exit_code:  # rank 0 left first, and that is why this rank failed
             self._report(f"rank 0 exited with code {self._rank_zero_exit_code}; {child} failed after it")
             self.stop_children()
             exit_process(self._rank_zero_exit_code)
         description = describe_exit(code, self._oom_kills_before)
         # Rank 0's interpreter is shutting down (its script ended, or raised SystemExit itself, whose code exit
         # handlers cannot see) and left this rank waiting for it: the job fails with this rank's code.
-        after_rank_zero = "" if threading.main_thread().is_alive() else " after rank 0 had ended and left it"
+        after_rank_zero = " after rank 0 had ended and left it" if rank_zero_ended else ""
         self._report(f"{child} exited with code {description}{after_rank_zero}")
         self.stop_children()
         exit_process(exit_code(code))
@@ -133,15 +134,15 @@ class ChildSupervisor:
         stop_processes(self.children.values())
 
     def _at_rank_zero_exit(self) -> None:
-        died_of_exception = getattr(sys, "last_value", None) is not None
-        if not (died_of_exception or self._rank_zero_exit_code):
-            self._watcher.join()  # returns once every child has succeeded; a failure ends the process there
+        if getattr(sys, "last_value", None) is None:  # rank 0 ended without an exception (sys.exit included)
+            # Returns once every child has succeeded. A child failing ends the process there, with rank 0's
+            # sys.exit code if it left with one: a rank waiting for rank 0 in a collective fails as soon as
+            # Fabric's clean-up (which runs before this) releases the process group.
+            self._watcher.join()
             return
         with self._lock:
             child_failed_first, self._stopping = self._stopping, True
         if child_failed_first:
             self._watcher.join()  # its watcher reports it and ends the process
             return
-        if self._rank_zero_exit_code:
-            self._report(f"rank 0 exited with code {self._rank_zero_exit_code}")
         self.stop_children()
