@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import Regressor
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -24,21 +25,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "trainer_profiler_ddp.py"
-
-
-class Regressor(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(4, 1)
-
-    def forward(self, batch: Any) -> torch.Tensor:
-        return self.net(batch[0])
-
-    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
-        return F.mse_loss(outputs, batch[1])
-
-    def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
-        return {"mae": lambda outputs, batch: (outputs - batch[1]).abs().mean()}
 
 
 def _loader() -> DataLoader:
@@ -65,7 +51,7 @@ def test_trainer_writes_one_trace_per_active_cycle_with_its_phases_as_ranges(tmp
         cyclic_schedule(skip_first=1, wait=1, warmup=1, active=2, repeat=1),
         torch_prof_folder=str(tmp_path / "{run_name}" / "torch_traces"),
     )
-    model = Regressor()
+    model = Regressor(mae_in_training=True)
     trainer = Trainer(
         model=model,
         train_dataloader=_loader(),
@@ -104,7 +90,7 @@ def test_trainer_writes_one_trace_per_active_cycle_with_its_phases_as_ranges(tmp
 
 
 def test_repeated_cycles_and_fit_calls_write_one_trace_each(tmp_path: Path) -> None:
-    model = Regressor()
+    model = Regressor(mae_in_training=True)
     profiler = Profiler(
         cyclic_schedule(warmup=0, active=1, repeat=2),
         torch_prof_folder=str(tmp_path),

@@ -10,31 +10,16 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 wandb = pytest.importorskip("wandb")
+from tiny_models import Regressor  # noqa: E402
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 from fabric.trainer import Trainer  # noqa: E402
 from fabric.trainer.loggers import InMemoryLogger  # noqa: E402
 from fabric.trainer.loggers.wandb_logger import WandBLogger  # noqa: E402
-
-
-class Regressor(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(4, 1)
-
-    def forward(self, batch: Any) -> torch.Tensor:
-        return self.net(batch[0])
-
-    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
-        return F.mse_loss(outputs, batch[1])
-
-    def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
-        return {} if is_train else {"mae": lambda outputs, batch: (outputs - batch[1]).abs().mean()}
 
 
 def _records(path: Path) -> Iterator[Any]:
