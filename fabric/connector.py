@@ -5,7 +5,9 @@ Resolution is three declarative steps:
 1. **Pick** each setting: an explicit argument, else the CLI's environment variable (only in processes
    the CLI started), else the default. An explicit argument that disagrees with the CLI is an error.
 2. **Build**: ``"auto"`` becomes the first available accelerator and, from the number of processes,
-   a strategy; registries turn names into objects.
+   a strategy; registries turn names into objects. In a process that a launcher started (torchrun,
+   ``srun``, ``mpirun``, ...), ``devices`` and ``num_nodes`` not given follow the launcher's layout, and
+   given ones must agree with it (:func:`follow_launcher`): no process silently runs as a world of its own.
 3. **Check** the combination against :data:`COMPATIBILITY_RULES`.
 
 Nothing else in the package re-derives these choices: everything reads :class:`Resolved`.
@@ -22,14 +24,16 @@ import torch
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.accelerators.registry import ACCELERATOR_REGISTRY, SPECIAL_ACCELERATORS, accelerator_choices
-from fabric.plugins.environments import ClusterEnvironment
+from fabric.plugins.environments import ClusterEnvironment, detect_environment
+from fabric.plugins.environments.cluster_environment import LaunchedLayout
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.plugins.precision.registry import PRECISION_REGISTRY, parse_precision
 from fabric.strategies.registry import STRATEGY_REGISTRY, strategy_choices
+from fabric.strategies.single_device import SingleDeviceStrategy
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS
-from fabric.utilities.device_parser import DeviceRequest, DevicesArg, parse_devices
+from fabric.utilities.device_parser import AUTO, DeviceRequest, DevicesArg, parse_devices
 
 AcceleratorArg = str | Accelerator
 StrategyArg = str | Strategy
@@ -183,6 +187,56 @@ def _build_strategy(choice: StrategyArg, num_processes: int) -> Strategy:
     return STRATEGY_REGISTRY.create(choice)
 
 
+def _runs_one_process(choice: StrategyArg) -> bool:
+    return isinstance(choice, SingleDeviceStrategy) or choice == "single_device"
+
+
+def _launcher_devices(layout: LaunchedLayout | None, devices: DeviceRequest, num_nodes: int) -> DeviceRequest:
+    """``devices`` not given in a launched process: as many as the launcher started on this node."""
+    if layout is None or devices != AUTO:
+        return devices
+    if layout.local_world_size is not None:
+        return layout.local_world_size
+    if layout.world_size % num_nodes == 0:
+        return layout.world_size // num_nodes
+    return devices
+
+
+def follow_launcher(
+    layout: LaunchedLayout | None, strategy: StrategyArg, given_devices: Any, num_devices: int, num_nodes: int
+) -> int:
+    """The node count of a launched job (``num_nodes`` not given follows the launcher), or a ``ValueError``
+    naming both sides when the arguments disagree with what the launcher started.
+
+    Checked on every rank when ``Fabric(...)`` is built, long before any rendezvous could hang or a rank
+    index a device it does not have.
+    """
+    if layout is None:
+        return num_nodes
+    if _runs_one_process(strategy):
+        if layout.world_size > 1:
+            raise ValueError(
+                f"{layout.describe()}, but strategy='single_device' runs one process: each of them would train "
+                "alone on all the data. Leave strategy out (Fabric then joins the launcher's world with 'ddp'), "
+                "or start one process."
+            )
+        return num_nodes
+    if layout.local_world_size is None:
+        if num_nodes == 1 and layout.world_size % num_devices == 0:
+            return layout.world_size // num_devices
+        if num_devices * num_nodes == layout.world_size:
+            return num_nodes
+    elif layout.local_world_size == num_devices:
+        nodes = -(-layout.world_size // num_devices)  # rounded up: launchers may put fewer on the last node
+        if num_nodes in (1, nodes):
+            return nodes
+    raise ValueError(
+        f"{layout.describe()}, but Fabric(devices={given_devices!r}, num_nodes={num_nodes}) means {num_devices} per "
+        f"node x {num_nodes} node(s) = {num_devices * num_nodes}. Leave devices and num_nodes out to follow the "
+        "launcher, or make them agree with it (devices = processes per node, num_nodes = nodes)."
+    )
+
+
 @dataclass(frozen=True)
 class _Plugins:
     precision: Precision | None = None
@@ -206,6 +260,14 @@ def _split_plugins(plugins: Sequence[Plugin] | Plugin | None) -> _Plugins:
             )
         found[kind] = plugin
     return _Plugins(**found)
+
+
+def _cluster_environment(
+    strategy: StrategyArg, plugin: ClusterEnvironment | None, environ: Mapping[str, str] | None
+) -> ClusterEnvironment:
+    """The strategy object's own environment, else the ``plugins`` one, else the launcher detected in ``environ``."""
+    own = strategy.own_cluster_environment if isinstance(strategy, Strategy) else None
+    return own or plugin or detect_environment(environ)
 
 
 def resolve(
@@ -235,27 +297,32 @@ def resolve(
             f"precision={picked['precision']!r} and plugins=[{precision_plugin!r}] both set the precision; pass one."
         )
     accelerator_obj = _build_accelerator(picked["accelerator"])
+    environment = _cluster_environment(picked["strategy"], given_plugins.cluster_environment, environ)
+    layout = environment.launched_layout()
     device_request: DeviceRequest = picked["devices"]
+    if not _runs_one_process(picked["strategy"]):
+        device_request = _launcher_devices(layout, device_request, picked["num_nodes"])
     device_list = accelerator_obj.resolve_devices(device_request)
+    num_nodes = follow_launcher(layout, picked["strategy"], picked["devices"], len(device_list), picked["num_nodes"])
     if precision_plugin is None:
         precision_plugin = PRECISION_REGISTRY.create(
             picked["precision"] or "32-true", device_type=accelerator_obj.device_type
         )
-    strategy_obj = _build_strategy(picked["strategy"], len(device_list) * picked["num_nodes"])
+    strategy_obj = _build_strategy(picked["strategy"], len(device_list) * num_nodes)
     strategy_obj.connect(
         accelerator=accelerator_obj,
         precision=precision_plugin,
         checkpoint_io=given_plugins.checkpoint_io,
         devices=device_list,
-        num_nodes=picked["num_nodes"],
-        cluster_environment=given_plugins.cluster_environment,
+        num_nodes=num_nodes,
+        cluster_environment=environment,
     )
     resolved = Resolved(
         accelerator=strategy_obj.accelerator,
         strategy=strategy_obj,
         precision=strategy_obj.precision,
         devices=device_list,
-        num_nodes=picked["num_nodes"],
+        num_nodes=num_nodes,
     )
     for is_broken, explain in COMPATIBILITY_RULES:
         if is_broken(resolved):

@@ -24,11 +24,11 @@ from fabric.accelerators.registry import accelerator_choices
 from fabric.plugins.precision.registry import PRECISION_REGISTRY
 from fabric.strategies.registry import strategy_choices
 from fabric.utilities.cli_contract import CLI_SETTINGS
+from fabric.utilities.network import interface_for, port_in_use
 from fabric.utilities.ports import find_free_port
 from fabric_cli.arguments import DefaultCommandGroup, ScriptCommand
 from fabric_cli.consolidate import consolidate_command
 from fabric_cli.layout import Layout, LayoutError, resolve_layout
-from fabric_cli.network import interface_for, port_in_use
 from fabric_cli.plan import (
     DEFAULT_MULTI_NODE_PORT,
     TEMPLATE_FIELDS,

@@ -16,6 +16,7 @@ from pathlib import Path
 from fabric.strategies.launchers.rank_environment import rank_variables, thread_defaults
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS, RUN_DIRECTORY_VARIABLE
 from fabric.utilities.device_parser import ALL, AUTO, parse_devices
+from fabric.utilities.network import SOCKET_INTERFACE_VARIABLES
 from fabric_cli.layout import Layout
 
 #: torchrun's default rendezvous port, used when several nodes must agree on one.
@@ -87,7 +88,7 @@ class LaunchPlan:
         }
         defaults = dict(RANK_DEFAULTS)
         if self.network_interface is not None:
-            defaults.update(GLOO_SOCKET_IFNAME=self.network_interface, NCCL_SOCKET_IFNAME=self.network_interface)
+            defaults.update(dict.fromkeys(SOCKET_INTERFACE_VARIABLES, self.network_interface))
         variables.update({name: value for name, value in defaults.items() if name not in os.environ})
         variables.update(thread_defaults(layout.processes))
         return variables

@@ -206,9 +206,7 @@ def test_devices_the_script_disagrees_with_fail_fast_instead_of_hanging(tmp_path
     script = str(SCRIPTS / "ddp_train.py")
     result = _fabric("run", "model", "--run-dir", str(run_dir), script, str(tmp_path), "ddp", "2")
     assert result.returncode == 1
-    assert "started 1 processes on this node (LOCAL_WORLD_SIZE=1), but Fabric(devices=...) resolved to 2" in (
-        result.stderr
-    )
+    assert "`fabric run` started 1 process, 1 on this node, but Fabric(devices=2, num_nodes=1)" in result.stderr
     conflicting = _fabric(
         "run", "model", "--devices", "2", "--run-dir", str(run_dir), script, str(tmp_path), "ddp", "3"
     )

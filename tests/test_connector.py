@@ -178,3 +178,70 @@ def test_user_registered_strategy_is_selectable_by_name() -> None:
         assert type(Fabric(strategy="my_single").strategy) is MyStrategy
     finally:
         STRATEGY_REGISTRY.unregister("my_single")
+
+
+# --- a launcher's world: followed when not given, refused when contradicted ---------------------------
+
+TORCHRUN_2x2 = {"RANK": "3", "GROUP_RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # fmt: skip
+SRUN_2 = {"SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
+          "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODELIST": "node1", "SLURM_JOB_ID": "77",
+          "SLURM_JOB_NAME": "t"}  # fmt: skip
+MPIRUN_2 = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("environ", "devices", "num_nodes", "rank"),
+    [(TORCHRUN_2x2, 2, 2, 3), (SRUN_2, 2, 1, 1), (MPIRUN_2, 2, 1, 1)],
+    ids=["torchrun", "srun", "mpirun"],
+)
+def test_default_fabric_joins_the_world_its_launcher_started(
+    environ: dict[str, str], devices: int, num_nodes: int, rank: int
+) -> None:
+    """A default Fabric() under `srun -n 2` (or torchrun, mpirun) used to run each task as a world of one,
+    each training alone on all the data."""
+    resolved = resolve(environ=environ)
+    assert type(resolved.strategy).__name__ == "DDPStrategy"
+    assert (len(resolved.devices), resolved.num_nodes) == (devices, num_nodes)
+    assert (resolved.strategy.world_size, resolved.strategy.global_rank) == (devices * num_nodes, rank)
+
+
+def test_arguments_that_agree_with_the_launcher_are_fine() -> None:
+    resolved = resolve(devices=2, num_nodes=2, strategy="ddp", environ=TORCHRUN_2x2)
+    assert resolved.num_processes == 4
+
+
+@pytest.mark.parametrize(
+    ("environ", "kwargs", "message"),
+    [
+        (SRUN_2, {"devices": 1},
+         "SLURM's srun started 2 processes, 2 on this node, but Fabric(devices=1, num_nodes=1) means 1 per node x 1"),
+        (TORCHRUN_2x2, {"devices": 4},
+         "torchrun started 4 processes, 2 on this node, but Fabric(devices=4, num_nodes=1)"),
+        (TORCHRUN_2x2, {"num_nodes": 4},
+         "torchrun started 4 processes, 2 on this node, but Fabric(devices='auto', num_nodes=4)"),
+        (MPIRUN_2, {"devices": 3}, "mpirun started 2 processes, 2 on this node, but Fabric(devices=3, num_nodes=1)"),
+    ],
+)  # fmt: skip
+def test_arguments_that_contradict_the_launcher_fail_naming_both(
+    environ: dict[str, str], kwargs: dict[str, int], message: str
+) -> None:
+    """`srun -n 2` with Fabric(devices=1) died on rank 1 with a bare IndexError (parallel_devices[local_rank])."""
+    with pytest.raises(ValueError, match="Leave devices and num_nodes out") as error:
+        resolve(**kwargs, environ=environ)  # type: ignore[arg-type]
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("strategy", ["single_device", SingleDeviceStrategy()], ids=["name", "object"])
+def test_a_single_process_strategy_in_a_launched_world_is_refused(strategy: object) -> None:
+    with pytest.raises(ValueError, match=r"SLURM's srun started 2 processes.*strategy='single_device' runs one"):
+        resolve(strategy=strategy, environ=SRUN_2)  # type: ignore[arg-type]
+    one_task = {
+        **SRUN_2,
+        "SLURM_NTASKS": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_STEP_TASKS_PER_NODE": "1",
+    }
+    assert resolve(strategy=strategy, environ=one_task).num_processes == 1  # type: ignore[arg-type]

@@ -12,7 +12,9 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Sampler, TensorDataset
 
 from fabric import Fabric
+from fabric.accelerators import CPUAccelerator
 from fabric.plugins.environments import LocalEnvironment, TorchElasticEnvironment
+from fabric.plugins.precision import Precision
 from fabric.strategies.ddp import DDPStrategy
 from fabric.utilities.data import ShardedSampler, shard_dataloader
 
@@ -153,8 +155,8 @@ def test_torchrun_variables_make_launch_unnecessary(monkeypatch: pytest.MonkeyPa
         monkeypatch.setenv(name, value)
     strategy = DDPStrategy()
     strategy.connect(
-        accelerator=Fabric(accelerator="cpu").strategy.accelerator,
-        precision=Fabric(accelerator="cpu").precision,
+        accelerator=CPUAccelerator(),
+        precision=Precision(),
         checkpoint_io=None,
         devices=[torch.device("cpu")] * 2,
         num_nodes=1,

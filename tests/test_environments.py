@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from fabric.plugins.environments import (
     expand_hostlist,
     find_free_port,
 )
+from fabric.plugins.environments.cluster_environment import LaunchedLayout
+from fabric.plugins.environments.slurm import expand_tasks_per_node
 
 #: Every variable any environment reads; each test starts with none of them set.
 ALL_VARIABLES = (
@@ -43,6 +44,9 @@ ALL_VARIABLES = (
     "SLURM_JOB_NODELIST",
     "SLURM_JOB_ID",
     "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEP_ID",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
     "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -58,6 +62,7 @@ ALL_VARIABLES = (
     "JSM_NAMESPACE_SIZE",
     "JSM_NAMESPACE_RANK",
     "JSM_NAMESPACE_LOCAL_RANK",
+    "JSM_NAMESPACE_LOCAL_SIZE",
 )
 
 TORCHRUN_VARIABLES = {
@@ -79,6 +84,8 @@ SLURM_VARIABLES = {
     "SLURM_NODEID": "1",
     "SLURM_NODELIST": "gpu[007-008]",
     "SLURM_JOB_ID": "1234567",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
 }
 
 
@@ -153,13 +160,7 @@ def test_torchelastic(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env.creates_processes_externally
     assert (env.main_address, env.main_port) == ("10.0.0.1", 29400)
     assert _ranks(env) == (8, 5, 1, 1)
-    env.validate_settings(num_devices=4, num_nodes=2)
-
-
-def test_torchelastic_world_size_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    _set(monkeypatch, TORCHRUN_VARIABLES)
-    with pytest.raises(ValueError, match=r"WORLD_SIZE=8.*devices=2 x num_nodes=2 = 4"):
-        TorchElasticEnvironment().validate_settings(num_devices=2, num_nodes=2)
+    assert env.launched_layout() == LaunchedLayout("torchrun", world_size=8, local_world_size=4)
 
 
 # --- SLURM -----------------------------------------------------------------------------------------
@@ -173,6 +174,34 @@ def test_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env.main_address == "gpu007"
     assert env.main_port == 10000 + 4567
     assert _ranks(env) == (8, 6, 2, 1)
+    assert env.launched_layout() == LaunchedLayout("SLURM's srun", world_size=8, local_world_size=4)
+
+
+def test_an_sbatch_script_without_srun_is_not_a_slurm_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch shell sees the job's SLURM_NTASKS but is one process no srun started (no SLURM_STEP_ID):
+    taking it for a task of a 2-task step made it wait 30 minutes for a rank that never comes."""
+    _set(monkeypatch, SLURM_VARIABLES)
+    monkeypatch.delenv("SLURM_STEP_ID")
+    assert not SLURMEnvironment.detect()
+    assert type(detect_environment()) is LocalEnvironment
+
+
+@pytest.mark.parametrize(
+    ("counts", "node", "expected"), [("2", 0, 2), ("2(x3),1", 2, 2), ("2(x3),1", 3, 1), ("3,1(x2)", 2, 1)]
+)
+def test_slurm_tasks_on_this_node(monkeypatch: pytest.MonkeyPatch, counts: str, node: int, expected: int) -> None:
+    _set(monkeypatch, {**SLURM_VARIABLES, "SLURM_STEP_TASKS_PER_NODE": counts, "SLURM_NODEID": str(node)})
+    assert SLURMEnvironment().local_world_size() == expected
+    monkeypatch.delenv("SLURM_STEP_TASKS_PER_NODE")
+    assert SLURMEnvironment().local_world_size() is None
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", counts)  # the job's, when the step does not say
+    assert SLURMEnvironment().local_world_size() == expected
+
+
+@pytest.mark.parametrize("counts", ["2(x", "x2", "2(x3", "", "2,,1"])
+def test_slurm_tasks_per_node_rejects_what_it_cannot_read(counts: str) -> None:
+    with pytest.raises(ValueError, match="tasks-per-node"):
+        expand_tasks_per_node(counts)
 
 
 @pytest.mark.parametrize("job_name", ["bash", "interactive"])
@@ -229,16 +258,6 @@ def test_slurm_port_from_job_id(monkeypatch: pytest.MonkeyPatch, job_id: str, po
     assert SLURMEnvironment().main_port == 12345
 
 
-def test_slurm_ntasks_per_node_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    _set(monkeypatch, {**SLURM_VARIABLES, "SLURM_NTASKS_PER_NODE": "4"})
-    env = SLURMEnvironment()
-    with pytest.warns(UserWarning, match=r"SLURM_NTASKS_PER_NODE=4.*devices=2.*--ntasks-per-node"):
-        env.validate_settings(num_devices=2, num_nodes=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        env.validate_settings(num_devices=4, num_nodes=2)
-
-
 # --- MPI -------------------------------------------------------------------------------------------
 
 
@@ -256,8 +275,10 @@ def test_mpi_openmpi(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env.creates_processes_externally
     assert (env.main_address, env.main_port) == ("head", 29500)
     assert _ranks(env) == (8, 6, 2, 1)  # node derived as 6 // 4
-    _set(monkeypatch, {"OMPI_COMM_WORLD_NODE_RANK": "3", "MASTER_PORT": "1111"})
-    assert env.node_rank() == 3
+    assert env.launched_layout() == LaunchedLayout("mpirun", world_size=8, local_world_size=4)
+    # OpenMPI's NODE_RANK is the rank within the node (2 here), not the node's index: it is not read
+    _set(monkeypatch, {"OMPI_COMM_WORLD_NODE_RANK": "2", "MASTER_PORT": "1111"})
+    assert env.node_rank() == 1
     assert env.main_port == 1111
 
 
@@ -268,6 +289,7 @@ def test_mpi_mpich(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert MPIEnvironment.detect()
     assert detect_environment().__class__ is MPIEnvironment
+    assert _ranks(MPIEnvironment()) == (6, 5, 2, 1)
     assert _ranks(MPIEnvironment()) == (6, 5, 2, 1)
 
 

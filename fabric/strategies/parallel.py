@@ -21,11 +21,13 @@ from fabric.plugins.environments import (
 )
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
+from fabric.strategies.launchers.rank_environment import export_variables, rank_variables, restore_variables
 from fabric.strategies.strategy import Strategy
 from fabric.utilities import distributed
 from fabric.utilities.collective_watch import CollectiveWatch
 from fabric.utilities.data import shard_dataloader
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
+from fabric.utilities.network import socket_interface_defaults
 
 #: torch's own default for collectives; long, because a first NCCL step can take minutes to compile.
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -66,6 +68,7 @@ class ParallelStrategy(Strategy):
         self._stall_threshold = _seconds(stall_threshold)
         self._barrier_group: Any = None
         self._watch: CollectiveWatch | None = None
+        self._replaced_variables: dict[str, str | None] | None = None  # what setup_environment exported over
 
     def _configure_processes(
         self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment | None
@@ -75,6 +78,10 @@ class ParallelStrategy(Strategy):
         self._cluster_environment = self._cluster_environment or cluster_environment or detect_environment()
         self._cluster_environment.validate_settings(len(self.parallel_devices), num_nodes)
         self._assign_local_ranks()
+
+    @property
+    def own_cluster_environment(self) -> ClusterEnvironment | None:
+        return self._cluster_environment
 
     @property
     def cluster_environment(self) -> ClusterEnvironment:
@@ -162,6 +169,8 @@ class ParallelStrategy(Strategy):
     def setup_environment(self) -> None:
         """Join the process group (rank 0 hosts the rendezvous) and claim this rank's device."""
         self._assign_local_ranks()
+        if self._replaced_variables is None:
+            self._replaced_variables = export_variables(self._process_variables())
         self.accelerator.setup_device(self.root_device)
         if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.num_processes))
@@ -180,6 +189,24 @@ class ParallelStrategy(Strategy):
             self._watch = CollectiveWatch(
                 distributed.default_store(), self.global_rank, self.world_size, self._timeout, self._stall_threshold
             )
+
+    def _process_variables(self) -> dict[str, str]:
+        """What every rank exports, whoever started it: torch's standard rank variables, which libraries that
+        know no launcher read (mosaicml-streaming, data loaders), and the interface gloo and NCCL must bind to
+        reach the other nodes, unless set."""
+        environment = self.cluster_environment
+        return {
+            **rank_variables(
+                main_address=environment.main_address,
+                main_port=environment.main_port,
+                world_size=self.world_size,
+                local_world_size=self.num_processes,
+                local_rank=self.local_rank,
+                global_rank=self.global_rank,
+                node_rank=self.node_rank,
+            ),
+            **socket_interface_defaults(environment.main_address, environment.main_port),
+        }
 
     def _rendezvous(self) -> dict[str, Any]:
         """``init_process_group``'s ``init_method`` or ``store``: where the ranks find each other."""
@@ -205,6 +232,9 @@ class ParallelStrategy(Strategy):
         if dist.is_initialized():
             dist.destroy_process_group()
         self._barrier_group = None
+        if self._replaced_variables is not None:
+            restore_variables(self._replaced_variables)
+            self._replaced_variables = None
         super().teardown()
 
     # --- collectives ------------------------------------------------------------------------------

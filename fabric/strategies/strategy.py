@@ -103,6 +103,11 @@ class Strategy:
         """Take the devices, node count and cluster environment resolved for this job (subclasses)."""
         raise NotImplementedError
 
+    @property
+    def own_cluster_environment(self) -> ClusterEnvironment | None:
+        """The cluster environment this strategy object was given itself, which wins over detection."""
+        return None
+
     def configuration_error(self) -> str | None:
         """Why this strategy cannot work with the accelerator, precision and devices it was connected
         to, in words naming the values; ``None`` when it can. Checked when ``Fabric(...)`` is built."""

@@ -9,7 +9,24 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class LaunchedLayout:
+    """What an external launcher started: the whole world, and how many of its processes run on this node."""
+
+    #: The launcher in words, for messages ("SLURM's srun", "torchrun").
+    launcher: str
+    world_size: int
+    #: ``None`` when the launcher does not say how many processes it started on this node.
+    local_world_size: int | None
+
+    def describe(self) -> str:
+        on_this_node = "" if self.local_world_size is None else f", {self.local_world_size} on this node"
+        processes = "process" if self.world_size == 1 else "processes"
+        return f"{self.launcher} started {self.world_size} {processes}{on_this_node}"
 
 
 class ClusterEnvironment(ABC):
@@ -20,6 +37,9 @@ class ClusterEnvironment(ABC):
     :data:`os.environ`; passing a mapping makes the environment describe that mapping instead (handy in
     tests and tools that inspect another process's environment).
     """
+
+    #: The launcher in words, for messages; subclasses name theirs.
+    launcher_name: ClassVar[str] = "the launcher"
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
@@ -78,12 +98,22 @@ class ClusterEnvironment(ABC):
     def node_rank(self) -> int:
         """Index of this process's node among the nodes of the job."""
 
-    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Check that the user's ``devices`` and ``num_nodes`` agree with what the launcher started.
+    def local_world_size(self) -> int | None:
+        """How many processes the launcher started on this node; ``None`` when it does not say."""
+        return None
 
-        The default accepts anything; environments whose launcher fixes the process count override this
-        to fail (or warn) early rather than hang in the rendezvous.
-        """
+    def launched_layout(self) -> LaunchedLayout | None:
+        """What the launcher started, when one did (:attr:`creates_processes_externally`); ``None`` when Fabric
+        starts the processes itself. Fabric follows it when ``devices``/``num_nodes`` are not given, and refuses
+        arguments that disagree with it (the connector), so no process silently runs as a world of its own."""
+        if not self.creates_processes_externally:
+            return None
+        return LaunchedLayout(self.launcher_name, self.world_size(), self.local_world_size())
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Check what only this environment can about ``devices`` and ``num_nodes`` (e.g. the rendezvous
+        variables several nodes need). Agreement with the launcher's layout is checked for every environment
+        by the connector, from :meth:`launched_layout`; the default checks nothing more."""
         return  # deliberately a no-op default, not an abstract method
 
     def teardown(self) -> None:

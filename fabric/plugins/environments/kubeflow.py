@@ -26,8 +26,13 @@ class KubeflowEnvironment(TorchElasticEnvironment):
             name in environ for name in _TORCHELASTIC_VARIABLES
         )
 
+    launcher_name = "Kubeflow's PyTorchJob"
+
     def local_rank(self) -> int:
         return 0
+
+    def local_world_size(self) -> int | None:
+        return 1
 
     def node_rank(self) -> int:
         return self.global_rank()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fabric.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric.plugins.environments.cluster_environment import ClusterEnvironment, LaunchedLayout
+from fabric.utilities.cli_contract import CLI_MARKER
 from fabric.utilities.ports import find_free_port
 
 __all__ = ["LocalEnvironment", "find_free_port"]
@@ -16,6 +17,8 @@ class LocalEnvironment(ClusterEnvironment):
     The strategy decides world size and global rank (:meth:`set_world_size`, :meth:`set_global_rank`);
     the defaults describe one process.
     """
+
+    launcher_name = "the launcher that set LOCAL_RANK and WORLD_SIZE"
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         super().__init__(environ)
@@ -73,19 +76,25 @@ class LocalEnvironment(ClusterEnvironment):
     def local_rank(self) -> int:
         return self._int("LOCAL_RANK", default=0)
 
+    def local_world_size(self) -> int | None:
+        """``LOCAL_WORLD_SIZE`` in a process a launcher started, when it set it."""
+        if self.creates_processes_externally and "LOCAL_WORLD_SIZE" in self._environ:
+            return self._int("LOCAL_WORLD_SIZE")
+        return None
+
+    def launched_layout(self) -> LaunchedLayout | None:
+        """Known when the launcher that set ``LOCAL_RANK`` also set ``WORLD_SIZE`` (``fabric run``, Fabric's own
+        launchers, Ray Train, ...)."""
+        if not (self.creates_processes_externally and "WORLD_SIZE" in self._environ):
+            return None
+        launcher = "`fabric run`" if self._environ.get(CLI_MARKER) == "1" else self.launcher_name
+        return LaunchedLayout(launcher, self.world_size(), self.local_world_size())
+
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Refuse set-ups whose rendezvous would wait forever: in a launched process, the processes per node
-        must be what ``devices`` asks for; several nodes need the rendezvous address and port of node 0."""
+        """Several nodes that Fabric starts itself need the rendezvous address and port of node 0, or node 0
+        would wait forever."""
         if num_nodes > 1 and not self.creates_processes_externally:
             self._check_multi_node(num_nodes)
-        if self.creates_processes_externally and "LOCAL_WORLD_SIZE" in self._environ:
-            started = self._int("LOCAL_WORLD_SIZE")
-            if started != num_devices:
-                raise ValueError(
-                    f"The launcher started {started} processes on this node (LOCAL_WORLD_SIZE={started}), but "
-                    f"Fabric(devices=...) resolved to {num_devices}. Make them agree, e.g. pass the same --devices "
-                    "to the launcher and to Fabric, or leave devices out of one of them."
-                )
 
     def _check_multi_node(self, num_nodes: int) -> None:
         missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in self._environ]
@@ -97,11 +106,20 @@ class LocalEnvironment(ClusterEnvironment):
             if missing
             else f"NODE_RANK={node_rank} is outside [0, {num_nodes})"
         )
+        if "SLURM_JOB_ID" in self._environ:  # an sbatch script or salloc shell: srun starts tasks on every node
+            fix = (
+                "This is a SLURM allocation but not a job step: run the script under srun "
+                f"(`srun --nodes={num_nodes} --ntasks-per-node=<devices> python ...`)."
+            )
+        else:
+            fix = (
+                f"On every node set MASTER_ADDR (the host of node 0, reachable from all nodes), the same MASTER_PORT "
+                f"and NODE_RANK (0..{num_nodes - 1}), or start the job with "
+                f"`fabric run --num-nodes={num_nodes} --main-address=HOST`."
+            )
         raise ValueError(
             f"Fabric(num_nodes={num_nodes}) without a cluster environment (SLURM, torchrun, ...) cannot start: "
-            f"{problem}, so node 0 would wait forever for nodes that never find it. On every node set "
-            f"MASTER_ADDR (the host of node 0, reachable from all nodes), the same MASTER_PORT and NODE_RANK "
-            f"(0..{num_nodes - 1}), or start the job with `fabric run --num-nodes={num_nodes} --main-address=HOST`."
+            f"{problem}, so node 0 would wait forever for nodes that never find it. {fix}"
         )
 
     def node_rank(self) -> int:

@@ -24,6 +24,8 @@ class LSFEnvironment(ClusterEnvironment):
     appearance, are the compute nodes.
     """
 
+    launcher_name = "LSF's jsrun"
+
     @property
     def creates_processes_externally(self) -> bool:
         return True
@@ -58,6 +60,10 @@ class LSFEnvironment(ClusterEnvironment):
 
     def local_rank(self) -> int:
         return self._int("JSM_NAMESPACE_LOCAL_RANK")
+
+    def local_world_size(self) -> int | None:
+        """``JSM_NAMESPACE_LOCAL_SIZE`` when jsrun sets it."""
+        return self._int("JSM_NAMESPACE_LOCAL_SIZE") if "JSM_NAMESPACE_LOCAL_SIZE" in self._environ else None
 
     def node_rank(self) -> int:
         """Index of this host (``socket.gethostname()``) among the compute hosts of the rankfile."""

@@ -18,6 +18,8 @@ class MPIEnvironment(ClusterEnvironment):
     notion of a TCP rendezvous, so the user exports ``MASTER_ADDR`` (and optionally ``MASTER_PORT``).
     """
 
+    launcher_name = "mpirun"
+
     @property
     def _is_openmpi(self) -> bool:
         return "OMPI_COMM_WORLD_SIZE" in self._environ
@@ -54,15 +56,17 @@ class MPIEnvironment(ClusterEnvironment):
     def local_rank(self) -> int:
         return self._int("OMPI_COMM_WORLD_LOCAL_RANK" if self._is_openmpi else "MPI_LOCALRANKID")
 
-    def node_rank(self) -> int:
-        """``OMPI_COMM_WORLD_NODE_RANK`` if set, else ``global_rank // processes per node``.
+    def local_world_size(self) -> int | None:
+        return self._int("OMPI_COMM_WORLD_LOCAL_SIZE" if self._is_openmpi else "MPI_LOCALNRANKS")
 
-        The derivation assumes the same number of processes on every node, placed by node (MPI's default
+    def node_rank(self) -> int:
+        """``global_rank // processes per node``: MPI exports no node index.
+
+        (OpenMPI's ``OMPI_COMM_WORLD_NODE_RANK`` is the rank *within* the node, not the node's index.) The
+        derivation assumes the same number of processes on every node, placed by node (MPI's default
         ``--map-by slot``/block placement).
         """
-        if self._is_openmpi and "OMPI_COMM_WORLD_NODE_RANK" in self._environ:
-            return self._int("OMPI_COMM_WORLD_NODE_RANK")
-        local_size = self._int("OMPI_COMM_WORLD_LOCAL_SIZE" if self._is_openmpi else "MPI_LOCALNRANKS")
+        local_size = self.local_world_size() or 0
         if local_size < 1:
             raise ValueError(f"MPI reports {local_size} processes on this node; cannot derive the node rank.")
         return self.global_rank() // local_size

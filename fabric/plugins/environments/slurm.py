@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
-from fabric.utilities.rank_zero import rank_zero_warn
 
 #: ``SLURM_JOB_NAME`` of an allocation's interactive shell (``salloc``, ``srun --pty bash``).
 _INTERACTIVE_JOB_NAMES = ("bash", "interactive")
@@ -62,6 +61,17 @@ def _expand_host_pattern(pattern: str, hostlist: str) -> list[str]:
     return [prefix + value + suffix for value in _expand_range_list(ranges, hostlist) for suffix in suffixes]
 
 
+def expand_tasks_per_node(counts: str) -> list[int]:
+    """Expand SLURM's tasks-per-node syntax such as ``"2(x3),1"`` into one count per node: ``[2, 2, 2, 1]``."""
+    expanded: list[int] = []
+    for item in counts.split(","):
+        count, repeated, times = item.strip().partition("(x")
+        if not count.isdigit() or (repeated and not (times.endswith(")") and times[:-1].isdigit())):
+            raise ValueError(f"Invalid SLURM tasks-per-node list {counts!r}: cannot read {item!r}.")
+        expanded.extend([int(count)] * (int(times[:-1]) if repeated else 1))
+    return expanded
+
+
 def expand_hostlist(hostlist: str) -> list[str]:
     """Expand a SLURM hostlist such as ``"node[001-003,007],gpu-[1-2]"`` into host names, in order.
 
@@ -80,6 +90,8 @@ def expand_hostlist(hostlist: str) -> list[str]:
 
 class SLURMEnvironment(ClusterEnvironment):
     """``srun`` started every task; SLURM's variables give the ranks and the node list."""
+
+    launcher_name = "SLURM's srun"
 
     @property
     def creates_processes_externally(self) -> bool:
@@ -110,14 +122,17 @@ class SLURMEnvironment(ClusterEnvironment):
 
     @classmethod
     def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
-        """``SLURM_NTASKS`` is set and the job is a batch/``srun`` job, not an interactive allocation shell.
+        """This process is a task of an ``srun`` job step (``SLURM_STEP_ID`` and ``SLURM_NTASKS`` are set), and
+        not an interactive shell.
 
-        Inside ``salloc`` (or ``srun --pty bash``) the SLURM variables are set, but they describe the
-        allocation, not processes ``srun`` started for us: ``SLURM_JOB_NAME`` is then ``bash`` or
-        ``interactive``, and Fabric must launch the processes itself like on a local machine.
+        An ``sbatch`` script's own shell, and a command ``salloc`` runs, see the allocation's variables
+        (``SLURM_NTASKS=2`` for a 2-task job) but are one process that no ``srun`` started: there Fabric
+        starts the processes itself, as on a local machine. So does ``srun --pty bash``, whose
+        ``SLURM_JOB_NAME`` is ``bash`` or ``interactive``.
         """
         environ = cls._resolve_environ(environ)
-        return "SLURM_NTASKS" in environ and environ.get("SLURM_JOB_NAME") not in _INTERACTIVE_JOB_NAMES
+        in_step = "SLURM_STEP_ID" in environ and "SLURM_NTASKS" in environ
+        return in_step and environ.get("SLURM_JOB_NAME") not in _INTERACTIVE_JOB_NAMES
 
     def world_size(self) -> int:
         return self._int("SLURM_NTASKS")
@@ -131,13 +146,13 @@ class SLURMEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         return self._int("SLURM_NODEID")
 
-    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Warn when ``--ntasks-per-node`` differs from ``devices``: each task drives one device."""
-        ntasks_per_node = self._environ.get("SLURM_NTASKS_PER_NODE")
-        if ntasks_per_node is None or not ntasks_per_node.strip().isdigit():
-            return
-        if int(ntasks_per_node) != num_devices:
-            rank_zero_warn(
-                f"SLURM_NTASKS_PER_NODE={ntasks_per_node} but Fabric was configured with devices={num_devices}."
-                f" Set `#SBATCH --ntasks-per-node={num_devices}` so that `--ntasks-per-node` equals `devices`."
-            )
+    def local_world_size(self) -> int | None:
+        """This node's entry of the step's tasks per node (``SLURM_STEP_TASKS_PER_NODE``, else the job's)."""
+        counts = self._environ.get("SLURM_STEP_TASKS_PER_NODE") or self._environ.get("SLURM_TASKS_PER_NODE")
+        if not counts:
+            return None
+        per_node = expand_tasks_per_node(counts)
+        node = self.node_rank()
+        if node >= len(per_node):
+            raise ValueError(f"SLURM_NODEID={node}, but the tasks-per-node list {counts!r} has {len(per_node)} nodes.")
+        return per_node[node]

@@ -12,6 +12,8 @@ _DETECT_VARIABLES = ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 class TorchElasticEnvironment(ClusterEnvironment):
     """``torchrun`` started every process and exported its rank, its node and the rendezvous address."""
 
+    launcher_name = "torchrun"
+
     @property
     def creates_processes_externally(self) -> bool:
         return True
@@ -42,13 +44,5 @@ class TorchElasticEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         return self._int("GROUP_RANK")
 
-    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """torchrun fixed the process count, so ``devices * num_nodes`` must equal ``WORLD_SIZE``."""
-        world_size = self.world_size()
-        expected = num_devices * num_nodes
-        if world_size != expected:
-            raise ValueError(
-                f"torchrun started WORLD_SIZE={world_size} processes, but Fabric was configured for"
-                f" devices={num_devices} x num_nodes={num_nodes} = {expected}. Make `--nproc-per-node` equal"
-                " `devices` and `--nnodes` equal `num_nodes`."
-            )
+    def local_world_size(self) -> int | None:
+        return self._int("LOCAL_WORLD_SIZE")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 
 def rank_variables(
@@ -36,3 +36,22 @@ def thread_defaults(local_world_size: int, environ: Mapping[str, str] = os.envir
     if "OMP_NUM_THREADS" in environ:
         return {}
     return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // local_world_size))}
+
+
+def export_variables(
+    variables: Mapping[str, str], environ: MutableMapping[str, str] = os.environ
+) -> dict[str, str | None]:
+    """Set ``variables`` in this process; returns their previous values (``None``: unset) for
+    :func:`restore_variables`."""
+    previous = {name: environ.get(name) for name in variables}
+    environ.update(variables)
+    return previous
+
+
+def restore_variables(previous: Mapping[str, str | None], environ: MutableMapping[str, str] = os.environ) -> None:
+    """Put back what :func:`export_variables` replaced."""
+    for name, value in previous.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value

@@ -1,9 +1,14 @@
-"""Network checks the CLI makes before starting anything (torch-free, instant)."""
+"""Network facts a launch needs (torch-free, instant): whether a port is taken, which interface reaches a host."""
 
 from __future__ import annotations
 
 import errno
+import os
 import socket
+from collections.abc import Mapping
+
+#: The variables naming the interface that gloo and NCCL bind their sockets to.
+SOCKET_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def port_in_use(port: int) -> bool:
@@ -41,6 +46,16 @@ def interface_for(address: str, port: int) -> str | None:
     if family != socket.AF_INET or source.startswith("127."):
         return None
     return next((name for _, name in socket.if_nameindex() if _ipv4_address(name) == source), None)
+
+
+def socket_interface_defaults(address: str, port: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """:data:`SOCKET_INTERFACE_VARIABLES` naming the interface that routes to ``address``, for those not set in
+    ``environ``; empty when that is loopback or cannot be told. Without them, ranks on hosts whose name resolves
+    to loopback advertise 127.0.0.1 and the other nodes are refused (``connectFullMesh ... Connection refused``)."""
+    interface = interface_for(address, port)
+    if interface is None:
+        return {}
+    return {name: interface for name in SOCKET_INTERFACE_VARIABLES if name not in environ}
 
 
 def _ipv4_address(interface: str) -> str | None:
