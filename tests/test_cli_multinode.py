@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from netns import NodePair
 
 from fabric.plugins.environments import find_free_port
 
@@ -72,36 +72,10 @@ def test_nodes_that_disagree_all_fail_before_starting_ranks(nodes: list[list[str
         assert result.returncode == 1 and expected in result.stderr, result.stderr
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def two_namespaces() -> Iterator[tuple[str, str]]:
-    """Two network namespaces joined by a veth pair: 198.18.N.1 and 198.18.N.2, hostnames still loopback."""
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        pytest.skip("needs root and iproute2's `ip netns` to make two network namespaces")
-    tag = f"{os.getpid() % 100000}"
-    spaces, links = (f"fabA{tag}", f"fabB{tag}"), (f"fvA{tag}", f"fvB{tag}")
-    subnet = f"198.18.{os.getpid() % 250}"
-    try:
-        for space in spaces:
-            _ip("netns", "add", space)
-        _ip("link", "add", links[0], "type", "veth", "peer", "name", links[1])
-        for index, (space, link) in enumerate(zip(spaces, links, strict=True)):
-            _ip("link", "set", link, "netns", space)
-            _ip("-n", space, "addr", "add", f"{subnet}.{index + 1}/24", "dev", link)
-            _ip("-n", space, "link", "set", link, "up")
-            _ip("-n", space, "link", "set", "lo", "up")
-    except subprocess.CalledProcessError as error:
-        for space in spaces:
-            subprocess.run(["ip", "netns", "del", space], capture_output=True, check=False)
-        pytest.skip(f"`ip netns` is not usable here: {error.stderr.decode().strip()}")
-    try:
-        yield spaces[0], spaces[1]
-    finally:
-        for space in spaces:  # deleting a namespace deletes its end of the veth pair, and so the pair
-            subprocess.run(["ip", "netns", "del", space], capture_output=True, check=False)
+    with NodePair() as nodes:
+        yield nodes.names
 
 
 def test_two_nodes_in_separate_network_namespaces_train_together(
