@@ -149,6 +149,51 @@ def network_namespace(kind: str, *, veth: bool) -> Iterator[NetworkNamespace]:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False, timeout=30)
 
 
+class NodePair:
+    """Two "machines": namespaces joined by a veth pair (198.18.N.1 and 198.18.N.2), each with its loopback and its
+    end of the pair, and a hostname that still resolves to 127.0.0.1, where gloo advertises loopback and the other
+    node is refused unless told which interface to use. ``with NodePair() as nodes``; ``nodes.command(i, argv)``
+    runs ``argv`` on node ``i``."""
+
+    def __init__(self) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.names = (f"fabA{tag}", f"fabB{tag}")
+        self.interfaces = (f"fvA{tag}", f"fvB{tag}")
+        self.subnet = f"198.18.{os.getpid() % 250}"
+
+    def address(self, node: int) -> str:
+        return f"{self.subnet}.{node + 1}"
+
+    def interface(self, node: int) -> str:
+        return self.interfaces[node]
+
+    def command(self, node: int, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.names[node], *argv]
+
+    def __enter__(self) -> NodePair:
+        require_namespaces("two nodes")
+        try:
+            for name in self.names:
+                _ip("netns", "add", name)
+            _ip("link", "add", self.interfaces[0], "type", "veth", "peer", "name", self.interfaces[1])
+            for node, (name, link) in enumerate(zip(self.names, self.interfaces, strict=True)):
+                _ip("link", "set", link, "netns", name)
+                _ip("-n", name, "addr", "add", f"{self.address(node)}/24", "dev", link)
+                _ip("-n", name, "link", "set", link, "up")
+                _ip("-n", name, "link", "set", "lo", "up")
+        except subprocess.CalledProcessError as error:
+            self._remove()
+            raise RuntimeError(f"`ip netns` failed: {error.stderr.decode().strip()}") from error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        for name in self.names:  # deleting a namespace deletes its end of the veth pair, and so the pair
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
 class SlurmCluster:
     """A one-node SLURM cluster (munged, slurmctld, slurmd) in its own namespace, all its files in ``directory``.
 

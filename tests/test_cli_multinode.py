@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from netns import NodePair
+from engines import NodePair
 
 from fabric.plugins.environments import find_free_port
 

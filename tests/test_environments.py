@@ -204,10 +204,11 @@ def test_slurm_tasks_per_node_rejects_what_it_cannot_read(counts: str) -> None:
         expand_tasks_per_node(counts)
 
 
-@pytest.mark.parametrize("job_name", ["bash", "interactive"])
-def test_slurm_interactive_allocation_is_not_detected(monkeypatch: pytest.MonkeyPatch, job_name: str) -> None:
-    _set(monkeypatch, {**SLURM_VARIABLES, "SLURM_JOB_NAME": job_name})
+def test_an_interactive_shell_step_is_not_detected_but_srun_inside_salloc_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    _set(monkeypatch, {**SLURM_VARIABLES, "SLURM_JOB_NAME": "bash"})  # srun --pty bash
     assert not SLURMEnvironment.detect()
+    monkeypatch.setenv("SLURM_JOB_NAME", "interactive")  # salloc's job name, inherited by its srun steps
+    assert SLURMEnvironment.detect()
 
 
 @pytest.mark.parametrize(

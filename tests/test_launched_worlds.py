@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from netns import NodePair
+from engines import NodePair
 
 from fabric.plugins.environments import find_free_port
 

@@ -6,8 +6,10 @@ from collections.abc import Mapping
 
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 
-#: ``SLURM_JOB_NAME`` of an allocation's interactive shell (``salloc``, ``srun --pty bash``).
-_INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+#: ``SLURM_JOB_NAME`` of ``srun --pty bash``: an interactive shell in a one-task step, where the user's script
+#: is not a task of its own and Fabric starts the processes itself. (``salloc``'s name, ``interactive``, is not
+#: one: an ``srun`` inside ``salloc`` inherits it, and its tasks are a real step.)
+_INTERACTIVE_SHELL_JOB_NAMES = ("bash",)
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -127,12 +129,11 @@ class SLURMEnvironment(ClusterEnvironment):
 
         An ``sbatch`` script's own shell, and a command ``salloc`` runs, see the allocation's variables
         (``SLURM_NTASKS=2`` for a 2-task job) but are one process that no ``srun`` started: there Fabric
-        starts the processes itself, as on a local machine. So does ``srun --pty bash``, whose
-        ``SLURM_JOB_NAME`` is ``bash`` or ``interactive``.
+        starts the processes itself, as on a local machine. So does a script run from ``srun --pty bash``.
         """
         environ = cls._resolve_environ(environ)
         in_step = "SLURM_STEP_ID" in environ and "SLURM_NTASKS" in environ
-        return in_step and environ.get("SLURM_JOB_NAME") not in _INTERACTIVE_JOB_NAMES
+        return in_step and environ.get("SLURM_JOB_NAME") not in _INTERACTIVE_SHELL_JOB_NAMES
 
     def world_size(self) -> int:
         return self._int("SLURM_NTASKS")

@@ -1,0 +1,34 @@
+"""Fabric under real MPI launchers: OpenMPI's ``mpirun -np 2`` and MPICH's ``mpiexec -n 2`` (each in a network
+namespace of its own) start one world whose ranks, local ranks and node ranks are right, and train it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import engines
+import pytest
+from engines import MpiLaunchers
+from test_launched_worlds import WORLD, assert_one_world_trained, reports
+
+mpi_launchers = engines.mpi_launchers
+
+
+@pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
+def test_mpi_ranks_train_as_one_world_on_one_node(mpi_launchers: MpiLaunchers, tmp_path: Path, flavour: str) -> None:
+    """Rank 1 of a one-node `mpirun -np 2` (OpenMPI) reported node 1: OMPI_COMM_WORLD_NODE_RANK is the rank within
+    the node, not the node's index. MPICH was right; both are checked."""
+    launch = mpi_launchers.openmpi if flavour == "openmpi" else mpi_launchers.mpich
+    result = mpi_launchers.run(launch(["python", WORLD, str(tmp_path)]))
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = reports(tmp_path, 2)
+    assert_one_world_trained(ranks, 2)
+    assert {r["environment"] for r in ranks} == {"MPIEnvironment"}
+    assert [(r["local_rank"], r["node_rank"]) for r in ranks] == [(0, 0), (1, 0)]
+    assert {r["variables"]["LOCAL_WORLD_SIZE"] for r in ranks} == {"2"}
+
+
+def test_mpi_ranks_with_contradicting_devices_fail_naming_both(mpi_launchers: MpiLaunchers, tmp_path: Path) -> None:
+    result = mpi_launchers.run(mpi_launchers.mpich(["python", WORLD, str(tmp_path), "devices=1"]))
+    assert result.returncode != 0
+    expected = "mpirun started 2 processes, 2 on this node, but Fabric(devices=1, num_nodes=1)"
+    assert result.stderr.count(expected) == 2, result.stderr[-3000:]
