@@ -34,6 +34,7 @@ from fabric.utilities.metrics_gather import gather_unpadded
 from fabric.utilities.profiler import TraceProfiler
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
 from fabric.utilities.seed import seed_everything, seeds_workers, worker_init_function
+from fabric.utilities.worker_processes import RankOwnedWorker
 from fabric.wrappers import (
     FabricDataLoader,
     FabricModule,
@@ -326,7 +327,8 @@ class Fabric:
         Each returned loader is still an instance of the user's ``DataLoader`` class. With
         ``use_distributed_sampler=False`` the sampler is left alone (the data is then not sharded). After
         ``seed_everything(workers=True)``, loaders without a ``worker_init_fn`` get one that seeds each worker
-        of each rank differently.
+        of each rank differently. Worker processes ignore SIGTERM and die with their rank
+        (:mod:`fabric.utilities.worker_processes`): a scheduler's SIGTERM to the whole job is the rank's to handle.
         """
         if not dataloaders:
             raise ValueError("setup_dataloaders() needs at least one dataloader.")
@@ -340,6 +342,8 @@ class Fabric:
             loader = wrap_dataloader(dataloader, self.device if move_to_device else None)
             if seeds_workers() and loader.worker_init_fn is None:
                 loader.worker_init_fn = functools.partial(worker_init_function, rank=self.global_rank)
+            if loader.num_workers > 0:
+                loader.worker_init_fn = RankOwnedWorker(loader.worker_init_fn)
             wrapped.append(loader)
         return wrapped[0] if len(wrapped) == 1 else wrapped
 

@@ -22,7 +22,7 @@ import click
 import fabric
 from fabric.accelerators.registry import accelerator_choices
 from fabric.plugins.precision.registry import PRECISION_REGISTRY
-from fabric.strategies.registry import strategy_choices
+from fabric.strategies.registry import STRATEGY_REGISTRY, strategy_choices
 from fabric.utilities.cli_contract import CLI_SETTINGS
 from fabric.utilities.network import interface_for, port_in_use
 from fabric.utilities.ports import find_free_port
@@ -127,7 +127,7 @@ def run() -> None:
     "--run-directory",
     type=click.Path(file_okay=False, path_type=Path),
     help="The job's directory (FABRIC_RUN_DIRECTORY for the ranks); default home of the logs of ranks other than "
-    "local rank 0. [default: runs/<timestamp>]",
+    "local rank 0. [default: runs/<timestamp>-<pid>]",
 )
 @click.option(
     "--stdout",
@@ -173,13 +173,14 @@ def run_model(**options: Any) -> None:
         click.echo(plan.describe())
         return
     from fabric_cli.join import JoinError
+    from fabric_cli.runner import OutputError
     from fabric_cli.runner import run as run_plan
 
     try:
         sys.exit(run_plan(plan))
-    except JoinError as error:
+    except (JoinError, OutputError) as error:
         click.echo(f"fabric: error: {error}", err=True)
-        sys.exit(1)
+        sys.exit(2 if isinstance(error, OutputError) else 1)
 
 
 def _make_plan(options: dict[str, Any]) -> LaunchPlan:
@@ -197,6 +198,7 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
         node_rank=options["node_rank"],
         base_rank=options["base_rank"],
     )
+    _check_one_process_strategy(options["strategy"], layout)
     main_address = options["main_address"] or "127.0.0.1"  # several nodes without one were refused above
     main_port = _main_port(options["main_port"], layout)
     passed = {name: options[name] for name in CLI_SETTINGS if options.get(name) is not None}
@@ -211,7 +213,7 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
         layout=layout,
         main_address=main_address,
         main_port=main_port,
-        run_dir=options["run_dir"] or Path("runs") / datetime.datetime.now().strftime("%Y-%m-%dT%H-%M-%S"),
+        run_dir=options["run_dir"] or _new_run_dir(),
         stdout_template=options["stdout_template"],
         stderr_template=options["stderr_template"],
         fabric_settings={CLI_SETTINGS[name]: str(value) for name, value in passed.items()},
@@ -222,6 +224,21 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
     )
     plan.check_log_files()
     return plan
+
+
+def _check_one_process_strategy(strategy: str | None, layout: Layout) -> None:
+    """``--strategy=single_device`` with more processes: each would crash in ``Fabric(...)`` seconds later."""
+    if strategy is not None and STRATEGY_REGISTRY.canonical_name(strategy) == "single_device" and layout.world_size > 1:
+        raise PlanError(
+            f"--strategy={strategy} runs one process, but the job has {layout.world_size} "
+            f"({layout.processes} on this node). Use --strategy=ddp (or leave --strategy out), or --devices=1."
+        )
+
+
+def _new_run_dir() -> Path:
+    """``runs/<time>-<pid>``: jobs started in the same second from one directory (sweeps, job arrays) each get
+    their own, instead of writing over each other's rank logs."""
+    return Path("runs") / f"{datetime.datetime.now().strftime('%Y-%m-%dT%H-%M-%S')}-{os.getpid()}"
 
 
 def _mode(options: dict[str, Any]) -> str:

@@ -25,12 +25,13 @@ from typing import IO
 
 from fabric.strategies.launchers.processes import (
     describe_exit,
-    die_with_parent,
     exit_code,
     exits_in_order,
     oom_kill_count,
     stop_processes,
 )
+from fabric.utilities.exit_codes import ends_the_job, job_exit_code
+from fabric.utilities.worker_processes import die_with_parent
 from fabric_cli.join import join
 from fabric_cli.plan import LaunchPlan
 
@@ -55,12 +56,12 @@ def run(plan: LaunchPlan) -> int:
     log_files: list[IO[bytes]] = []
     try:
         try:
-            plan.run_dir.mkdir(parents=True, exist_ok=True)
+            outputs = _open_outputs(plan, log_files)  # before anything starts: a path that cannot be written stops it
             join(plan.layout, plan.main_address, plan.main_port, plan.join_timeout)
             _say(plan, _start_line(plan))
             oom_kills_before = oom_kill_count()  # tells a SIGKILL by the OOM killer from others
             for local_rank in range(plan.processes):
-                processes[local_rank] = _start(plan, local_rank, log_files)
+                processes[local_rank] = _start(plan, local_rank, outputs.get(local_rank))
             return _supervise(plan, processes, oom_kills_before)
         except _Stopped as stopped:
             return _stop_on_signal(plan, processes, stopped.signum)
@@ -90,32 +91,66 @@ def _say(plan: LaunchPlan, message: str) -> None:
         print(f"fabric: {message}", file=sys.stderr, flush=True)
 
 
-def _start(plan: LaunchPlan, local_rank: int, log_files: list[IO[bytes]]) -> subprocess.Popen[bytes]:
-    environment = {**os.environ, **plan.rank_environment(local_rank)}
-    if local_rank == 0:
-        return subprocess.Popen(plan.command(), env=environment, preexec_fn=die_with_parent)
-    stdout_path, stderr_path = plan.log_files(local_rank)
-    stdout = _open_log(stdout_path, log_files)
-    stderr = stdout if stderr_path == stdout_path else _open_log(stderr_path, log_files)
-    _say(plan, f"rank {plan.global_rank(local_rank)} writes stdout to {stdout_path}, stderr to {stderr_path}")
-    return subprocess.Popen(plan.command(), env=environment, stdout=stdout, stderr=stderr, preexec_fn=die_with_parent)
+class OutputError(Exception):
+    """The run directory or a rank's log file cannot be written; nothing was started."""
 
 
-def _open_log(path: Path, log_files: list[IO[bytes]]) -> IO[bytes]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    file = open(path, "wb")  # noqa: SIM115 - closed by run()
+_Outputs = tuple[IO[bytes], IO[bytes]]
+
+
+def _open_outputs(plan: LaunchPlan, log_files: list[IO[bytes]]) -> dict[int, _Outputs]:
+    """The run directory and every rank's log files (stdout, stderr), opened before any rank starts."""
+    _make_directory(plan.run_dir, "the run directory (--run-dir)")
+    outputs = {}
+    for local_rank in range(1, plan.processes):
+        stdout_path, stderr_path = plan.log_files(local_rank)
+        stdout = _open_log(stdout_path, log_files, f"rank {plan.global_rank(local_rank)}'s stdout (--stdout)")
+        stderr = (
+            stdout
+            if stderr_path == stdout_path
+            else _open_log(stderr_path, log_files, f"rank {plan.global_rank(local_rank)}'s stderr (--stderr)")
+        )
+        outputs[local_rank] = (stdout, stderr)
+    return outputs
+
+
+def _make_directory(path: Path, what: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"cannot create {what} {str(path)!r}: {error.strerror or error}") from None
+
+
+def _open_log(path: Path, log_files: list[IO[bytes]], what: str) -> IO[bytes]:
+    _make_directory(path.parent, f"the folder of {what}")
+    try:
+        file = open(path, "wb")  # noqa: SIM115 - closed by run()
+    except OSError as error:
+        raise OutputError(f"cannot write {what} {str(path)!r}: {error.strerror or error}") from None
     log_files.append(file)
     return file
 
 
+def _start(plan: LaunchPlan, local_rank: int, outputs: _Outputs | None) -> subprocess.Popen[bytes]:
+    environment = {**os.environ, **plan.rank_environment(local_rank)}
+    if outputs is None:  # local rank 0 keeps the terminal
+        return subprocess.Popen(plan.command(), env=environment, preexec_fn=die_with_parent)
+    stdout_path, stderr_path = plan.log_files(local_rank)
+    _say(plan, f"rank {plan.global_rank(local_rank)} writes stdout to {stdout_path}, stderr to {stderr_path}")
+    stdout, stderr = outputs
+    return subprocess.Popen(plan.command(), env=environment, stdout=stdout, stderr=stderr, preexec_fn=die_with_parent)
+
+
 def _supervise(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], oom_kills_before: int | None) -> int:
+    codes = []
     for local_rank, returncode in exits_in_order(processes):
-        if returncode != 0:
+        if ends_the_job(returncode):
             _report_failure(plan, local_rank, describe_exit(returncode, oom_kills_before))
             stop_processes(processes.values())
             return exit_code(returncode)
-        _say(plan, f"rank {plan.global_rank(local_rank)} exited with code 0")
-    return 0
+        _say(plan, f"rank {plan.global_rank(local_rank)} exited with code {describe_exit(returncode)}")
+        codes.append(returncode)
+    return job_exit_code(codes)
 
 
 def _stop_on_signal(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], signum: int) -> int:

@@ -59,14 +59,57 @@ def test_help_and_version_answer_without_importing_torch() -> None:
         (["--num-nodes", "2", REPORT], "--num-nodes=2 needs --main-address"),
         (["missing_script.py"], "SCRIPT 'missing_script.py' is not a file"),
         (["--main-port", "70000", REPORT], "70000 is not in the range 1<=x<=65535"),
+        (["--strategy", "single_device", "--devices", "2", REPORT],
+         "--strategy=single_device runs one process, but the job has 2 (2 on this node)"),  # ranks crashed after 2-19 s
     ],
-)
+)  # fmt: skip
 def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
     result = _fabric("run", "model", *args)
     assert result.returncode == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "what"),
+    [
+        (["--run-dir", "{blocker}/run"],
+         "cannot create the run directory (--run-dir) '{blocker}/run': Not a directory"),
+        (["--stderr", "{blocker}/e{{rank}}.log"],
+         "cannot create the folder of rank 1's stderr (--stderr) '{blocker}': File exists"),
+    ],
+)  # fmt: skip
+def test_an_unwritable_run_directory_or_log_is_one_line_and_exit_2_before_any_rank_starts(
+    tmp_path: Path, options: list[str], what: str
+) -> None:
+    """It was a 26-line traceback and exit 1, sometimes after rank 0 had started."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    options = [option.format(blocker=blocker) for option in options]
+    result = _fabric("run", "model", "--devices", "2", *options, REPORT, str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"fabric: error: {what.format(blocker=blocker)}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not list(tmp_path.glob("rank*.json"))  # no rank started
+
+
+def test_two_jobs_started_together_from_one_directory_keep_their_own_run_directories(tmp_path: Path) -> None:
+    """Started in the same second, two jobs shared runs/<second>/ and one overwrote the other's rank logs."""
+    out_dirs = [tmp_path / "out0", tmp_path / "out1"]
+    jobs = []
+    for out_dir in out_dirs:
+        out_dir.mkdir()
+        jobs.append(
+            subprocess.Popen([*FABRIC, "run", "model", "--devices", "2", REPORT, str(out_dir)], env=_clean_env(),
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )  # fmt: skip
+    for job in jobs:
+        _, stderr = job.communicate(timeout=120)
+        assert job.returncode == 0, stderr
+    run_dirs = sorted((tmp_path / "runs").iterdir())
+    assert len(run_dirs) == 2
+    assert all((run_dir / "rank1" / "stdout.log").read_text() == "rank 1 reporting\n" for run_dir in run_dirs)
 
 
 def test_dry_run_shows_the_plan_and_hands_on_only_the_options_given() -> None:

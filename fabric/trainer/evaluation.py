@@ -10,7 +10,7 @@ eval mode without gradients and returns to train mode afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,13 +85,26 @@ def select_metrics(metrics: Mapping[str, Any], evaluator: Evaluator) -> dict[str
     return {name: metrics[name] for name in evaluator.metric_names}
 
 
+class EvaluationInterrupted(Exception):
+    """``stop_requested`` said yes between two evaluation batches (a preemption): the round was abandoned, and
+    none of its metrics were recorded."""
+
+
 def run_evaluators(
-    state: State, engine: Engine, logger: Logger, evaluators: Sequence[Evaluator], *, standalone: bool = False
+    state: State,
+    engine: Engine,
+    logger: Logger,
+    evaluators: Sequence[Evaluator],
+    *,
+    standalone: bool = False,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> None:
     """One evaluation round over ``evaluators``, with its events; leaves the model in its previous mode.
 
     A round during training opens with EVAL_BEFORE_ALL and closes with EVAL_AFTER_ALL; a ``standalone`` one
     (``Trainer.eval()``) with EVAL_STANDALONE_START and EVAL_STANDALONE_END instead, as in Composer.
+    ``stop_requested`` is asked after every batch (on every rank: it may be a collective); when it says yes the
+    round raises :class:`EvaluationInterrupted`, so a preempted job saves before its grace period runs out.
     """
     opening, closing = _ROUND_EVENTS[standalone]
     model = state.model
@@ -104,12 +117,16 @@ def run_evaluators(
     try:
         with torch.no_grad():
             for evaluator in evaluators:
-                _run_evaluator(state, engine, logger, evaluator)
+                _run_evaluator(state, engine, logger, evaluator, stop_requested or _never)
     finally:
         state.dataloader_label = state.eval_batches = None
         model.train(was_training)
+        restore_rng_state(training_rng)
     engine.run_event(closing)
-    restore_rng_state(training_rng)
+
+
+def _never() -> bool:
+    return False
 
 
 _ROUND_EVENTS = {
@@ -118,14 +135,16 @@ _ROUND_EVENTS = {
 }
 
 
-def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Evaluator) -> None:
+def _run_evaluator(
+    state: State, engine: Engine, logger: Logger, evaluator: Evaluator, stop_requested: Callable[[], bool]
+) -> None:
     run_event, model = engine.run_event, state.model
     eval_forward = getattr(model, "eval_forward", None) if hasattr(model.module, "eval_forward") else None
     metrics = state.eval_metrics.get(evaluator.label, {})
     for metric in metrics.values():
         metric.reset()
     state.dataloader_label = evaluator.label
-    state.eval_batches = _batches_in(evaluator)
+    state.eval_batches = batches_in(evaluator)
     state.eval_timestamp = Timestamp()
     run_event(Event.EVAL_START)
     spec = evaluator.data_spec
@@ -142,13 +161,16 @@ def _run_evaluator(state: State, engine: Engine, logger: Logger, evaluator: Eval
             update_metric(model.module, state.batch, state.outputs, metric, samples)
         state.eval_timestamp = state.eval_timestamp.to_next_batch(samples * state.fabric.world_size)
         run_event(Event.EVAL_BATCH_END)
+        if stop_requested():
+            raise EvaluationInterrupted(f"evaluation {evaluator.label!r} stopped after {index + 1} batch(es)")
     values = compute_metrics(metrics, f"metrics/{evaluator.label}")
     state.metrics.update(values)
     logger.log_metrics(values)
     run_event(Event.EVAL_END)
 
 
-def _batches_in(evaluator: Evaluator) -> int | None:
+def batches_in(evaluator: Evaluator) -> int | None:
+    """How many batches a round of ``evaluator`` runs on this rank; ``None`` when its loader has no length."""
     length = loader_length(evaluator.dataloader)
     if evaluator.subset_num_batches == -1:
         return length

@@ -52,6 +52,11 @@ def check_interval(interval: IntervalFunction, state: State) -> None:
         interval.check(state)
 
 
+def fires_once(interval: IntervalFunction) -> bool:
+    """Whether ``interval`` surely fires once per fit: a fraction of the duration of 1 or more (at its end)."""
+    return isinstance(interval, _DurationInterval) and interval.fraction >= 1
+
+
 def counts_tokens(interval: IntervalFunction) -> bool:
     """Whether ``interval`` is a Time in tokens (it never fires if no tokens are counted)."""
     return isinstance(interval, _CountInterval) and interval.unit is TimeUnit.TOKEN

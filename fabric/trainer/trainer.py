@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -35,7 +36,14 @@ from fabric.trainer.checkpoint.saver import CheckpointSaver
 from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpointState
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.engine import Engine
-from fabric.trainer.evaluation import Evaluator, ensure_evaluators, run_evaluators, select_metrics
+from fabric.trainer.evaluation import (
+    EvaluationInterrupted,
+    Evaluator,
+    batches_in,
+    ensure_evaluators,
+    run_evaluators,
+    select_metrics,
+)
 from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalFunction, IntervalInput, check_interval, counts_tokens, create_interval
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
@@ -523,7 +531,7 @@ class Trainer:
         run_event(Event.BATCH_END)
         self._evaluate_if_due(Event.BATCH_END)
         run_event(Event.BATCH_CHECKPOINT)
-        if self._preemption is not None and self._preemption.requested_anywhere(self.fabric):
+        if self._preemption_requested():
             self._stop_for_preemption()
 
     def _check_tokens_counted(self) -> None:
@@ -577,8 +585,30 @@ class Trainer:
             for evaluator, interval in zip(self.evaluators, self._evaluator_intervals, strict=True)
             if interval(self.state, event)
         ]
-        if due:
-            run_evaluators(self.state, self.engine, self.logger, due)
+        if not due:
+            return
+        stop_requested = self._preemption_requested if self._may_stop_evaluation_early(due) else None
+        try:
+            run_evaluators(self.state, self.engine, self.logger, due, stop_requested=stop_requested)
+        except EvaluationInterrupted:  # preempted mid-round: save the training state now, not after the round
+            self._stop_for_preemption()
+
+    def _may_stop_evaluation_early(self, evaluators: list[Evaluator]) -> bool:
+        """Whether a preemption may stop this round between batches: the check is a collective, so only when every
+        rank runs the same known number of batches (one all-gather of the counts tells). Otherwise the round runs
+        to its end, and the job saves after it."""
+        if self._preemption is None:
+            return False
+        counts = [batches_in(evaluator) for evaluator in evaluators]
+        if self.fabric.world_size == 1:
+            return True
+        known = torch.tensor([-1 if count is None else count for count in counts], device=self.fabric.device)
+        gathered = self.fabric.all_gather(known)
+        return bool((known >= 0).all() and (gathered == known).all())
+
+    def _preemption_requested(self) -> bool:
+        """Whether any rank received SIGTERM (a collective: every rank asks at the same point)."""
+        return self._preemption is not None and self._preemption.requested_anywhere(self.fabric)
 
     # --- evaluation and prediction ----------------------------------------------------------------
 

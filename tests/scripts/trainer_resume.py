@@ -1,7 +1,9 @@
-"""A long Trainer job that checkpoints and autoresumes: ``python trainer_resume.py FOLDER MAX_BATCHES [INTERVAL]``.
+"""A long Trainer job that checkpoints and autoresumes:
+``python trainer_resume.py FOLDER MAX_BATCHES [INTERVAL [KEY=VALUE ...]]``.
 
 It prints ``resumed at batch N`` when it found a checkpoint, and ``training`` once its first batch is
-done (the SIGTERM handler is active from then on). ``MAX_BATCHES=0`` only resumes.
+done (the SIGTERM handler is active from then on). ``MAX_BATCHES=0`` only resumes. ``num_workers=N`` gives the
+DataLoader worker processes; other ``KEY=VALUE`` pairs are ``Trainer`` arguments (``devices=2``).
 """
 
 import sys
@@ -16,6 +18,8 @@ from fabric.trainer.trainer import Trainer
 
 folder, max_batches = sys.argv[1], int(sys.argv[2])
 interval = sys.argv[3] if len(sys.argv) > 3 else "1ba"
+options = dict(argument.split("=", 1) for argument in sys.argv[4:])
+num_workers = int(options.pop("num_workers", 0))
 
 
 class Model(nn.Module):
@@ -41,7 +45,7 @@ model = Model()
 data = TensorDataset(torch.randn(64, 512), torch.randn(64, 512))
 trainer = Trainer(
     model=model,
-    train_dataloader=DataLoader(data, batch_size=8),
+    train_dataloader=DataLoader(data, batch_size=8, num_workers=num_workers, persistent_workers=num_workers > 0),
     max_duration=f"{max(max_batches, 1)}ba",
     optimizers=torch.optim.Adam(model.parameters(), lr=1e-4),
     callbacks=[AnnounceFirstBatch()],
@@ -53,6 +57,7 @@ trainer = Trainer(
     progress_bar=False,
     seed=0,
     accelerator="cpu",
+    **options,
 )
 if int(trainer.state.timestamp.batch):
     print(f"resumed at batch {int(trainer.state.timestamp.batch)}", flush=True)

@@ -262,6 +262,11 @@ def test_bad_save_options_fail_at_construction(tmp_path: Path, initial: nn.Modul
             {"save_filename": "ep{epoch}/model.pt", "save_num_checkpoints_to_keep": 2},
             r"save_filename='ep\{epoch\}/model.pt' puts checkpoints in subfolders",
         ),
+        (  # fit() used to die at the second save, after a whole interval of training
+            {"save_filename": "model.pt", "save_interval": "2ba"},
+            r"save_filename='model.pt' has none of the fields that change between saves .*so the second save of "
+            r"save_interval='2ba' would find the first and stop training.*save_overwrite=True",
+        ),
     ],
 )
 def test_save_options_that_would_fail_later_fail_at_construction_naming_what_works(
@@ -277,6 +282,9 @@ def test_a_fixed_save_filename_is_fine_when_every_checkpoint_is_kept(tmp_path: P
     trainer = _trainer(initial, save_folder=str(tmp_path), save_filename="model.pt", save_overwrite=True)
     trainer.fit()
     assert sorted(entry.name for entry in tmp_path.iterdir()) == ["latest-rank0.pt", "model.pt"]
+    once = _trainer(initial, save_folder=str(tmp_path / "once"), save_filename="final.pt", save_interval="1dur")
+    once.fit()  # saved once, at the end
+    assert sorted(entry.name for entry in (tmp_path / "once").iterdir()) == ["final.pt", "latest-rank0.pt"]
 
 
 def _resume_job(folder: Path, max_batches: int, interval: str = "1ba") -> subprocess.Popen[str]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import queue
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol
+
+from fabric.utilities.exit_codes import PREEMPTED_EXIT_CODE
 
 #: How long stopped ranks get to exit on SIGTERM (e.g. to write a checkpoint) before SIGKILL.
 TERMINATION_GRACE_SECONDS = 5.0
@@ -64,6 +65,8 @@ def exit_code(returncode: int) -> int:
 def describe_exit(returncode: int, oom_kills_before: int | None = None) -> str:
     """The exit code and, for a signal, its name; for SIGKILL whether the kernel's OOM killer struck (if
     ``oom_kills_before``, the :func:`oom_kill_count` from before the process started, tells)."""
+    if returncode == PREEMPTED_EXIT_CODE:
+        return f"{returncode} (preempted: it saved a checkpoint; run the job again to resume)"
     if returncode >= 0:
         return str(returncode)
     name = signal.Signals(-returncode).name
@@ -93,12 +96,3 @@ def oom_kill_count() -> int | None:
         except (OSError, ValueError):
             continue
     return None
-
-
-def die_with_parent() -> None:
-    """Run in a child before exec: the kernel SIGKILLs it if its parent dies (Linux), so no rank is orphaned."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

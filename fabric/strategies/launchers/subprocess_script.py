@@ -27,13 +27,14 @@ from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.process_exit import exit_process
 from fabric.strategies.launchers.processes import (
     describe_exit,
-    die_with_parent,
     exit_code,
     exits_in_order,
     oom_kill_count,
     stop_processes,
 )
 from fabric.strategies.launchers.rank_environment import rank_variables, thread_defaults
+from fabric.utilities.exit_codes import ends_the_job
+from fabric.utilities.worker_processes import die_with_parent
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -94,7 +95,7 @@ class ChildSupervisor:
         atexit.register(self._at_rank_zero_exit)
 
     def _watch(self) -> None:
-        failed = next(((rank, code) for rank, code in exits_in_order(self.children) if code != 0), None)
+        failed = next(((rank, code) for rank, code in exits_in_order(self.children) if ends_the_job(code)), None)
         if failed is None:
             return
         local_rank, code = failed

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-#: ``EX_TEMPFAIL``: a temporary failure; run the job again (with autoresume) to continue.
-PREEMPTED_EXIT_CODE = 75
+from fabric.utilities.exit_codes import PREEMPTED_EXIT_CODE
+
+__all__ = ["PREEMPTED_EXIT_CODE", "PreemptionWatch", "TrainingPreempted"]
 
 
 class TrainingPreempted(SystemExit):

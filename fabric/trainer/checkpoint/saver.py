@@ -16,15 +16,17 @@ from typing import Any
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.checkpoint.storage import (
+    PROGRESS_FIELDS,
     Folder,
     Uploader,
     check_prunable,
     check_template,
     checkpoints_in,
     format_name,
+    names_differ_between_saves,
 )
 from fabric.trainer.events import Event
-from fabric.trainer.intervals import IntervalInput, create_interval
+from fabric.trainer.intervals import IntervalInput, create_interval, fires_once
 from fabric.trainer.state import State
 
 SaveFunction = Callable[[str, bool], None]
@@ -70,6 +72,13 @@ class CheckpointSaver(Callback):
             raise ValueError(f"save_num_checkpoints_to_keep={num_checkpoints_to_keep} must be -1 (all) or positive.")
         if num_checkpoints_to_keep > 0:
             check_prunable(filename, f"save_num_checkpoints_to_keep={num_checkpoints_to_keep}")
+        if not overwrite and not names_differ_between_saves(filename) and not fires_once(self.interval):
+            raise ValueError(
+                f"save_filename={filename!r} has none of the fields that change between saves "
+                f"({', '.join('{' + field + '}' for field in PROGRESS_FIELDS)}), so the second save of "
+                f"save_interval={save_interval!r} would find the first and stop training. Use e.g. "
+                "'ep{epoch}-ba{batch}-rank{rank}.pt', or save_overwrite=True to keep only the newest."
+            )
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
         self.weights_only = weights_only
         self.overwrite = overwrite

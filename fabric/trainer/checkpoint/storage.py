@@ -38,11 +38,16 @@ def check_template(template: str, what: str) -> str:
 PROGRESS_FIELDS = ("epoch", "batch", "sample", "token")
 
 
+def names_differ_between_saves(template: str) -> bool:
+    """Whether names made from ``template`` hold a field of :data:`PROGRESS_FIELDS`."""
+    fields = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+    return bool(fields & set(PROGRESS_FIELDS))
+
+
 def check_prunable(template: str, why: str) -> None:
     """Fail now unless names made from ``template`` tell saves apart and sit directly in the folder
     (``why`` names the option that needs old checkpoints found and pruned)."""
-    fields = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
-    if not fields & set(PROGRESS_FIELDS):
+    if not names_differ_between_saves(template):
         raise ValueError(
             f"save_filename={template!r} has none of the fields that change between saves "
             f"({', '.join('{' + field + '}' for field in PROGRESS_FIELDS)}), so every save replaces the last and "
