@@ -152,6 +152,8 @@ def test_a_failing_rank_ends_the_whole_job_with_its_code(
     ("mode", "code", "message"),
     [
         ("rank0_exits_7", 7, "rank 0 exited with code 7"),
+        # a DDP model keeps rank 0's connections open until its process ends: rank 1 waited 5 minutes in backward
+        ("rank0_exits_7_training", 7, "rank 0 exited with code 7"),
         # exit handlers cannot see the code of a bare SystemExit: the job still ends promptly and not with success
         ("rank0_raises_systemexit_7", 1, "local rank 1 (pid"),
     ],

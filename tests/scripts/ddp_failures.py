@@ -3,7 +3,8 @@
 MODE: ``child_raises`` (rank 1 raises), ``child_exits_3`` (rank 1 calls sys.exit(3)), ``rank0_raises``,
 ``only_rank0_barrier`` (rank 0 waits at a barrier that rank 1 never reaches), ``rank0_exits_7`` (rank 0 calls
 sys.exit(7) while rank 1 enters an all_reduce), ``rank0_raises_systemexit_7`` (the same with ``raise
-SystemExit(7)``), ``rank0_catches_exit`` (rank 0 catches its own sys.exit(3) and reaches the end of the script
+SystemExit(7)``), ``rank0_exits_7_training`` (rank 0 calls sys.exit(7) at step 3 of training a DDP-wrapped
+model while rank 1 goes on to its gradient all-reduce), ``rank0_catches_exit`` (rank 0 catches its own sys.exit(3) and reaches the end of the script
 before rank 1 ends). The collective timeout of the ``_7`` modes is 5 minutes, so only a prompt end of the job
 passes the test's time bound.
 """
@@ -21,7 +22,7 @@ from fabric import Fabric
 from fabric.strategies.ddp import DDPStrategy
 
 mode, pid_dir = sys.argv[1], Path(sys.argv[2])
-timeout = timedelta(seconds=300 if mode.startswith("rank0_") and mode.endswith("_7") else 5)
+timeout = timedelta(seconds=300 if mode.startswith("rank0_") and "_7" in mode else 5)
 fabric = Fabric(accelerator="cpu", strategy=DDPStrategy(timeout=timeout), devices=2)
 fabric.launch()
 pid_dir.mkdir(parents=True, exist_ok=True)
@@ -41,6 +42,15 @@ if mode in ("rank0_exits_7", "rank0_raises_systemexit_7"):
             sys.exit(7)
         raise SystemExit(7)
     fabric.all_reduce(torch.ones(1))
+if mode == "rank0_exits_7_training":
+    model = torch.nn.Linear(4, 1)
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in range(10):
+        if step == 3 and fabric.global_rank == 0:
+            sys.exit(7)
+        optimizer.zero_grad()
+        fabric.backward(model(torch.randn(8, 4)).sum())
+        optimizer.step()
 if mode == "rank0_catches_exit":  # a sys.exit that rank 0 catches must not count as rank 0 leaving
     if fabric.global_rank == 0:
         with contextlib.suppress(SystemExit):

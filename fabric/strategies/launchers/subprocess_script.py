@@ -122,23 +122,26 @@ class ChildSupervisor:
         print(f"fabric: {what}; stopping the job.", file=sys.stderr, flush=True)
 
     def _record_exit_code_then_exit(self, status: str | int | None = None) -> NoReturn:
-        """``sys.exit`` in rank 0: note the code its main thread leaves with, then exit as usual.
+        """``sys.exit`` in rank 0: in the main thread, raise a ``SystemExit`` that tells, when it is freed, whether
+        it ended the program (then its code is rank 0's exit code) or was caught; elsewhere, exit as usual.
 
-        Exit handlers cannot see a process's exit status, so this is how the job learns rank 0's code when
-        rank 0 leaves while other ranks still run (and may be waiting for it in a collective).
+        Exit handlers cannot see a process's exit status, so this is how the job learns that rank 0 is leaving
+        with an error while other ranks still run (and may be waiting for it in a collective).
         """
         if threading.current_thread() is threading.main_thread():
-            self._rank_zero_exit_code = status if isinstance(status, int) else int(status is not None)
+            raise _RankZeroExit(status, self._note_rank_zero_exit)
         self._system_exit(status)
+
+    def _note_rank_zero_exit(self, code: int) -> None:
+        self._rank_zero_exit_code = code
 
     def stop_children(self) -> None:
         stop_processes(self.children.values())
 
     def _at_rank_zero_exit(self) -> None:
-        if getattr(sys, "last_value", None) is None:  # rank 0 ended without an exception (sys.exit included)
-            # Returns once every child has succeeded. A child failing ends the process there, with rank 0's
-            # sys.exit code if it left with one: a rank waiting for rank 0 in a collective fails as soon as
-            # Fabric's clean-up (which runs before this) releases the process group.
+        leaving_with = self._rank_zero_exit_code
+        if getattr(sys, "last_value", None) is None and not leaving_with:  # rank 0 ended well: wait for the others
+            # Returns once every child has ended without failing; a child failing ends the process there.
             self._watcher.join()
             return
         with self._lock:
@@ -146,4 +149,24 @@ class ChildSupervisor:
         if child_failed_first:
             self._watcher.join()  # its watcher reports it and ends the process
             return
+        # Rank 0 raised, or left with sys.exit(N != 0): the job has failed, and the others are stopped now rather
+        # than left waiting for rank 0 in a collective (a DDP model keeps rank 0's connections open until its
+        # process ends, so they would wait out the collective timeout).
+        if leaving_with:
+            self._report(f"rank 0 exited with code {leaving_with}")
         self.stop_children()
+
+
+class _RankZeroExit(SystemExit):
+    """The ``SystemExit`` of ``sys.exit`` in rank 0's main thread. When it is freed with no Python frame left, it
+    ended the program, and ``on_exit`` hears its exit code; freed while code still runs, it was caught."""
+
+    def __init__(self, status: str | int | None, on_exit: Callable[[int], None]) -> None:
+        super().__init__(status)
+        self._on_exit = on_exit
+
+    def __del__(self) -> None:
+        try:
+            sys._getframe(1)
+        except ValueError:  # no caller: the interpreter is handling the exit of the program
+            self._on_exit(self.code if isinstance(self.code, int) else int(self.code is not None))
