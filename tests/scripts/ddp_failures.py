@@ -4,9 +4,9 @@ MODE: ``child_raises`` (rank 1 raises), ``child_exits_3`` (rank 1 calls sys.exit
 ``only_rank0_barrier`` (rank 0 waits at a barrier that rank 1 never reaches), ``rank0_exits_7`` (rank 0 calls
 sys.exit(7) while rank 1 enters an all_reduce), ``rank0_raises_systemexit_7`` (the same with ``raise
 SystemExit(7)``), ``rank0_exits_7_training`` (rank 0 calls sys.exit(7) at step 3 of training a DDP-wrapped
-model while rank 1 goes on to its gradient all-reduce), ``rank0_catches_exit`` (rank 0 catches its own sys.exit(3) and reaches the end of the script
-before rank 1 ends). The collective timeout of the ``_7`` modes is 5 minutes, so only a prompt end of the job
-passes the test's time bound.
+model while rank 1 goes on to its gradient all-reduce), ``rank0_catches_exit`` (rank 0 catches its own
+sys.exit(3) and reaches the end of the script before rank 1 ends). The collective timeout of the ``_7`` modes is 5
+minutes, so only a prompt end of the job passes the test's time bound.
 """
 
 import contextlib
