@@ -20,6 +20,8 @@ _RETRY_SECONDS = 0.2
 # Once connected, a node waits this much longer than its own --join-timeout for node 0's answer: node 0
 # answers by its own deadline, which started before this node connected but may be late on a loaded machine.
 _ANSWER_GRACE_SECONDS = 10.0
+#: How long node 0 waits for a new connection's join message, which a node sends as soon as it connects.
+_MESSAGE_SECONDS = 5.0
 
 
 class JoinError(RuntimeError):
@@ -37,30 +39,71 @@ def join(layout: Layout, address: str, port: int, timeout: float) -> None:
 
 
 def _host(layout: Layout, port: int, timeout: float) -> None:
+    """Accept join messages until the nodes add up and each of them is still there; then answer ``go``.
+
+    A connection that sends no valid join message (a port scan, a health check, a stale rank) is dropped and
+    ignored; a node that joined and then went away is dropped before ``go``, so it may join again.
+    """
     deadline = time.monotonic() + timeout
     joined: dict[int, Layout] = {0: layout}
-    connections: list[socket.socket] = []
+    links: dict[int, socket.socket] = {}
     try:
         server = _listen(port)
         with server:
-            while len(joined) < layout.num_nodes:
+            while True:
+                _forget_gone_nodes(joined, links)
+                if len(joined) == layout.num_nodes:
+                    break
                 server.settimeout(max(0.01, deadline - time.monotonic()))
                 try:
                     connection, _ = server.accept()
                 except TimeoutError:
                     raise _missing(layout, joined, port, timeout) from None
-                connections.append(connection)
                 other = _read_layout(connection, deadline)
-                _check_agreement(layout, joined, other)
+                if other is None:
+                    connection.close()
+                    continue
+                if other.node_rank in links and not _still_there(links[other.node_rank]):
+                    _forget(other.node_rank, joined, links)  # it restarted: the new connection replaces the old
+                try:
+                    _check_agreement(layout, joined, other)
+                except JoinError as error:
+                    _send_all([connection], f"abort {error}")
+                    connection.close()
+                    raise
+                links[other.node_rank] = connection
                 joined[other.node_rank] = other
             _check_coverage(layout, joined)
-        _send_all(connections, "go")
+        _send_all(list(links.values()), "go")
     except JoinError as error:
-        _send_all(connections, f"abort {error}")
+        _send_all(list(links.values()), f"abort {error}")
         raise
     finally:
-        for connection in connections:
+        for connection in links.values():
             connection.close()
+
+
+def _forget_gone_nodes(joined: dict[int, Layout], links: dict[int, socket.socket]) -> None:
+    for node in [node for node, link in links.items() if not _still_there(link)]:
+        _forget(node, joined, links)
+
+
+def _forget(node: int, joined: dict[int, Layout], links: dict[int, socket.socket]) -> None:
+    links.pop(node).close()
+    joined.pop(node, None)
+
+
+def _still_there(link: socket.socket) -> bool:
+    """Whether the node behind ``link`` has not hung up (it sends nothing more until node 0 answers)."""
+    link.setblocking(False)
+    try:
+        return link.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True  # open, nothing to read: still waiting for the answer
+    except OSError:
+        return False
+    finally:
+        link.setblocking(True)
 
 
 def _listen(port: int) -> socket.socket:
@@ -73,13 +116,15 @@ def _listen(port: int) -> socket.socket:
         ) from None
 
 
-def _read_layout(connection: socket.socket, deadline: float) -> Layout:
-    connection.settimeout(max(0.01, deadline - time.monotonic()))
+def _read_layout(connection: socket.socket, deadline: float) -> Layout | None:
+    """The layout a joining node announces, or ``None`` for a connection that sends no valid join message
+    within :data:`_MESSAGE_SECONDS` (a node sends it as soon as it connects)."""
+    connection.settimeout(max(0.01, min(_MESSAGE_SECONDS, deadline - time.monotonic())))
     try:
         fields = json.loads(_read_line(connection))
         return Layout(**{name: int(fields[name]) for name in Layout.__dataclass_fields__})
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise JoinError(f"a node sent an unreadable join message ({error}); is it running the same fabric?") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _check_agreement(layout: Layout, joined: dict[int, Layout], other: Layout) -> None:

@@ -31,6 +31,7 @@ from fabric.strategies.launchers.processes import (
     stop_processes,
 )
 from fabric.utilities.exit_codes import ends_the_job, job_exit_code
+from fabric.utilities.peer_loss import CAUSE_GRACE_SECONDS, lost_peer_marker
 from fabric.utilities.worker_processes import die_with_parent
 from fabric_cli.join import join
 from fabric_cli.plan import LaunchPlan
@@ -145,12 +146,34 @@ def _supervise(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], 
     codes = []
     for local_rank, returncode in exits_in_order(processes):
         if ends_the_job(returncode):
-            _report_failure(plan, local_rank, describe_exit(returncode, oom_kills_before))
+            cause = _cause(plan, processes, local_rank)
+            returncode = processes[cause].returncode
+            _report_failure(plan, cause, describe_exit(returncode, oom_kills_before))
+            if cause != local_rank:
+                print(f"fabric: rank {plan.global_rank(local_rank)} failed after it.", file=sys.stderr)
             stop_processes(processes.values())
             return exit_code(returncode)
         _say(plan, f"rank {plan.global_rank(local_rank)} exited with code {describe_exit(returncode)}")
         codes.append(returncode)
     return job_exit_code(codes)
+
+
+def _cause(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], first_failed: int) -> int:
+    """The rank whose failure is the cause: ``first_failed``, unless it failed only because another rank's process
+    ended (it left its lost-peer marker), which it can notice before that process has finished exiting. Then the
+    first other rank to fail by itself within :data:`CAUSE_GRACE_SECONDS`, else ``first_failed`` after all."""
+    deadline = time.monotonic() + CAUSE_GRACE_SECONDS
+    while _lost_a_peer(plan, first_failed) and time.monotonic() < deadline:
+        for local_rank, process in processes.items():
+            code = process.returncode  # set by its waiter thread once it has ended
+            if code is not None and ends_the_job(code) and not _lost_a_peer(plan, local_rank):
+                return local_rank
+        time.sleep(0.05)
+    return first_failed
+
+
+def _lost_a_peer(plan: LaunchPlan, local_rank: int) -> bool:
+    return lost_peer_marker(plan.run_dir, plan.global_rank(local_rank)).exists()
 
 
 def _stop_on_signal(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], signum: int) -> int:

@@ -94,6 +94,17 @@ def test_an_unwritable_run_directory_or_log_is_one_line_and_exit_2_before_any_ra
     assert not list(tmp_path.glob("rank*.json"))  # no rank started
 
 
+def test_a_rank_that_exits_mid_collective_is_reported_as_the_cause_not_the_rank_that_lost_it(tmp_path: Path) -> None:
+    """Rank 1 sys.exit(3) while rank 0 waits for it in an all_reduce: rank 0 fails first (its connection closed)
+    and the job ended with "rank 0 exited with code 1" in 7 of 13 runs."""
+    script = str(SCRIPTS / "ddp_failures.py")
+    result = _fabric("run", "model", "--devices", "2", "--run-dir", str(tmp_path / "run"), script,
+                     "child_exits_3_in_loop", str(tmp_path / "pids"))  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert "fabric: rank 1 exited with code 3" in result.stderr
+    assert "probably called on some ranks only" not in result.stderr
+
+
 def test_two_jobs_started_together_from_one_directory_keep_their_own_run_directories(tmp_path: Path) -> None:
     """Started in the same second, two jobs shared runs/<second>/ and one overwrote the other's rank logs."""
     out_dirs = [tmp_path / "out0", tmp_path / "out1"]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from engines import NodePair
 
 from fabric.plugins.environments import find_free_port
+from fabric_cli.layout import Layout, resolve_layout
 
 REPORT = str(Path(__file__).parent / "scripts" / "cli_report.py")
 FABRIC = [sys.executable, "-m", "fabric_cli", "run", "model"]
@@ -97,3 +100,45 @@ def test_two_nodes_in_separate_network_namespaces_train_together(
         f"fvA{os.getpid() % 100000}",
         f"fvB{os.getpid() % 100000}",
     ]
+
+
+def _start_node(rank: int, port: str, out_dir: Path) -> subprocess.Popen[str]:
+    command = [*FABRIC, "--devices", "1", "--num-nodes", "2", "--node-rank", str(rank), "--main-address", "127.0.0.1",
+               "--main-port", port, "--join-timeout", "60", "--run-dir", str(out_dir / f"run{rank}"), REPORT,
+               str(out_dir)]  # fmt: skip
+    return subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _connect_when_listening(port: int) -> socket.socket:
+    """A connection to node 0's join port, once it listens (node 0 takes a moment to start)."""
+    for _ in range(600):
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except ConnectionRefusedError:
+            time.sleep(0.1)
+    raise AssertionError(f"node 0 never listened on {port}")
+
+
+def _join_message(node_rank: int) -> bytes:
+    layout = resolve_layout(1, world_size=None, num_nodes=2, node_rank=node_rank, base_rank=None)
+    return (json.dumps({name: getattr(layout, name) for name in Layout.__dataclass_fields__}) + "\n").encode()
+
+
+@pytest.mark.parametrize("visitor", ["probes", "a node that joined and died"])
+def test_node_zero_counts_only_live_nodes_that_sent_a_join_message(tmp_path: Path, visitor: str) -> None:
+    """A connect-and-close probe on node 0's port (a port scan, a health check) aborted the whole job; a node that
+    checked in and then died was still counted, and the live ranks hung in the rendezvous for 30 minutes."""
+    port = find_free_port()
+    node0 = _start_node(0, str(port), tmp_path)
+    if visitor == "probes":
+        _connect_when_listening(port).close()
+        with _connect_when_listening(port) as garbage:
+            garbage.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    else:
+        with _connect_when_listening(port) as ghost:
+            ghost.sendall(_join_message(1))  # joins as node 1, then goes away before node 0 answers
+    node1 = _start_node(1, str(port), tmp_path)
+    results = [node.communicate(timeout=120) for node in (node0, node1)]
+    assert [node0.returncode, node1.returncode] == [0, 0], [stderr[-2000:] for _, stderr in results]
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [(r["rank"], r["world_size"], r["sum"]) for r in reports] == [(0, 2, 3), (1, 2, 3)]

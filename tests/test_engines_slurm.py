@@ -87,7 +87,7 @@ def _final_parameters(out_dir: Path) -> list[list[torch.Tensor]]:
     return [torch.load(out_dir / f"final-rank{rank}.pt", weights_only=True) for rank in range(2)]
 
 
-def test_scancel_preempts_a_trainer_that_saves_exits_75_and_resumes_bit_exact(
+def test_scancel_preempts_a_trainer_with_workers_that_saves_exits_75_and_resumes_bit_exact(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     full, preempted = tmp_path / "full", tmp_path / "preempted"
@@ -96,7 +96,10 @@ def test_scancel_preempts_a_trainer_that_saves_exits_75_and_resumes_bit_exact(
     uninterrupted = slurm_cluster.run(["srun", "-n", "2", "python", PREEMPTIBLE, str(full), "0"])
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
 
-    job = slurm_cluster.popen(["srun", "-n", "2", "--job-name=preempt-me", "python", PREEMPTIBLE, str(preempted), "4"])
+    # with DataLoader workers: scancel's SIGTERM reaches them too, and they used to die of it before the save
+    job = slurm_cluster.popen(
+        ["srun", "-n", "2", "--job-name=preempt-me", "python", PREEMPTIBLE, str(preempted), "4", "2"]
+    )
     try:
         deadline = time.monotonic() + 120
         while len(list(preempted.glob("waiting-rank*"))) < 2:  # both tasks are at batch 4, in fit()

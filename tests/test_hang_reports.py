@@ -155,19 +155,24 @@ def test_stall_threshold_must_be_seconds_or_a_timedelta_at_least_zero() -> None:
 
 
 @pytest.mark.parametrize(
-    ("launcher", "strategy", "expected_code", "report"),
+    ("launcher", "strategy", "meanwhile", "expected_code", "report"),
     [
-        ([], "ddp_spawn", 1, "Rank 1 of the launched job died with exit code 137 (killed by SIGKILL, "),
-        ([], "ddp", 137, "fabric: local rank 1 (pid "),
-        (["-m", "fabric_cli", "run", "model", "--devices", "2"], "ddp", 137, "fabric: rank 1 exited with code 137 ("),
+        ([], "ddp_spawn", "working", 1, "Rank 1 of the launched job died with exit code 137 (killed by SIGKILL, "),
+        ([], "ddp", "working", 137, "fabric: local rank 1 (pid "),
+        (["-m", "fabric_cli", "run", "model", "--devices", "2"], "ddp", "working", 137,
+         "fabric: rank 1 exited with code 137 ("),
+        # rank 0 loses rank 1 in a barrier and fails first: under load this was reported as rank 0's fault,
+        # "failed in fabric.barrier ... probably called on some ranks only"
+        ([], "ddp_spawn", "in-barriers", 1, "Rank 1 of the launched job died with exit code 137 (killed by SIGKILL, "),
+        ([], "ddp", "in-barriers", 137, "fabric: local rank 1 (pid "),
     ],
-)
+)  # fmt: skip
 def test_a_rank_killed_by_sigkill_is_reported_with_the_signal_and_its_usual_cause(
-    launcher: list[str], strategy: str, expected_code: int, report: str
+    launcher: list[str], strategy: str, meanwhile: str, expected_code: int, report: str
 ) -> None:
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, *launcher, str(SCRIPTS / "killed_rank.py"), strategy, "SIGKILL"],
+        [sys.executable, *launcher, str(SCRIPTS / "killed_rank.py"), strategy, "SIGKILL", meanwhile],
         capture_output=True,
         text=True,
         timeout=90,
@@ -178,6 +183,7 @@ def test_a_rank_killed_by_sigkill_is_reported_with_the_signal_and_its_usual_caus
     line = next(line for line in result.stderr.splitlines() if report in line)
     cause = line.split("killed by SIGKILL, ")[1]
     assert cause.startswith(("often the out-of-memory killer)", "likely out of memory")), cause
+    assert "probably called on some ranks only" not in result.stderr
     assert time.monotonic() - start < 45, "rank 0 must be stopped, not left to finish its minute of work"
 
 

@@ -277,6 +277,7 @@ class Trainer:
         self._set_evaluators(eval_dataloader)
         self._apply_grad_accum()
         self._closed = False
+        self._reported_failure: BaseException | None = None
 
     def _setup_checkpointing(self) -> None:
         """The checkpointer, bound to every CheckpointSaver, and the preemption watch that saves on SIGTERM."""
@@ -552,8 +553,10 @@ class Trainer:
         assert self.saver is not None
         path = self.saver.saved[-1] if self.saver.saved and self._saved_this_batch() else self.saver.save(self.state)
         self.saver.wait()
+        preempted = TrainingPreempted(path)
+        self._report_failure(preempted)  # before close(): trackers end the run KILLED / code 75, not finished
         self.close()
-        raise TrainingPreempted(path)
+        raise preempted
 
     def _saved_this_batch(self) -> bool:
         assert self.saver is not None
@@ -647,8 +650,14 @@ class Trainer:
         try:
             yield
         except BaseException as error:
-            self.logger.log_exception(error)
+            if error is not self._reported_failure:
+                self._report_failure(error)
             raise
+
+    def _report_failure(self, error: BaseException) -> None:
+        """Tell the loggers how the run ends (``log_exception``), once per error."""
+        self._reported_failure = error
+        self.logger.log_exception(error)
 
     def close(self) -> None:
         """Every callback's ``close(state, logger)`` (savers wait for their uploads), then the loggers' (flush,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from fabric.utilities.peer_loss import PEER_GONE_EXPLANATION, a_peer_left
+
 #: Seconds between two looks of the watcher thread (publishing a changed record, checking for a stall).
 PUBLISH_INTERVAL = 0.5
 
@@ -140,6 +142,8 @@ class CollectiveWatch:
         try:
             return function(*args, **kwargs)
         except RuntimeError as error:
+            if a_peer_left(error):
+                raise CollectiveError(self._explain_peer_gone(entry, error)) from error
             if explain_any_error or self._timed_out(entry):
                 raise CollectiveError(self._explain(entry, error)) from error
             raise
@@ -174,6 +178,14 @@ class CollectiveWatch:
         except Exception as store_error:  # the store lives in rank 0, which may be gone
             others = f"What the other ranks entered is unknown (the store is unreachable: {store_error})"
         return f"{head} in {entry.name}, called at {entry.site}: {error}\n{others}.\n{_HINT}"
+
+    def _explain_peer_gone(self, entry: Entry, error: RuntimeError) -> str:
+        """Not a mismatch of collectives: the rank at the other end died, and its own failure is the cause."""
+        return (
+            f"Rank {self.rank} failed in {entry.name}, called at {entry.site}: {PEER_GONE_EXPLANATION} ({error}). "
+            "That rank's own failure (an exception, sys.exit, a signal such as the out-of-memory killer's SIGKILL) is "
+            "the cause; the launcher reports it."
+        )
 
     def _watch(self) -> None:
         published: tuple[Entry | None, bool] | None = None

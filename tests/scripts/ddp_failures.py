@@ -1,6 +1,7 @@
 """Jobs that go wrong on purpose: ``python ddp_failures.py MODE PID_DIR``.
 
-MODE: ``child_raises`` (rank 1 raises), ``child_exits_3`` (rank 1 calls sys.exit(3)), ``rank0_raises``,
+MODE: ``child_raises`` (rank 1 raises), ``child_exits_3`` (rank 1 calls sys.exit(3)), ``child_exits_3_in_loop``
+(rank 1 calls sys.exit(3) at step 20 of a loop of all_reduces, so rank 0 loses it mid-collective), ``rank0_raises``,
 ``only_rank0_barrier`` (rank 0 waits at a barrier that rank 1 never reaches), ``rank0_exits_7`` (rank 0 calls
 sys.exit(7) while rank 1 enters an all_reduce), ``rank0_raises_systemexit_7`` (the same with ``raise
 SystemExit(7)``), ``rank0_exits_7_training`` (rank 0 calls sys.exit(7) at step 3 of training a DDP-wrapped
@@ -34,6 +35,11 @@ if mode == "child_raises" and fabric.global_rank == 1:
     raise ValueError("rank 1 fails on purpose")
 if mode == "child_exits_3" and fabric.global_rank == 1:
     sys.exit(3)
+if mode == "child_exits_3_in_loop":
+    for step in range(1000):
+        if step == 20 and fabric.global_rank == 1:
+            sys.exit(3)
+        fabric.all_reduce(torch.ones(1))
 if mode == "rank0_raises" and fabric.global_rank == 0:
     raise ValueError("rank 0 fails on purpose")
 if mode in ("rank0_exits_7", "rank0_raises_systemexit_7"):

@@ -1,9 +1,10 @@
-"""A Trainer job for a scheduler's preemption: ``trainer_preemptible.py OUT_DIR WAIT_AT``.
+"""A Trainer job for a scheduler's preemption: ``trainer_preemptible.py OUT_DIR WAIT_AT [NUM_WORKERS]``.
 
 A default ``Trainer`` (it follows the launcher's world) trains 10 batches with ``autoresume=True`` into
 OUT_DIR/ckpt. With WAIT_AT > 0, each rank stops at the end of batch WAIT_AT, writes OUT_DIR/waiting-rankR and
 waits until it has itself received SIGTERM (the scheduler's preemption), so the stop lands at one known batch
-whatever the delivery delay. Each rank then saves its final weights to OUT_DIR/final-rankR.pt.
+whatever the delivery delay. Each rank then saves its final weights to OUT_DIR/final-rankR.pt. NUM_WORKERS
+(default 0) DataLoader worker processes load the data: a scheduler's SIGTERM reaches them too.
 """
 
 import signal
@@ -20,6 +21,7 @@ from fabric.trainer.callback import Callback
 from fabric.trainer.trainer import Trainer
 
 out_dir, wait_at = Path(sys.argv[1]), int(sys.argv[2])
+num_workers = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 
 
 class Net(nn.Module):
@@ -57,7 +59,8 @@ x = torch.randn(96, 6, generator=torch.Generator().manual_seed(1))
 data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
 trainer = Trainer(
     model=model,
-    train_dataloader=DataLoader(data, batch_size=8, shuffle=True),  # 6 batches per epoch on 2 ranks
+    # 6 batches per epoch on 2 ranks
+    train_dataloader=DataLoader(data, batch_size=8, shuffle=True, num_workers=num_workers),
     max_duration="10ba",
     optimizers=torch.optim.Adam(model.parameters(), lr=0.01),
     callbacks=[WaitForSigterm()],

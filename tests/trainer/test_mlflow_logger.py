@@ -11,9 +11,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 mlflow = pytest.importorskip("mlflow")
 
-from tiny_models import Regressor  # noqa: E402
+from tiny_models import Regressor, SigtermAtBatch  # noqa: E402
 
 from fabric.trainer import Trainer  # noqa: E402
+from fabric.trainer.callback import Callback  # noqa: E402
+from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
 from fabric.trainer.loggers import InMemoryLogger  # noqa: E402
 from fabric.trainer.loggers.mlflow_logger import MLFlowLogger  # noqa: E402
 
@@ -110,3 +112,68 @@ def test_a_run_whose_fit_raises_ends_failed_with_what_it_logged_before(store: st
     assert run.info.status == "FAILED"
     history = client.get_metric_history(run.info.run_id, "loss/train/total")
     assert [metric.step for metric in history] == [1, 2]  # buffered values were written before the run ended
+
+
+def test_a_preempted_run_ends_killed(store: str, tmp_path: Path) -> None:
+    """The Trainer closed the loggers before raising its preemption exit, so the run ended FINISHED."""
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    model = Regressor()
+    logger = MLFlowLogger(experiment_name="preempted", tracking_uri=store)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        loggers=logger,
+        callbacks=SigtermAtBatch(2),
+        save_folder=str(tmp_path / "ckpt"),
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    with pytest.raises(SystemExit) as preempted:
+        trainer.fit()
+    assert preempted.value.code == PREEMPTED_EXIT_CODE
+    trainer.close()
+    assert mlflow.tracking.MlflowClient(tracking_uri=store).get_run(logger.run_id).info.status == "KILLED"
+
+
+class StoreOutage(Callback):
+    """Makes the file store unwritable from the end of batch ``fail_at`` (its folder swapped for a plain file) until
+    the end of batch ``recover_at``."""
+
+    def __init__(self, folder: Path, fail_at: int, recover_at: int) -> None:
+        self.folder, self.fail_at, self.recover_at = folder, fail_at, recover_at
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        aside = self.folder.with_name("mlruns-aside")
+        if int(state.timestamp.batch) == self.fail_at:
+            self.folder.rename(aside)
+            self.folder.write_text("not a folder")
+        elif int(state.timestamp.batch) == self.recover_at:
+            self.folder.unlink()
+            aside.rename(self.folder)
+
+
+def test_a_tracking_store_that_fails_mid_run_warns_once_and_loses_nothing(store: str, tmp_path: Path) -> None:
+    """A store that failed at batch 3 made fit() raise at the next flush (and a secondary error hid the first)."""
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
+    model = Regressor()
+    logger = MLFlowLogger(experiment_name="outage", tracking_uri=store, flush_interval=1)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        loggers=logger,
+        callbacks=StoreOutage(tmp_path / "mlruns", fail_at=3, recover_at=6),
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    with pytest.warns(UserWarning, match="MLFlowLogger could not write metrics to the tracking store") as caught:
+        trainer.fit()
+    trainer.close()
+    assert len([w for w in caught if "MLFlowLogger" in str(w.message)]) == 1
+    client = mlflow.tracking.MlflowClient(tracking_uri=store)
+    assert client.get_run(logger.run_id).info.status == "FINISHED"
+    history = client.get_metric_history(logger.run_id, "loss/train/total")
+    assert sorted(metric.step for metric in history) == list(range(1, 9))  # the outage's values were written later

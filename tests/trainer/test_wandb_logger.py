@@ -14,10 +14,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 wandb = pytest.importorskip("wandb")
-from tiny_models import Regressor  # noqa: E402
+from tiny_models import Regressor, SigtermAtBatch  # noqa: E402
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 from fabric.trainer import Trainer  # noqa: E402
+from fabric.trainer.callback import Callback  # noqa: E402
+from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
 from fabric.trainer.loggers import InMemoryLogger  # noqa: E402
 from fabric.trainer.loggers.wandb_logger import WandBLogger  # noqa: E402
 
@@ -138,7 +140,21 @@ def test_a_run_whose_fit_raises_finishes_with_a_failing_exit_code(tmp_path: Path
     assert exit_record.exit_code == 1
 
 
-def _one_batch_trainer(model: nn.Module, logger: WandBLogger, save_folder: str | None = None) -> Trainer:
+def test_a_preempted_run_finishes_with_exit_code_75(tmp_path: Path, offline: dict[str, Any]) -> None:
+    """The Trainer closed the loggers before raising its preemption exit, so the run finished with exit code 0."""
+    trainer = _one_batch_trainer(
+        Regressor(), WandBLogger(name="preempted", init_kwargs=offline), str(tmp_path / "ckpt"), SigtermAtBatch(1)
+    )
+    with pytest.raises(SystemExit) as preempted:
+        trainer.fit()
+    assert preempted.value.code == PREEMPTED_EXIT_CODE
+    (exit_record,) = [record.exit for record in _close_and_read(trainer, tmp_path) if record.HasField("exit")]
+    assert exit_record.exit_code == PREEMPTED_EXIT_CODE
+
+
+def _one_batch_trainer(
+    model: nn.Module, logger: WandBLogger, save_folder: str | None = None, *callbacks: Callback
+) -> Trainer:
     x = torch.randn(4, 4)
     return Trainer(
         model=model,
@@ -147,6 +163,7 @@ def _one_batch_trainer(model: nn.Module, logger: WandBLogger, save_folder: str |
         optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
         loggers=logger,
         save_folder=save_folder,
+        callbacks=list(callbacks),
         progress_bar=False,
         accelerator="cpu",
     )

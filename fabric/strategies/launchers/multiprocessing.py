@@ -26,6 +26,7 @@ from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.process_exit import exit_process
 from fabric.strategies.launchers.processes import describe_exit, exits_in_order, oom_kill_count, stop_processes
 from fabric.strategies.launchers.rank_environment import rank_variables
+from fabric.utilities.peer_loss import peer_gone_text
 
 
 class RankFailedError(RuntimeError):
@@ -71,12 +72,17 @@ class MultiProcessLauncher(Launcher):
             readers.append(reader)
         messages, failed_rank = _collect(processes, readers)
         errors = [(rank, text) for kind, rank, text in messages if kind == "error"]
-        if errors:
-            details = "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in errors)
-            raise RankFailedError(f"Rank {errors[0][0]} of the launched job failed.\n{details}")
-        if failed_rank is not None:  # died without a word: a signal (e.g. SIGKILL) or os._exit
+        # Ranks that failed only because another rank's process ended are consequences; the cause is a rank that
+        # failed by itself, or one that died without a word (a signal such as the OOM killer's SIGKILL, os._exit).
+        causes = [(rank, text) for rank, text in errors if not peer_gone_text(text)]
+        if not causes and failed_rank is not None and failed_rank not in dict(errors):
             code = describe_exit(processes[failed_rank].exitcode, oom_kills_before)
-            raise RankFailedError(f"Rank {failed_rank} of the launched job died with exit code {code}.")
+            others = f"; rank(s) {', '.join(str(rank) for rank, _ in errors)} failed after it" if errors else ""
+            raise RankFailedError(f"Rank {failed_rank} of the launched job died with exit code {code}{others}.")
+        if errors:
+            first = (causes or errors)[0][0]
+            details = "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in errors)
+            raise RankFailedError(f"Rank {first} of the launched job failed.\n{details}")
         return next((value for kind, _, value in messages if kind == "result"), None)
 
     def _rank_variables(self, local_rank: int) -> dict[str, str]:

@@ -6,8 +6,10 @@ launching again. A supervisor in rank 0 makes the job behave as one program:
 
 - if a child exits non-zero, the other children are stopped (SIGTERM, then SIGKILL after a grace
   period) and rank 0 exits with that child's code, after one line naming the rank;
-- if rank 0 raises, the children are stopped the same way; if it leaves with ``sys.exit(N)``, N != 0,
-  while a child waits for it in a collective, the child fails at once and the job ends with N;
+- if rank 0 raises, the children are stopped the same way; if it leaves with ``sys.exit(N)``, N != 0, the
+  children are stopped and the job ends with N;
+- if rank 0 fails only because a child's process ended (its collective lost the connection), the child is the
+  cause: the job reports it and ends with its code;
 - a child whose parent dies is killed by the kernel (``PR_SET_PDEATHSIG`` on Linux), never orphaned;
 - at a normal end, rank 0 waits for the children and fails if any of them failed.
 """
@@ -34,6 +36,7 @@ from fabric.strategies.launchers.processes import (
 )
 from fabric.strategies.launchers.rank_environment import rank_variables, thread_defaults
 from fabric.utilities.exit_codes import ends_the_job
+from fabric.utilities.peer_loss import CAUSE_GRACE_SECONDS, a_peer_left
 from fabric.utilities.worker_processes import die_with_parent
 
 
@@ -88,6 +91,7 @@ class ChildSupervisor:
         self._lock = threading.Lock()
         self._stopping = False
         self._rank_zero_exit_code: int | None = None
+        self._rank_zero_lost_a_peer = False
         self._system_exit = sys.exit
         sys.exit = self._record_exit_code_then_exit
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="fabric-child-supervisor")
@@ -104,6 +108,12 @@ class ChildSupervisor:
                 return
             self._stopping = True
         child = f"local rank {local_rank} (pid {self.children[local_rank].pid})"
+        if self._rank_zero_lost_a_peer:  # rank 0 failed only because this rank had gone: this rank is the cause
+            self._report(
+                f"{child} exited with code {describe_exit(code, self._oom_kills_before)}; rank 0 failed after it"
+            )
+            self.stop_children()
+            exit_process(exit_code(code))
         rank_zero_ended = not threading.main_thread().is_alive()
         if rank_zero_ended and self._rank_zero_exit_code:  # rank 0 left first, and that is why this rank failed
             self._report(f"rank 0 exited with code {self._rank_zero_exit_code}; {child} failed after it")
@@ -139,11 +149,16 @@ class ChildSupervisor:
         stop_processes(self.children.values())
 
     def _at_rank_zero_exit(self) -> None:
-        leaving_with = self._rank_zero_exit_code
-        if getattr(sys, "last_value", None) is None and not leaving_with:  # rank 0 ended well: wait for the others
+        leaving_with, error = self._rank_zero_exit_code, getattr(sys, "last_value", None)
+        if error is None and not leaving_with:  # rank 0 ended well: wait for the others
             # Returns once every child has ended without failing; a child failing ends the process there.
             self._watcher.join()
             return
+        if a_peer_left(error):
+            # Rank 0 failed because another rank's process ended, which it sees before that process has finished
+            # exiting: give the watcher time to see that rank's exit, the cause, and end the job with its code.
+            self._rank_zero_lost_a_peer = True
+            self._watcher.join(timeout=CAUSE_GRACE_SECONDS)
         with self._lock:
             child_failed_first, self._stopping = self._stopping, True
         if child_failed_first:

@@ -24,9 +24,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fabric.trainer.loggers.destination import LoggerDestination
+from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from fabric.trainer.state import State
+
+
+#: Metric values kept while the tracking store fails; past this the oldest are dropped (and counted).
+MAX_BUFFERED = 1_000_000
 
 
 class MLFlowLogger(LoggerDestination):
@@ -55,6 +60,9 @@ class MLFlowLogger(LoggerDestination):
         self._running = False
         self._client: Any = None
         self._pending: list[Any] = []
+        self._store_error: Exception | None = None  # the last failure of the tracking store, until it recovers
+        self._warned = False
+        self._dropped = 0
 
     def init(self, state: State, logger: Any) -> None:
         if self.run_name is None:
@@ -80,10 +88,33 @@ class MLFlowLogger(LoggerDestination):
             self.flush()
 
     def flush(self) -> None:
-        """Write the buffered metrics now."""
-        pending, self._pending = self._pending, []
-        for start in range(0, len(pending), 1000):  # MLflow takes at most 1000 metrics per call
-            self._client.log_batch(self.run_id, metrics=pending[start : start + 1000])
+        """Write the buffered metrics now.
+
+        A store that fails mid-run (full disk, read-only mount, an unreachable server) does not stop training: the
+        metrics stay buffered (at most :data:`MAX_BUFFERED` values, the oldest dropped first) and are tried again at
+        the next flush; the first failure warns once, and closing warns of anything never written.
+        """
+        while self._pending:
+            chunk = self._pending[:1000]  # MLflow takes at most 1000 metrics per call
+            try:
+                self._client.log_batch(self.run_id, metrics=chunk)
+            except Exception as error:
+                self._store_failed("write metrics to", error)
+                return
+            del self._pending[: len(chunk)]
+        self._store_error = None
+
+    def _store_failed(self, doing: str, error: Exception) -> None:
+        if self._store_error is None and not self._warned:
+            rank_zero_warn(
+                f"MLFlowLogger could not {doing} the tracking store {self._client.tracking_uri!r} ({error}). Training "
+                "goes on; the metrics stay buffered and are tried again at each flush."
+            )
+            self._warned = True
+        self._store_error = error
+        if len(self._pending) > MAX_BUFFERED:
+            self._dropped += len(self._pending) - MAX_BUFFERED
+            del self._pending[: len(self._pending) - MAX_BUFFERED]
 
     def log_exception(self, exception: BaseException) -> None:
         """End the run as FAILED (KILLED for ``KeyboardInterrupt``, ``SystemExit`` and preemption)."""
@@ -94,10 +125,19 @@ class MLFlowLogger(LoggerDestination):
         self._end("FINISHED")
 
     def _end(self, status: str) -> None:
-        if self._running:
-            self.flush()
+        if not self._running:
+            return
+        self._running = False
+        self.flush()
+        try:
             self._client.set_terminated(self.run_id, status=status)
-            self._running = False
+        except Exception as error:
+            self._store_failed(f"end the run {status} in", error)
+        if self._store_error is not None or self._dropped:
+            rank_zero_warn(
+                f"MLFlowLogger: {len(self._pending) + self._dropped} metric value(s) of run {self.run_id} were never "
+                f"written to {self._client.tracking_uri!r} (last error: {self._store_error})."
+            )
 
     def _start(self) -> Any:
         """The client, with the experiment and the run made on first use."""
