@@ -31,4 +31,5 @@ def test_mpi_ranks_with_contradicting_devices_fail_naming_both(mpi_launchers: Mp
     result = mpi_launchers.run(mpi_launchers.mpich(["python", WORLD, str(tmp_path), "devices=1"]))
     assert result.returncode != 0
     expected = "mpirun started 2 processes, 2 on this node, but Fabric(devices=1, num_nodes=1)"
-    assert result.stderr.count(expected) == 2, result.stderr[-3000:]
+    # every rank fails so, but mpiexec stops the others at the first failure: a slow rank may not get to say it
+    assert expected in result.stderr, result.stderr[-3000:]

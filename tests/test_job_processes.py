@@ -35,6 +35,13 @@ def _start(command: list[str]) -> subprocess.Popen[str]:
     )
 
 
+def _kill_what_is_left(job: subprocess.Popen[str]) -> None:
+    """A test that failed midway leaves nothing running: the job's whole process group is killed."""
+    if job.poll() is None:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
 def _left_of(group: int) -> list[str]:
     """The processes of the job's process group still alive (zombies do not count)."""
     listing = subprocess.run(["ps", "-o", "pid=,stat=,cmd=", "-g", str(group)], capture_output=True, text=True)
@@ -54,9 +61,7 @@ def test_sigterm_to_the_whole_job_with_dataloader_workers_saves_and_exits_75(tmp
         os.killpg(job.pid, signal.SIGTERM)
         _, stderr = job.communicate(timeout=120)
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+        _kill_what_is_left(job)
     assert job.returncode == PREEMPTED_EXIT_CODE, stderr
     assert "killed by signal" not in stderr and "Traceback" not in stderr, stderr
     assert _left_of(job.pid) == []
@@ -76,9 +81,7 @@ def test_a_failing_job_leaves_no_dataloader_worker_behind(tmp_path: Path, launch
     try:
         _, stderr = job.communicate(timeout=60)  # returns only once every holder of the pipes is gone
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+        _kill_what_is_left(job)
     assert job.returncode == 3, stderr
     worker = int((tmp_path / "worker.pid").read_text())
     assert _left_of(job.pid) == [], f"worker {worker} (or another process of the job) outlived it"
@@ -98,9 +101,7 @@ def test_sigterm_during_a_long_evaluation_saves_at_the_next_batch(tmp_path: Path
         os.killpg(job.pid, signal.SIGTERM)
         _, stderr = job.communicate(timeout=120)
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+        _kill_what_is_left(job)
     assert job.returncode == PREEMPTED_EXIT_CODE, stderr
     for rank in range(ranks):
         evaluated = (tmp_path / f"evaluated-rank{rank}").read_text().split()

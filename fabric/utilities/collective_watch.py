@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from fabric.utilities.peer_loss import PEER_GONE_EXPLANATION, a_peer_left
+from fabric.utilities.peer_loss import PEER_GONE_EXPLANATION, collective_lost_a_peer
 
 #: Seconds between two looks of the watcher thread (publishing a changed record, checking for a stall).
 PUBLISH_INTERVAL = 0.5
@@ -142,7 +142,7 @@ class CollectiveWatch:
         try:
             return function(*args, **kwargs)
         except RuntimeError as error:
-            if a_peer_left(error):
+            if collective_lost_a_peer(error, self._timed_out(entry)):
                 raise CollectiveError(self._explain_peer_gone(entry, error)) from error
             if explain_any_error or self._timed_out(entry):
                 raise CollectiveError(self._explain(entry, error)) from error

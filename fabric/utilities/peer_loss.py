@@ -33,6 +33,16 @@ def peer_gone_text(text: str) -> bool:
     return PEER_GONE_EXPLANATION in text or any(marker in text for marker in PEER_GONE_MARKERS)
 
 
+#: What gloo's monitored barrier says when a rank did not pass it: on a timeout, a rank that never came; long
+#: before the timeout, a rank whose process is gone (the barrier's receive from it failed).
+MONITORED_BARRIER_FAILURE = "failed to pass monitoredBarrier"
+
+
+def collective_lost_a_peer(error: BaseException, timed_out: bool) -> bool:
+    """Whether a collective that raised ``error`` (after its timeout, or not) failed because a peer's process ended."""
+    return a_peer_left(error) or (not timed_out and MONITORED_BARRIER_FAILURE in str(error))
+
+
 def a_peer_left(error: BaseException | None) -> bool:
     """Whether ``error``, or an error it was raised from, says another rank's process is gone."""
     seen: set[int] = set()

@@ -13,27 +13,14 @@ import threading
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from sine_job import Net, sine_data
+from torch.utils.data import DataLoader
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.trainer import Trainer
 
 out_dir, wait_at = Path(sys.argv[1]), int(sys.argv[2])
 num_workers = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 1))
-
-    def forward(self, batch):
-        return self.net(batch[0])
-
-    def loss(self, outputs, batch):
-        return F.mse_loss(outputs, batch[1])
 
 
 class WaitForSigterm(Callback):
@@ -55,8 +42,7 @@ class WaitForSigterm(Callback):
 
 torch.manual_seed(0)
 model = Net()
-x = torch.randn(96, 6, generator=torch.Generator().manual_seed(1))
-data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
+data = sine_data()
 trainer = Trainer(
     model=model,
     # 6 batches per epoch on 2 ranks

@@ -11,27 +11,14 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from sine_job import Net, sine_data
+from torch.utils.data import DataLoader
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.trainer import Trainer
 
 out_dir, kill_at = Path(sys.argv[1]), int(sys.argv[2])
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 1))
-
-    def forward(self, batch):
-        return self.net(batch[0])
-
-    def loss(self, outputs, batch):
-        return F.mse_loss(outputs, batch[1])
 
 
 class DieOnce(Callback):
@@ -42,8 +29,7 @@ class DieOnce(Callback):
 
 torch.manual_seed(0)
 model = Net()
-x = torch.randn(96, 6, generator=torch.Generator().manual_seed(1))
-data = TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
+data = sine_data()
 trainer = Trainer(
     model=model,
     train_dataloader=DataLoader(data, batch_size=8, shuffle=True),  # 6 batches per epoch on 2 ranks

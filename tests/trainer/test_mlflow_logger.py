@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 mlflow = pytest.importorskip("mlflow")
@@ -91,18 +92,8 @@ class FailsAtBatch3(Regressor):
 
 
 def test_a_run_whose_fit_raises_ends_failed_with_what_it_logged_before(store: str) -> None:
-    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
-    model = FailsAtBatch3()
     logger = MLFlowLogger(experiment_name="crash", tracking_uri=store, flush_interval=100)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
-        max_duration="1ep",
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-        loggers=logger,
-        progress_bar=False,
-        accelerator="cpu",
-    )
+    trainer = _one_epoch_trainer(FailsAtBatch3(), logger)
     with pytest.raises(RuntimeError, match="the model fails on purpose"):
         trainer.fit()
     trainer.close()  # closing afterwards does not turn the failed run into a finished one
@@ -116,20 +107,8 @@ def test_a_run_whose_fit_raises_ends_failed_with_what_it_logged_before(store: st
 
 def test_a_preempted_run_ends_killed(store: str, tmp_path: Path) -> None:
     """The Trainer closed the loggers before raising its preemption exit, so the run ended FINISHED."""
-    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
-    model = Regressor()
     logger = MLFlowLogger(experiment_name="preempted", tracking_uri=store)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
-        max_duration="1ep",
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-        loggers=logger,
-        callbacks=SigtermAtBatch(2),
-        save_folder=str(tmp_path / "ckpt"),
-        progress_bar=False,
-        accelerator="cpu",
-    )
+    trainer = _one_epoch_trainer(Regressor(), logger, callbacks=SigtermAtBatch(2), save_folder=str(tmp_path / "ckpt"))
     with pytest.raises(SystemExit) as preempted:
         trainer.fit()
     assert preempted.value.code == PREEMPTED_EXIT_CODE
@@ -156,19 +135,9 @@ class StoreOutage(Callback):
 
 def test_a_tracking_store_that_fails_mid_run_warns_once_and_loses_nothing(store: str, tmp_path: Path) -> None:
     """A store that failed at batch 3 made fit() raise at the next flush (and a secondary error hid the first)."""
-    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
-    model = Regressor()
     logger = MLFlowLogger(experiment_name="outage", tracking_uri=store, flush_interval=1)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
-        max_duration="1ep",
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-        loggers=logger,
-        callbacks=StoreOutage(tmp_path / "mlruns", fail_at=3, recover_at=6),
-        progress_bar=False,
-        accelerator="cpu",
-    )
+    outage = StoreOutage(tmp_path / "mlruns", fail_at=3, recover_at=6)
+    trainer = _one_epoch_trainer(Regressor(), logger, samples=32, callbacks=outage)
     with pytest.warns(UserWarning, match="MLFlowLogger could not write metrics to the tracking store") as caught:
         trainer.fit()
     trainer.close()
@@ -177,3 +146,18 @@ def test_a_tracking_store_that_fails_mid_run_warns_once_and_loses_nothing(store:
     assert client.get_run(logger.run_id).info.status == "FINISHED"
     history = client.get_metric_history(logger.run_id, "loss/train/total")
     assert sorted(metric.step for metric in history) == list(range(1, 9))  # the outage's values were written later
+
+
+def _one_epoch_trainer(model: nn.Module, logger: MLFlowLogger, samples: int = 16, **options: Any) -> Trainer:
+    """A Trainer over one epoch of ``samples`` fixed regression samples in batches of 4, logging to ``logger``."""
+    x = torch.randn(samples, 4, generator=torch.Generator().manual_seed(0))
+    return Trainer(
+        model=model,
+        train_dataloader=DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4),
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        loggers=logger,
+        progress_bar=False,
+        accelerator="cpu",
+        **options,
+    )

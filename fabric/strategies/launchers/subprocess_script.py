@@ -91,7 +91,6 @@ class ChildSupervisor:
         self._lock = threading.Lock()
         self._stopping = False
         self._rank_zero_exit_code: int | None = None
-        self._rank_zero_lost_a_peer = False
         self._system_exit = sys.exit
         sys.exit = self._record_exit_code_then_exit
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="fabric-child-supervisor")
@@ -108,18 +107,17 @@ class ChildSupervisor:
                 return
             self._stopping = True
         child = f"local rank {local_rank} (pid {self.children[local_rank].pid})"
-        if self._rank_zero_lost_a_peer:  # rank 0 failed only because this rank had gone: this rank is the cause
-            self._report(
-                f"{child} exited with code {describe_exit(code, self._oom_kills_before)}; rank 0 failed after it"
-            )
-            self.stop_children()
-            exit_process(exit_code(code))
         rank_zero_ended = not threading.main_thread().is_alive()
         if rank_zero_ended and self._rank_zero_exit_code:  # rank 0 left first, and that is why this rank failed
             self._report(f"rank 0 exited with code {self._rank_zero_exit_code}; {child} failed after it")
             self.stop_children()
             exit_process(self._rank_zero_exit_code)
         description = describe_exit(code, self._oom_kills_before)
+        # Rank 0's error (printed before its main thread ends) says it only lost this rank: this rank is the cause.
+        if rank_zero_ended and a_peer_left(getattr(sys, "last_value", None)):
+            self._report(f"{child} exited with code {description}; rank 0 failed after it")
+            self.stop_children()
+            exit_process(exit_code(code))
         # Rank 0's interpreter is shutting down (its script ended, or raised SystemExit itself, whose code exit
         # handlers cannot see) and left this rank waiting for it: the job fails with this rank's code.
         after_rank_zero = " after rank 0 had ended and left it" if rank_zero_ended else ""
@@ -129,7 +127,10 @@ class ChildSupervisor:
 
     @staticmethod
     def _report(what: str) -> None:
-        print(f"fabric: {what}; stopping the job.", file=sys.stderr, flush=True)
+        """One line on the process's stderr, written straight to the file descriptor: the watcher reports while rank
+        0's main thread may be printing its own traceback, and two threads writing through ``sys.stderr`` at once
+        lost both (1 job in 15 under load)."""
+        os.write(2, f"fabric: {what}; stopping the job.\n".encode())
 
     def _record_exit_code_then_exit(self, status: str | int | None = None) -> NoReturn:
         """``sys.exit`` in rank 0: in the main thread, raise a ``SystemExit`` that tells, when it is freed, whether
@@ -157,7 +158,6 @@ class ChildSupervisor:
         if a_peer_left(error):
             # Rank 0 failed because another rank's process ended, which it sees before that process has finished
             # exiting: give the watcher time to see that rank's exit, the cause, and end the job with its code.
-            self._rank_zero_lost_a_peer = True
             self._watcher.join(timeout=CAUSE_GRACE_SECONDS)
         with self._lock:
             child_failed_first, self._stopping = self._stopping, True
