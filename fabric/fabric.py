@@ -327,7 +327,7 @@ class Fabric:
         Each returned loader is still an instance of the user's ``DataLoader`` class. With
         ``use_distributed_sampler=False`` the sampler is left alone (the data is then not sharded). After
         ``seed_everything(workers=True)``, loaders without a ``worker_init_fn`` get one that seeds each worker
-        of each rank differently. Worker processes ignore SIGTERM and die with their rank
+        of each rank differently. Worker processes take SIGTERM only from their rank and die with it
         (:mod:`fabric.utilities.worker_processes`): a scheduler's SIGTERM to the whole job is the rank's to handle.
         """
         if not dataloaders:
