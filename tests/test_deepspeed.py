@@ -17,10 +17,10 @@ from scripts.marker_payload import MarkerPayload
 
 from fabric import Fabric
 from fabric.plugins.environments import find_free_port
-from fabric.strategies import deepspeed_checkpoint as checkpoints
+from fabric.plugins.io import deepspeed_checkpoint as checkpoints
 from fabric.strategies.deepspeed import DeepSpeedStrategy, convert_zero_checkpoint_to_fp32
 from fabric.strategies.deepspeed_config import complete_config, with_micro_batch_size
-from fabric.strategies.deepspeed_safe_load import forced_safe_loading
+from fabric.plugins.io.deepspeed_safe_load import forced_safe_loading
 from fabric.utilities.exceptions import CheckpointError
 
 SCRIPTS = Path(__file__).parent / "scripts"

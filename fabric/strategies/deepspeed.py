@@ -13,7 +13,7 @@ Behaviour a user relies on:
   skipped. ``no_backward_sync`` is therefore accepted and changes nothing; the results are correct.
 - Gradient clipping is DeepSpeed's: set ``"gradient_clipping": <max norm>`` in the config;
   ``fabric.clip_gradients`` raises.
-- Checkpoints are directories in DeepSpeed's sharded layout (see :mod:`fabric.strategies.deepspeed_checkpoint`).
+- Checkpoints are directories in DeepSpeed's sharded layout (see :mod:`fabric.plugins.io.deepspeed_checkpoint`).
   Loading needs the world size they were saved with; :func:`convert_zero_checkpoint_to_fp32` turns one
   into a single file that a single-device Fabric loads.
 """
@@ -37,7 +37,7 @@ from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import ClusterEnvironment
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
 from fabric.plugins.precision.precision import Precision
-from fabric.strategies import deepspeed_checkpoint as checkpoints
+from fabric.plugins.io import deepspeed_checkpoint as checkpoints
 from fabric.strategies.deepspeed_config import (
     ConfigArg,
     check_stage,
@@ -47,7 +47,7 @@ from fabric.strategies.deepspeed_config import (
     zero_stage,
 )
 from fabric.strategies.deepspeed_precision import DeepSpeedPrecision
-from fabric.strategies.deepspeed_safe_load import safe_loading
+from fabric.plugins.io.deepspeed_safe_load import safe_loading
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy

@@ -27,8 +27,8 @@ from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
 from fabric.plugins.io.distributed_checkpoint import read_checkpoint
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.plugins.precision.precision import Precision
-from fabric.strategies.deepspeed_checkpoint import is_deepspeed_checkpoint
-from fabric.strategies.deepspeed_checkpoint import read_whole as read_deepspeed_checkpoint
+from fabric.plugins.io.deepspeed_checkpoint import is_deepspeed_checkpoint
+from fabric.plugins.io.deepspeed_checkpoint import read_whole as read_deepspeed_checkpoint
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.utilities.checkpoint_state import Stateful, check_module_state, check_optimizer_state
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op

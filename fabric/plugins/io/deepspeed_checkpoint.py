@@ -22,7 +22,7 @@ import torch
 
 from fabric.plugins.io.checkpoint_io import PathType
 from fabric.plugins.io.torch_io import TorchCheckpointIO
-from fabric.strategies.deepspeed_safe_load import safe_loading
+from fabric.plugins.io.deepspeed_safe_load import safe_loading
 from fabric.utilities.exceptions import CheckpointError
 
 LATEST = "latest"
@@ -75,7 +75,7 @@ def saved_world_size(directory: Path, tag: str) -> int:
 def read_client_state(directory: Path, tag: str, weights_only: bool = True) -> dict[str, Any]:
     """The user's own entries (``"step": 5``, ...) saved next to the model, without loading any shard.
 
-    Call it inside :func:`~fabric.strategies.deepspeed_safe_load.safe_loading`, which allows DeepSpeed's
+    Call it inside :func:`~fabric.plugins.io.deepspeed_safe_load.safe_loading`, which allows DeepSpeed's
     own records under ``weights_only``.
     """
     files = sorted((directory / tag).glob("*model_states.pt"))
