@@ -11,6 +11,7 @@ import functools
 import os
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.connector import AcceleratorArg, Plugin, PrecisionArg, StrategyArg, resolve
-from fabric.plugins.io.checkpoint_io import PathType
+from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.process_exit import prepare_fast_shutdown, register_cleanup
 from fabric.strategies.strategy import CheckpointFilter, Strategy
@@ -482,29 +483,56 @@ class Fabric:
 
     # --- checkpoints ------------------------------------------------------------------------------
 
-    def save(self, path: PathType, state: dict[str, Any], filter: Mapping[str, CheckpointFilter] | None = None) -> None:
+    def save(
+        self,
+        path: PathType,
+        state: dict[str, Any],
+        filter: Mapping[str, CheckpointFilter] | None = None,
+        *,
+        storage_options: StorageOptions = None,
+        async_save: bool = False,
+    ) -> Future[None]:
         """Save modules, optimizers and any other state (a dict) to a local path or fsspec URL.
 
         The write is atomic: a crash while saving leaves any previous file at ``path`` intact.
         ``filter={"model": fn}`` saves only the items of ``state["model"]``'s state dict for which
         ``fn(name, value)`` is True, e.g. ``lambda name, _: "lora_" in name`` (one-file checkpoints only).
+        ``storage_options`` go to fsspec for a URL, e.g. ``{"client_kwargs": {"endpoint_url": ...}}`` for
+        an S3-compatible store (MinIO, on-premises S3); by default fsspec reads the environment.
+
+        ``async_save=True`` returns once a CPU copy of the state is taken; the copy is written on a background
+        thread while training goes on. At most one save is in flight: the next save or load waits for it, and
+        raises its error. The returned future completes when the checkpoint is complete at ``path`` (on every
+        rank for sharded strategies). Synchronous saves return a future that is already complete.
         """
         self._check_launched()
         _check_filter(filter, state)
-        self._strategy.save_checkpoint(path, _unwrap_objects(state), filter=filter)
+        written = self._strategy.save_checkpoint(
+            path, _unwrap_objects(state), filter=filter, storage_options=storage_options, async_save=async_save
+        )
         self.barrier("save")
+        return written
 
     def load(
-        self, path: PathType, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool = True
+        self,
+        path: PathType,
+        state: dict[str, Any] | None = None,
+        strict: bool = True,
+        *,
+        weights_only: bool = True,
+        storage_options: StorageOptions = None,
     ) -> dict[str, Any]:
-        """Load a checkpoint written by :meth:`save`.
+        """Load a checkpoint written by :meth:`save` (a file, or a sharded or DeepSpeed directory).
 
         With ``state``, its modules, optimizers and stateful objects are filled in place, plain values
         are replaced, and the entries not asked for are returned. Without it, the whole checkpoint is
         returned. ``weights_only=False`` allows arbitrary pickled objects: only for trusted files.
+        ``storage_options`` go to fsspec for a URL, as in :meth:`save`.
         """
         unwrapped = None if state is None else _unwrap_objects(state)
-        remainder = self._strategy.load_checkpoint(path, unwrapped, strict=strict, weights_only=weights_only)
+        remainder = self._strategy.load_checkpoint(
+            path, unwrapped, strict=strict, weights_only=weights_only, storage_options=storage_options
+        )
         if state is not None and unwrapped is not None:
             for key, value in unwrapped.items():
                 if isinstance(value, nn.Module):
@@ -515,11 +543,17 @@ class Fabric:
         return remainder
 
     def load_raw(
-        self, path: PathType, obj: nn.Module | Optimizer, strict: bool = True, *, weights_only: bool = True
+        self,
+        path: PathType,
+        obj: nn.Module | Optimizer,
+        strict: bool = True,
+        *,
+        weights_only: bool = True,
+        storage_options: StorageOptions = None,
     ) -> None:
         """Load a bare state dict (e.g. ``torch.save(model.state_dict(), path)``) into a module or optimizer."""
         target = _unwrap(obj)
-        self._strategy.load_raw(path, target, strict=strict, weights_only=weights_only)
+        self._strategy.load_raw(path, target, strict=strict, weights_only=weights_only, storage_options=storage_options)
         if isinstance(target, nn.Module):
             self._strategy.module_loaded(target)
 

@@ -1,4 +1,5 @@
-"""Shared test fixtures: every test starts with no CLI variables set and global rank 0; the ``isolated`` marker."""
+"""Shared test fixtures: every test starts with no CLI variables set and global rank 0; the ``isolated`` marker;
+``s3_server``/``s3_bucket`` (a real S3 API, see ``object_store.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from isolation import pytest_configure, pytest_pyfunc_call  # noqa: F401 - hooks: the ``isolated`` marker
+from object_store import s3_bucket, s3_server  # noqa: F401 - fixtures: a real S3 API (moto's server)
 
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS
 from fabric.utilities.rank_zero import set_global_rank

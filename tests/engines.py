@@ -64,6 +64,15 @@ def require_engine(name: str, *executables: str) -> None:
         _unavailable(f"{name} needs {', '.join(missing)} (scripts/install_engines.sh installs it)")
 
 
+def require_modules(name: str, *modules: str) -> None:
+    """Skip the test when a Python package of engine ``name`` is missing; fail instead under CI (``CI=true``)."""
+    import importlib.util
+
+    missing = [module for module in modules if importlib.util.find_spec(module) is None]
+    if missing:
+        _unavailable(f"{name} needs the Python packages {', '.join(missing)} (pip install -e '.[test]')")
+
+
 def require_namespaces(name: str) -> None:
     """Skip (or fail under CI) when this process cannot make network namespaces: root, ``ip`` and ``nsenter``."""
     require_engine(name, "ip", "nsenter")

@@ -1,23 +1,29 @@
 """Several writers, killed writers and a full disk: a checkpoint path always holds one complete save.
 
-- Two processes saving to one path in a loop never fail, and the last complete save wins.
-- A save removes only temporaries that are provably abandoned (owner gone, or untouched for long).
+- Two processes saving to one path in a loop never fail, and the last complete save wins, also when they
+  are in different PID namespaces (containers sharing the host name), where neither sees the other's id.
+- A save removes only temporaries that are provably abandoned (unlocked past a short grace period on
+  this host, untouched for long elsewhere), in local and in remote (fsspec) folders.
 - A sharded (FSDP) save cleans up the directory a killed save left beside the target.
 - A full disk is reported as such, with the previous checkpoint intact.
 """
 
 from __future__ import annotations
 
+import datetime
 import errno
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 import torch
 
@@ -49,12 +55,33 @@ _WRITER = textwrap.dedent(
 )
 
 
-def test_two_processes_saving_to_one_path_never_fail_and_the_last_complete_save_wins(tmp_path: Path) -> None:
+_OWN_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc"]
+needs_pid_namespaces = pytest.mark.skipif(
+    sys.platform != "linux" or os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare (Linux) to run a writer in its own PID namespace",
+)
+
+
+@pytest.mark.parametrize(
+    "namespaces",
+    [
+        pytest.param(False, id="one PID namespace"),
+        pytest.param(True, id="two PID namespaces", marks=needs_pid_namespaces),
+    ],
+)
+def test_two_processes_saving_to_one_path_never_fail_and_the_last_complete_save_wins(
+    namespaces: bool, tmp_path: Path
+) -> None:
     path = tmp_path / "checkpoints" / "ckpt.pt"
     path.parent.mkdir()
+
+    def command(me: str, other: str) -> list[str]:
+        writer = [sys.executable, "-c", _WRITER, str(path), me, other, str(SAVES)]
+        return [*_OWN_PID_NAMESPACE, *writer] if namespaces and me == "b" else writer
+
     writers = [
         subprocess.Popen(
-            [sys.executable, "-c", _WRITER, str(path), me, other, str(SAVES)],
+            command(me, other),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -72,34 +99,64 @@ def test_two_processes_saving_to_one_path_never_fail_and_the_last_complete_save_
     assert sorted(entry.name for entry in path.parent.iterdir()) == ["ckpt.pt", "ready-a", "ready-b"]
 
 
-def _finished_pid() -> int:
-    """The id of a process that has exited (and been reaped): an owner that is provably gone."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
 def test_a_save_removes_only_the_temporaries_that_are_provably_abandoned(tmp_path: Path) -> None:
+    """On this host a temporary is alive while its writer holds its lock, whatever process id its name shows."""
     path = tmp_path / "ckpt.pt"
-    host, old = socket.gethostname(), time.time() - 2 * temporaries.ABANDONED_AFTER
+    host, now = socket.gethostname(), time.time()
+    past_grace, old = now - 2 * temporaries.LOCK_GRACE, now - 2 * temporaries.ABANDONED_AFTER
     names = {
-        "dead owner": f".ckpt.pt.tmp-{_finished_pid()}-{'0' * 32}@{host}",
-        "live owner, long untouched": f".ckpt.pt.tmp-{os.getpid()}-{'1' * 32}@{host}",
-        "other host, recent": f".ckpt.pt.tmp-1-{'2' * 32}@elsewhere.example",
-        "other host, long untouched": f".ckpt.pt.tmp-1-{'3' * 32}@elsewhere.example",
-        "no owner, recent": f".ckpt.pt.tmp-{'4' * 32}",
-        "no owner, long untouched": f".ckpt.pt.tmp-{'5' * 32}",
-        "another checkpoint's": f".other.pt.tmp-{_finished_pid()}-{'6' * 32}@{host}",
+        "unlocked, past the grace period": (f".ckpt.pt.tmp-{os.getpid()}-{'0' * 32}@{host}", past_grace),
+        "unlocked, just created": (f".ckpt.pt.tmp-{os.getpid()}-{'1' * 32}@{host}", now),
+        "other host, recent": (f".ckpt.pt.tmp-1-{'2' * 32}@elsewhere.example", past_grace),
+        "other host, long untouched": (f".ckpt.pt.tmp-1-{'3' * 32}@elsewhere.example", old),
+        "no owner, recent": (f".ckpt.pt.tmp-{'4' * 32}", past_grace),
+        "no owner, long untouched": (f".ckpt.pt.tmp-{'5' * 32}", old),
+        "another checkpoint's": (f".other.pt.tmp-1-{'6' * 32}@{host}", old),
     }
-    for label, name in names.items():
+    for name, modified in names.values():
         (tmp_path / name).write_bytes(b"partial")
-        if "long untouched" in label:
-            os.utime(tmp_path / name, (old, old))
+        os.utime(tmp_path / name, (modified, modified))
 
-    Fabric(accelerator="cpu").save(path, {"step": 1})
+    with temporaries.owned_temporary(path) as live:  # a writer of this host, long at work on its temporary
+        live.write_bytes(b"partial")
+        os.utime(live, (old, old))
+        Fabric(accelerator="cpu").save(path, {"step": 1})
+        assert live.exists()
 
-    kept = {label for label, name in names.items() if (tmp_path / name).exists()}
-    assert kept == {"live owner, long untouched", "other host, recent", "no owner, recent", "another checkpoint's"}
+    kept = {label for label, (name, _) in names.items() if (tmp_path / name).exists()}
+    assert kept == {"unlocked, just created", "other host, recent", "no owner, recent", "another checkpoint's"}
+
+
+def test_abandoned_temporaries_in_a_remote_folder_are_removed_by_their_age() -> None:
+    """No lock can be checked on an object store: only the time of the last write tells."""
+    fs, folder = fsspec.filesystem("memory"), f"/remote-{uuid.uuid4().hex}"
+    old, recent = time.time() - 2 * temporaries.ABANDONED_AFTER, time.time()
+    temporaries_written = {  # label: (name, {object under the name: when it was written})
+        "file, old": (".ckpt.pt.tmp-7-a@elsewhere", {"": old}),
+        "file, recent": (".ckpt.pt.tmp-7-b@elsewhere", {"": recent}),
+        "prefix, every object old": (".ckpt.pt.tmp-7-c@elsewhere", {"/__0_0.distcp": old, "/.metadata": old}),
+        "prefix, one object recent": (".ckpt.pt.tmp-7-d@elsewhere", {"/__0_0.distcp": old, "/.metadata": recent}),
+        "set aside, old, a kind not asked for": (".ckpt.pt.old-7-e@elsewhere", {"": old}),
+        "another checkpoint's, old": (".other.pt.tmp-7-f@elsewhere", {"": old}),
+    }
+    for name, objects in temporaries_written.values():
+        for below, written in objects.items():
+            fs.pipe_file(f"{folder}/{name}{below}", b"partial")
+            fs.store[f"{folder}/{name}{below}"].created = datetime.datetime.fromtimestamp(
+                written, datetime.timezone.utc
+            )
+    fs.pipe_file(f"{folder}/ckpt.pt", b"complete")
+
+    temporaries.remove_abandoned_remote(fs, f"{folder}/ckpt.pt")
+
+    kept = {label for label, (name, _) in temporaries_written.items() if fs.exists(f"{folder}/{name}")}
+    assert kept == {
+        "file, recent",
+        "prefix, one object recent",
+        "set aside, old, a kind not asked for",
+        "another checkpoint's, old",
+    }
+    assert fs.cat_file(f"{folder}/ckpt.pt") == b"complete"
 
 
 _KILLED_SHARDED_SAVE = textwrap.dedent(
@@ -129,6 +186,10 @@ def test_a_sharded_save_removes_what_a_killed_sharded_save_left_behind(tmp_path:
         temporary = temporary_directory(target)
         write_shards({"weights": torch.full((64,), float(step))}, temporary)
         publish(temporary, target)
+        if step == 1:  # unlocked, but within the grace period a writer may not have locked it yet
+            assert sorted(entry.name for entry in tmp_path.iterdir()) == sorted([*leftovers, "sharded"])
+            past_grace = time.time() - 2 * temporaries.LOCK_GRACE
+            os.utime(tmp_path / leftovers[0], (past_grace, past_grace))
 
     assert [entry.name for entry in tmp_path.iterdir()] == ["sharded"]
     assert torch.equal(read_whole(target)["weights"], torch.full((64,), 2.0))
@@ -192,3 +253,50 @@ def test_a_full_disk_at_fsync_is_reported_the_same_way(tmp_path: Path, monkeypat
     monkeypatch.undo()
     assert fabric.load(path) == {"step": 1}
     assert [entry.name for entry in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+_SHARDED_ON_A_SMALL_DISK = textwrap.dedent(
+    """
+    import sys
+
+    import torch
+
+    from fabric import Fabric
+    from fabric.utilities.exceptions import CheckpointError
+
+    fabric = Fabric(accelerator="cpu", strategy="fsdp", devices=1)
+    fabric.launch()
+    model = fabric.setup(torch.nn.Linear(64, 64))
+    fabric.save(sys.argv[1], {"model": model, "step": 1})
+    try:
+        fabric.save(sys.argv[1], {"model": model, "step": 2, "padding": torch.zeros(1 << 18)})
+    except CheckpointError as error:
+        print(error)
+    print(fabric.load(sys.argv[1])["step"])
+    """
+)
+
+
+def test_a_sharded_save_on_a_full_disk_is_one_line_and_the_previous_checkpoint_is_intact(tmp_path: Path) -> None:
+    """DCP raised its raw CheckpointException, with a traceback per rank embedded in the message."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = tmp_path / "sharded_save.py"
+    script.write_text(_SHARDED_ON_A_SMALL_DISK)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        result = subprocess.run(
+            [sys.executable, str(script), str(disk / "ckpt")], capture_output=True, text=True, timeout=120
+        )
+        leftovers = sorted(entry.name for entry in disk.iterdir())
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    message, step = result.stdout.strip().splitlines()
+    assert (
+        message == f"No space left on device while writing {str(disk / 'ckpt')!r}; the previous checkpoint is intact."
+    )
+    assert step == "1"
+    assert leftovers == ["ckpt"]

@@ -18,9 +18,9 @@ from scripts.marker_payload import MarkerPayload
 from fabric import Fabric
 from fabric.plugins.environments import find_free_port
 from fabric.plugins.io import deepspeed_checkpoint as checkpoints
+from fabric.plugins.io.deepspeed_safe_load import forced_safe_loading
 from fabric.strategies.deepspeed import DeepSpeedStrategy, convert_zero_checkpoint_to_fp32
 from fabric.strategies.deepspeed_config import complete_config, with_micro_batch_size
-from fabric.plugins.io.deepspeed_safe_load import forced_safe_loading
 from fabric.utilities.exceptions import CheckpointError
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -167,7 +167,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_in_place(
     assert torch.load(tmp_path / "from_good.pt", weights_only=True)["step"] == 5
     # The next complete save moves `latest` and clears what the interrupted one left behind.
     shutil.copytree(directory / good, directory / "fabric-next")
-    checkpoints.commit(directory, "fabric-next")
+    checkpoints.commit(directory, "fabric-next", world_size=2)
     assert checkpoints.latest_tag(directory) == "fabric-next"
     assert sorted(entry.name for entry in directory.iterdir() if entry.is_dir()) == ["fabric-next"]
 
@@ -230,6 +230,25 @@ def test_loading_a_file_as_a_deepspeed_checkpoint_points_to_single_device_loadin
     file.write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"not a DeepSpeed checkpoint directory.*single-device Fabric"):
         checkpoints.latest_tag(file)
+
+
+@pytest.mark.parametrize("pointer", ["absolute", "../../other/global_step1", "sub/global_step1", "..", ".", "  "])
+def test_a_latest_file_naming_anything_but_a_tag_inside_the_directory_is_refused(pointer: str, tmp_path: Path) -> None:
+    """``latest`` could otherwise make a load read another checkpoint while reporting the given one loaded."""
+    elsewhere = tmp_path / "other" / "global_step1"
+    elsewhere.mkdir(parents=True)
+    directory = tmp_path / "runs" / "checkpoint"
+    (directory / "sub" / "global_step1").mkdir(parents=True)
+    content = str(elsewhere) if pointer == "absolute" else pointer
+    (directory / checkpoints.LATEST).write_text(content)
+    with pytest.raises(CheckpointError) as error:
+        checkpoints.latest_tag(directory)
+    assert str(error.value) == (
+        f"{str(directory)!r}: 'latest' holds {content.strip()!r}, which is not a tag: a tag must be the name of a "
+        "directory inside the checkpoint directory (one path component, not '.' or '..', no NUL byte)."
+    )
+    with pytest.raises(CheckpointError, match="which is not a tag"):
+        Fabric(accelerator="cpu").load(directory)
 
 
 # --- what Fabric puts into the config, and what it refuses ------------------------------------------

@@ -11,7 +11,7 @@ import pickle
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import Any
 
 import pytest
@@ -125,4 +125,45 @@ def test_metadata_naming_a_file_outside_the_directory_is_refused(tmp_path: Path)
     with (directory / ".metadata").open("wb") as file:
         pickle.dump(metadata, file)
     with pytest.raises(CheckpointError, match=r"storage file .*elsewhere.distcp.* not inside the checkpoint"):
+        read_whole(directory)
+
+
+class _ForgedPath:
+    """Pickles as a ``PosixPath`` whose cached string (``str()``) is ``shown`` while it joins as ``real``."""
+
+    def __init__(self, real: str, shown: str) -> None:
+        self.real, self.shown = real, shown
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return PosixPath, (self.real,), (None, {"_str": self.shown})
+
+
+def test_a_storage_file_that_is_a_path_object_pointing_elsewhere_is_refused(tmp_path: Path) -> None:
+    _checkpoint(tmp_path / "other", {"secret": 1})  # another checkpoint, of the same layout
+    directory = tmp_path / "checkpoint"
+    _checkpoint(directory, 5)
+    with (directory / ".metadata").open("rb") as file:
+        metadata = pickle.load(file)
+    for info in metadata.storage_data.values():
+        info.relative_path = _ForgedPath(f"../other/{info.relative_path}", shown=info.relative_path)
+    with (directory / ".metadata").open("wb") as file:
+        pickle.dump(metadata, file)
+
+    with pytest.raises(CheckpointError) as error:
+        Fabric(accelerator="cpu", devices=1).load(directory)
+    assert "entry '.metadata' names the storage file" in str(error.value)
+    assert "is a PosixPath, not a str" in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["", "a\0b", "/abs/__0_0.distcp", "sub/../../x.distcp", "..\\x.distcp", "C:x.distcp"])
+def test_a_storage_file_name_outside_the_directory_or_malformed_is_refused(name: str, tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoint"
+    _checkpoint(directory, 5)
+    with (directory / ".metadata").open("rb") as file:
+        metadata = pickle.load(file)
+    for info in metadata.storage_data.values():
+        info.relative_path = name
+    with (directory / ".metadata").open("wb") as file:
+        pickle.dump(metadata, file)
+    with pytest.raises(CheckpointError, match=r"names the storage file .*must be a plain relative file name"):
         read_whole(directory)

@@ -20,8 +20,10 @@ Behaviour a user relies on:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
@@ -35,9 +37,12 @@ from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import ClusterEnvironment
-from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
-from fabric.plugins.precision.precision import Precision
 from fabric.plugins.io import deepspeed_checkpoint as checkpoints
+from fabric.plugins.io.background_saves import finished
+from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
+from fabric.plugins.io.deepspeed_safe_load import safe_loading
+from fabric.plugins.io.storage import is_remote
+from fabric.plugins.precision.precision import Precision
 from fabric.strategies.deepspeed_config import (
     ConfigArg,
     check_stage,
@@ -47,11 +52,10 @@ from fabric.strategies.deepspeed_config import (
     zero_stage,
 )
 from fabric.strategies.deepspeed_precision import DeepSpeedPrecision
-from fabric.plugins.io.deepspeed_safe_load import safe_loading
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
-from fabric.strategies.strategy import CheckpointFilter, load_unvalidated_state
+from fabric.strategies.strategy import CheckpointFilter, entries_to_load, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful
 from fabric.utilities.exceptions import CheckpointError
 
@@ -315,72 +319,106 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     # --- checkpoints ------------------------------------------------------------------------------
 
+    @property
+    def saves_on_every_rank(self) -> bool:
+        return True
+
     def save_checkpoint(
-        self, path: PathType, state: dict[str, Any], filter: Mapping[str, CheckpointFilter] | None = None
-    ) -> None:
+        self,
+        path: PathType,
+        state: dict[str, Any],
+        filter: Mapping[str, CheckpointFilter] | None = None,
+        storage_options: StorageOptions = None,
+        async_save: bool = False,
+    ) -> Future[None]:
         """Every rank writes its shard with ``engine.save_checkpoint``; ``latest`` moves only when all are done."""
+        if async_save:
+            raise ValueError(
+                "async_save=True needs a snapshot of the state to write in the background; DeepSpeed writes its "
+                "engine's live state (engine.save_checkpoint). Save synchronously with DeepSpeedStrategy."
+            )
         if filter:
             raise ValueError(
                 "fabric.save(filter=...) writes a subset of full state dicts into one file; DeepSpeed saves the "
                 "engine's shards whole. Save without a filter (convert_zero_checkpoint_to_fp32 makes one file)."
             )
-        directory = Path(path)
         module_key, engine = self._engine_in(state)
         client_state = {
             key: self._state_of(value) for key, value in state.items() if not isinstance(value, (nn.Module, Optimizer))
         }
         client_state[checkpoints.MODULE_KEY_ENTRY] = module_key
-        checkpoints.prepare_directory(directory)  # on every rank, so that a bad path fails everywhere at once
         tag = self.broadcast(checkpoints.new_tag())
-        engine.save_checkpoint(
-            os.fspath(directory), tag=tag, client_state={"fabric_client_state": client_state}, save_latest=False
+        save = functools.partial(
+            engine.save_checkpoint, tag=tag, client_state={"fabric_client_state": client_state}, save_latest=False
         )
-        self.barrier("deepspeed checkpoint shards")
+        if is_remote(path):
+            with checkpoints.staging_directory() as staging:
+                save(os.fspath(staging))
+                checkpoints.upload(staging, tag, os.fspath(path), storage_options)
+            self.barrier("deepspeed checkpoint uploads")
+            commit = functools.partial(
+                checkpoints.commit_remote, os.fspath(path), tag, self.world_size, storage_options
+            )
+        else:
+            directory = Path(path)
+            checkpoints.prepare_directory(directory)  # on every rank, so that a bad path fails everywhere at once
+            save(os.fspath(directory))
+            self.barrier("deepspeed checkpoint shards")
+            commit = functools.partial(checkpoints.commit, directory, tag, self.world_size)
+        error = None
         if self.is_global_zero:
-            checkpoints.commit(directory, tag)
+            try:
+                commit()
+            except CheckpointError as refused:
+                error = str(refused)
+        error = self.broadcast(error)
+        if error is not None:
+            raise CheckpointError(error)
+        return finished()
 
     def load_checkpoint(
-        self, path: PathType, state: dict[str, Any] | None = None, strict: bool = True, weights_only: bool = True
+        self,
+        path: PathType,
+        state: dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool = True,
+        storage_options: StorageOptions = None,
     ) -> dict[str, Any]:
         """Fill the engine (and its optimizer, if ``state`` holds it) and the client entries in place.
 
         Everything that can be checked without loading (the directory, the world size, the client keys,
         under ``weights_only`` the classes every file names) is checked first. Under ``weights_only``
         every file, DeepSpeed's own reads included, is loaded with ``torch.load(weights_only=True)``.
+        A checkpoint at a URL is downloaded to a temporary local directory first.
         """
         if state is None:
             raise ValueError(
                 "Loading a DeepSpeed checkpoint needs the state to fill: fabric.load(path, {'model': model})."
             )
-        directory = Path(path)
         module_key, engine = self._engine_in(state)
-        tag = checkpoints.latest_tag(directory)
-        load_optimizer = any(isinstance(value, Optimizer) for value in state.values())
-        if load_optimizer:
-            checkpoints.check_world_size(directory, tag, self.world_size)
-        with safe_loading(directory / tag, weights_only):
-            client_state = checkpoints.read_client_state(directory, tag, weights_only)
-            client_state.pop(checkpoints.MODULE_KEY_ENTRY, None)
-            keys = [key for key in state if key in client_state]
-            missing = [key for key, value in state.items() if key not in client_state and key != module_key]
-            missing = [key for key in missing if not isinstance(state[key], Optimizer)]
-            if strict and missing:
-                raise CheckpointError(
-                    f"{directory!s} has no entry for {missing}; it holds {sorted(client_state)}. "
-                    "Pass strict=False to load only the entries that exist."
+        with checkpoints.local_copy(path, storage_options) as directory:
+            tag = checkpoints.latest_tag(directory)
+            load_optimizer = any(isinstance(value, Optimizer) for value in state.values())
+            if load_optimizer:
+                checkpoints.check_world_size(directory, tag, self.world_size)
+            with safe_loading(directory / tag, weights_only):
+                client_state = checkpoints.read_client_state(directory, tag, weights_only)
+                client_state.pop(checkpoints.MODULE_KEY_ENTRY, None)
+                in_engine = [key for key, value in state.items() if key == module_key or isinstance(value, Optimizer)]
+                keys = entries_to_load(path, state, [*client_state, *in_engine], strict)
+                keys = [key for key in keys if key not in in_engine]
+                for key in keys:
+                    self._check_fits(state[key], client_state[key], strict, where=f"Entry {key!r} of {path!s}")
+                loaded_path, _ = engine.load_checkpoint(
+                    os.fspath(directory),
+                    tag=tag,
+                    load_module_strict=strict,
+                    load_optimizer_states=load_optimizer,
+                    load_lr_scheduler_states=False,
                 )
-            for key in keys:
-                self._check_fits(state[key], client_state[key], strict, where=f"Entry {key!r} of {directory!s}")
-            loaded_path, _ = engine.load_checkpoint(
-                os.fspath(directory),
-                tag=tag,
-                load_module_strict=strict,
-                load_optimizer_states=load_optimizer,
-                load_lr_scheduler_states=False,
-            )
         if loaded_path is None:
-            raise CheckpointError(f"DeepSpeed could not load {directory!s} (tag {tag!r}).")
-        load_unvalidated_state(directory, self.precision, state, client_state, keys)
+            raise CheckpointError(f"DeepSpeed could not load {path!s} (tag {tag!r}).")
+        load_unvalidated_state(path, self.precision, state, client_state, keys)
         for key in keys:
             if not isinstance(state[key], Stateful):
                 state[key] = client_state[key]
@@ -413,7 +451,7 @@ def convert_zero_checkpoint_to_fp32(checkpoint_dir: PathType, output_file: PathT
     consolidated. Nothing in the checkpoint can run code unless ``weights_only=False`` (a trusted checkpoint).
     """
     _import_deepspeed(None)
-    checkpoints.consolidate(Path(checkpoint_dir), Path(output_file), weights_only)
+    checkpoints.consolidate(checkpoint_dir, Path(output_file), weights_only)
 
 
 def _import_deepspeed(device_type: str | None) -> Any:

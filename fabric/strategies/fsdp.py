@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack
 from datetime import timedelta
 from typing import Any, Literal, get_args
@@ -24,8 +25,8 @@ from torch.optim import Optimizer
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import ClusterEnvironment
-from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
-from fabric.plugins.io.distributed_checkpoint import is_distributed_checkpoint
+from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
+from fabric.plugins.io.formats import CheckpointFormat, recognise
 from fabric.plugins.precision.dtypes import mixed_dtype
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies import fsdp_checkpoint as checkpoints
@@ -330,29 +331,49 @@ class FSDPStrategy(ParallelStrategy):
     def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
         checkpoints.load_full_optimizer_state(self.owner_of(optimizer), optimizer, state_dict)
 
+    @property
+    def saves_on_every_rank(self) -> bool:
+        return self.state_dict_type == "sharded"
+
     def save_checkpoint(
-        self, path: PathType, state: dict[str, Any], filter: Mapping[str, CheckpointFilter] | None = None
-    ) -> None:
+        self,
+        path: PathType,
+        state: dict[str, Any],
+        filter: Mapping[str, CheckpointFilter] | None = None,
+        storage_options: StorageOptions = None,
+        async_save: bool = False,
+    ) -> Future[None]:
         """A sharded directory by default; one full file with ``state_dict_type="full"`` (``filter`` only there)."""
         if self.state_dict_type == "full":
-            super().save_checkpoint(path, state, filter)
-        elif filter:
+            return super().save_checkpoint(path, state, filter, storage_options, async_save)
+        if filter:
             raise ValueError(
                 "fabric.save(filter=...) writes a subset of full state dicts into one file; FSDPStrategy saves a "
                 "sharded directory here. Use FSDPStrategy(state_dict_type='full') to save filtered checkpoints."
             )
-        else:
-            checkpoints.save_sharded(path, state, self.owner_of, self.precision, self)
+        background = (self.background_saves, self.background_group()) if async_save else None
+        return checkpoints.save_sharded(path, state, self.owner_of, self.precision, self, storage_options, background)
 
     def load_checkpoint(
-        self, path: PathType, state: dict[str, Any] | None = None, strict: bool = True, weights_only: bool = True
+        self,
+        path: PathType,
+        state: dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool = True,
+        storage_options: StorageOptions = None,
     ) -> dict[str, Any]:
         """Load a sharded directory (any number of ranks saved it) or a full file into the sharded objects."""
-        if state is not None and is_distributed_checkpoint(path):
+        if state is not None and recognise(path, storage_options) is CheckpointFormat.DCP:
             return checkpoints.load_sharded(
-                path, state, self.owner_of, self.precision, strict=strict, weights_only=weights_only
+                path,
+                state,
+                self.owner_of,
+                self.precision,
+                strict=strict,
+                weights_only=weights_only,
+                storage_options=storage_options,
             )
-        return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+        return super().load_checkpoint(path, state, strict, weights_only, storage_options)
 
     def __repr__(self) -> str:
         return (

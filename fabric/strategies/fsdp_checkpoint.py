@@ -1,7 +1,8 @@
 """Checkpoints of FSDP-sharded modules and their optimizers: functions the FSDP strategies call.
 
-- Sharded (default): every rank writes its own shards into a DCP directory, atomically (temporary
-  directory, rename on rank 0 after a barrier). Any number of ranks can load it back, and one
+- Sharded (default): every rank writes its own shards into a DCP directory on a shared disk or at an
+  fsspec URL, complete only once every rank's shards are there (see
+  :mod:`fabric.plugins.io.distributed_checkpoint`). Any number of ranks can load it back, and one
   process can read it whole (``fabric consolidate``).
 - Full: the state gathered on rank 0 and written as one ``torch.save`` file, optimizer states in the
   plain ``optimizer.state_dict()`` form, so a single-device run loads it directly.
@@ -13,12 +14,18 @@ A load reads into copies first and touches the user's objects only once everythi
 from __future__ import annotations
 
 import copy
+import functools
+import os
 import shutil
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed import ProcessGroup
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -28,20 +35,24 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
-from fabric.plugins.io.checkpoint_io import PathType
+from fabric.plugins.io.background_saves import BackgroundSaves, finished
+from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.distributed_checkpoint import (
+    clear_remote,
     load_shards,
-    local_directory,
+    missing_shards,
     named_optimizer_state,
     numbered_optimizer_state,
     publish,
     read_metadata_keys,
     read_whole,
     temporary_directory,
+    unshared_storage_error,
     write_shards,
 )
+from fabric.plugins.io.storage import is_remote
 from fabric.plugins.precision.precision import Precision
-from fabric.strategies.strategy import PRECISION_STATE_KEY, load_unvalidated_state
+from fabric.strategies.strategy import PRECISION_STATE_KEY, entries_to_load, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful
 from fabric.utilities.exceptions import CheckpointError
 
@@ -89,26 +100,93 @@ def load_full_optimizer_state(owner: nn.Module, optimizer: Optimizer, state_dict
 # --- sharded state (a directory) ----------------------------------------------------------------------
 
 
-def save_sharded(path: PathType, state: dict[str, Any], owner_of: OwnerOf, precision: Precision, ranks: Ranks) -> None:
-    """Every rank writes its shards; rank 0 publishes the directory once all of them are done."""
-    target = local_directory(path)
+def save_sharded(
+    path: PathType,
+    state: dict[str, Any],
+    owner_of: OwnerOf,
+    precision: Precision,
+    ranks: Ranks,
+    storage_options: StorageOptions = None,
+    background: tuple[BackgroundSaves, ProcessGroup] | None = None,
+) -> Future[None]:
+    """Every rank writes its shards; the save counts only once rank 0 sees all of them at the destination.
+
+    With ``background`` (the saves in flight and a process group of their own, so that their collectives
+    never interleave with training's), each rank writes a CPU snapshot of its shards on a background thread.
+    """
     checkpoint = {key: _sharded_state_of(value, owner_of) for key, value in state.items()}
     precision_state = precision.state_dict()
     if precision_state:
         checkpoint[PRECISION_STATE_KEY] = precision_state
-    temporary = ranks.broadcast(temporary_directory(target) if ranks.is_global_zero else None)
-    if ranks.is_global_zero:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    ranks.barrier("save_sharded_start")
-    try:
-        write_shards(checkpoint, temporary)
-    except BaseException:
+    if background is not None:
+        background[0].wait()  # the previous save is complete before this one touches the destination
+    remote = is_remote(path)
+    if remote:
+        destination: PathType = os.fspath(path)
         if ranks.is_global_zero:
-            shutil.rmtree(temporary, ignore_errors=True)
+            clear_remote(destination, storage_options)
+    else:
+        destination = ranks.broadcast(temporary_directory(Path(path)) if ranks.is_global_zero else None)
+        if ranks.is_global_zero:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    ranks.barrier("save_sharded_start")
+    if background is None:
+        _write_and_commit(checkpoint, destination, path, ranks, storage_options)
+        return finished()
+    saves, group = background
+    snapshot = saves.snapshot(checkpoint)
+    group_ranks = _GroupRanks(group, ranks.is_global_zero)
+    write = functools.partial(_write_and_commit, snapshot, destination, path, group_ranks, storage_options, group)
+    return saves.submit(write, repr(os.fspath(path)))
+
+
+def _write_and_commit(
+    checkpoint: dict[str, Any],
+    destination: PathType,
+    path: PathType,
+    ranks: Ranks,
+    storage_options: StorageOptions,
+    group: ProcessGroup | None = None,
+) -> None:
+    """Write every rank's shards to ``destination``; once rank 0 sees all of them, publish it as ``path``."""
+    remote = is_remote(path)
+    try:
+        write_shards(checkpoint, destination, storage_options, target=path, process_group=group)
+        ranks.barrier("save_sharded_written")
+        missing = ranks.broadcast(missing_shards(destination, storage_options) if ranks.is_global_zero else None)
+        if missing:
+            raise unshared_storage_error(path, missing)
+    except BaseException:
+        _discard(destination, remote, ranks, storage_options)
         raise
-    ranks.barrier("save_sharded_written")
-    if ranks.is_global_zero:
-        publish(temporary, target)
+    if ranks.is_global_zero and not remote:
+        publish(Path(destination), Path(path))
+
+
+class _GroupRanks:
+    """The collectives of a background save, on the process group it was given."""
+
+    def __init__(self, group: ProcessGroup, is_global_zero: bool) -> None:
+        self.group = group
+        self.is_global_zero = is_global_zero
+
+    def barrier(self, name: str | None = None) -> None:
+        dist.barrier(group=self.group)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
+
+
+def _discard(destination: PathType, remote: bool, ranks: Ranks, storage_options: StorageOptions) -> None:
+    """Remove what a failed save wrote: the remote directory (rank 0), or the temporary directory as each
+    rank sees it (on disks that are not shared, each node wrote its own)."""
+    if remote:
+        if ranks.is_global_zero:
+            clear_remote(destination, storage_options)
+    else:
+        shutil.rmtree(destination, ignore_errors=True)
 
 
 def load_sharded(
@@ -119,23 +197,18 @@ def load_sharded(
     *,
     strict: bool,
     weights_only: bool,
+    storage_options: StorageOptions = None,
 ) -> dict[str, Any]:
     """Load into the sharded objects of ``state``; return the checkpoint entries not asked for."""
-    available = read_metadata_keys(path, weights_only=weights_only)
-    missing = [key for key in state if key not in available]
-    if strict and missing:
-        raise CheckpointError(
-            f"{path!s} has no entry for {missing}; it holds {sorted(available)}. "
-            "Pass strict=False to load only the entries that exist."
-        )
-    keys = [key for key in state if key in available]
+    available = read_metadata_keys(path, weights_only=weights_only, storage_options=storage_options)
+    keys = entries_to_load(path, state, available, strict)
     optimizers = [state[key] for key in keys if isinstance(state[key], Optimizer)]
     backups = [(optimizer, copy.deepcopy(optimizer.state_dict())) for optimizer in optimizers]
     targets = {key: _copy_tensors(_sharded_state_of(state[key], owner_of)) for key in keys}
     if PRECISION_STATE_KEY in available and precision.state_dict():
         targets[PRECISION_STATE_KEY] = _copy_tensors(precision.state_dict())
     try:
-        load_shards(targets, path, strict=strict, weights_only=weights_only)
+        load_shards(targets, path, strict=strict, weights_only=weights_only, storage_options=storage_options)
     except CheckpointError as error:
         for optimizer, backup in backups:  # reading the state dict may have initialised the optimizer
             optimizer.load_state_dict(backup)
@@ -150,7 +223,7 @@ def load_sharded(
         elif not isinstance(target, Stateful):
             state[key] = targets[key]
     rest = available - set(state) - {PRECISION_STATE_KEY}
-    return read_whole(path, keys=rest, weights_only=weights_only) if rest else {}
+    return read_whole(path, keys=rest, weights_only=weights_only, storage_options=storage_options) if rest else {}
 
 
 def _sharded_state_of(value: Any, owner_of: OwnerOf) -> Any:

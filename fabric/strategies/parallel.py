@@ -69,6 +69,7 @@ class ParallelStrategy(Strategy):
         self._timeout = timeout
         self._stall_threshold = _seconds(stall_threshold)
         self._barrier_group: Any = None
+        self._background_group: Any = None
         self._watch: CollectiveWatch | None = None
         self._replaced_variables: dict[str, str | None] | None = None  # what setup_environment exported over
 
@@ -230,16 +231,24 @@ class ParallelStrategy(Strategy):
         return {"store": PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)}
 
     def teardown(self) -> None:
+        self.background_saves.wait()  # its collectives need the process group
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
         if dist.is_initialized():
             dist.destroy_process_group()
-        self._barrier_group = None
+        self._barrier_group = self._background_group = None
         if self._replaced_variables is not None:
             restore_variables(self._replaced_variables)
             self._replaced_variables = None
         super().teardown()
+
+    def background_group(self) -> Any:
+        """The gloo group the collectives of background saves run on, never interleaving with training's on
+        the default group (made at the first background save: every rank is there)."""
+        if self._background_group is None:
+            self._background_group = dist.new_group(backend="gloo", timeout=self._timeout)
+        return self._background_group
 
     # --- collectives ------------------------------------------------------------------------------
 

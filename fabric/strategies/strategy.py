@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,12 +24,11 @@ from torch.utils.hooks import RemovableHandle
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
-from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
-from fabric.plugins.io.distributed_checkpoint import read_checkpoint
+from fabric.plugins.io.background_saves import BackgroundSaves, finished
+from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
+from fabric.plugins.io.formats import read_whole
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.plugins.precision.precision import Precision
-from fabric.plugins.io.deepspeed_checkpoint import is_deepspeed_checkpoint
-from fabric.plugins.io.deepspeed_checkpoint import read_whole as read_deepspeed_checkpoint
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.utilities.checkpoint_state import Stateful, check_module_state, check_optimizer_state
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
@@ -63,6 +63,8 @@ class Strategy:
         self.backward_in_progress = False
         # Modules built with empty_init whose forward is refused until a checkpoint fills them.
         self._awaiting_load: weakref.WeakKeyDictionary[nn.Module, RemovableHandle] = weakref.WeakKeyDictionary()
+        #: The checkpoint being written in the background (``async_save=True``), at most one.
+        self.background_saves = BackgroundSaves()
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawned ranks receive a pickled copy. Weak registries of this process's modules cannot be pickled
@@ -197,6 +199,7 @@ class Strategy:
         self.accelerator.setup_device(self.root_device)
 
     def teardown(self) -> None:
+        self.background_saves.wait()
         self.accelerator.teardown()
 
     # --- modules, optimizers, data ------------------------------------------------------------------
@@ -340,13 +343,24 @@ class Strategy:
             return obj.state_dict()
         return obj
 
+    @property
+    def saves_on_every_rank(self) -> bool:
+        """Whether every rank writes its own part of a checkpoint (sharded strategies), not rank 0 alone."""
+        return False
+
     def save_checkpoint(
-        self, path: PathType, state: dict[str, Any], filter: Mapping[str, CheckpointFilter] | None = None
-    ) -> None:
+        self,
+        path: PathType,
+        state: dict[str, Any],
+        filter: Mapping[str, CheckpointFilter] | None = None,
+        storage_options: StorageOptions = None,
+        async_save: bool = False,
+    ) -> Future[None]:
         """Write ``state`` from global rank 0 (every rank holds the same full state here).
 
         ``filter`` maps entries of ``state`` to ``(name, value) -> bool``: only the items of that entry's
-        state dict for which it returns True are written.
+        state dict for which it returns True are written. With ``async_save`` a CPU snapshot is written in
+        the background; the returned future completes when the checkpoint is complete at ``path``.
         """
         checkpoint = self.checkpoint_state(state)
         if filter:
@@ -354,32 +368,37 @@ class Strategy:
         precision_state = self.precision.state_dict()
         if precision_state:
             checkpoint[PRECISION_STATE_KEY] = precision_state
-        if self.is_global_zero:
-            self.checkpoint_io.save_checkpoint(checkpoint, path)
+        if not self.is_global_zero:
+            return finished()
+        if async_save:
+            snapshot = self.background_saves.snapshot(checkpoint)
+            write = functools.partial(self.checkpoint_io.save_checkpoint, snapshot, path, storage_options)
+            return self.background_saves.submit(write, repr(os.fspath(path)))
+        self.background_saves.wait()
+        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options)
+        return finished()
 
     def load_checkpoint(
-        self, path: PathType, state: dict[str, Any] | None = None, strict: bool = True, weights_only: bool = True
+        self,
+        path: PathType,
+        state: dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool = True,
+        storage_options: StorageOptions = None,
     ) -> dict[str, Any]:
         """Load into the objects in ``state`` in place and return the checkpoint entries not asked for.
 
-        Without ``state`` the whole raw checkpoint is returned. Everything is validated first, so an
-        error leaves every object in ``state`` unchanged.
+        Any format loads (a file, a sharded directory read whole in this process, a DeepSpeed directory's
+        weights). Without ``state`` the whole raw checkpoint is returned. Everything is validated first,
+        so an error leaves every object in ``state`` unchanged.
         """
-        if is_deepspeed_checkpoint(path):  # its ZeRO shards, gathered in this process
-            checkpoint = read_deepspeed_checkpoint(Path(os.fspath(path)), weights_only=weights_only)
-        else:
-            checkpoint = read_checkpoint(self.checkpoint_io, path, weights_only=weights_only)
+        self.background_saves.wait()
+        checkpoint = read_whole(path, self.checkpoint_io, weights_only=weights_only, storage_options=storage_options)
         if not isinstance(checkpoint, dict):
             raise CheckpointError(f"{path!s} holds a {type(checkpoint).__name__}, not a checkpoint dict.")
         if state is None:
             return checkpoint
-        keys = [key for key in state if key in checkpoint]
-        missing = [key for key in state if key not in checkpoint]
-        if strict and missing:
-            raise CheckpointError(
-                f"{path!s} has no entry for {missing}; it holds {sorted(checkpoint)}. "
-                "Pass strict=False to load only the entries that exist."
-            )
+        keys = entries_to_load(path, state, checkpoint, strict)
         for key in keys:
             self._check_fits(state[key], checkpoint[key], strict, where=f"Entry {key!r} of {path!s}")
         load_unvalidated_state(path, self.precision, state, checkpoint, keys)
@@ -394,10 +413,17 @@ class Strategy:
         return {key: value for key, value in checkpoint.items() if key not in state and key != PRECISION_STATE_KEY}
 
     def load_raw(
-        self, path: PathType, obj: nn.Module | Optimizer, strict: bool = True, weights_only: bool = True
+        self,
+        path: PathType,
+        obj: nn.Module | Optimizer,
+        strict: bool = True,
+        weights_only: bool = True,
+        storage_options: StorageOptions = None,
     ) -> None:
         """Load a bare ``state_dict`` file (e.g. from ``torch.save(model.state_dict(), path)``) into ``obj``."""
-        state_dict = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        state_dict = self.checkpoint_io.load_checkpoint(
+            path, weights_only=weights_only, storage_options=storage_options
+        )
         self._check_fits(obj, state_dict, strict, where=str(path))
         if isinstance(obj, nn.Module):
             self.load_module_state_dict(obj, state_dict, strict=strict)
@@ -424,6 +450,17 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(accelerator={self._accelerator}, precision={self._precision})"
+
+
+def entries_to_load(path: PathType, state: Mapping[str, Any], available: Collection[str], strict: bool) -> list[str]:
+    """The keys of ``state`` the checkpoint at ``path`` has; under ``strict`` a missing one is an error."""
+    missing = [key for key in state if key not in available]
+    if strict and missing:
+        raise CheckpointError(
+            f"{path!s} has no entry for {missing}; it holds {sorted(available)}. "
+            "Pass strict=False to load only the entries that exist."
+        )
+    return [key for key in state if key in available]
 
 
 def load_unvalidated_state(

@@ -29,6 +29,8 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fabric.plugins.io.temporaries import owned_temporary, remove_abandoned, remove_temporary, temporary_sibling
 from fabric.trainer.model import TrainerModel
 
 if TYPE_CHECKING:
@@ -145,12 +148,21 @@ class HuggingFaceModel(TrainerModel):
             )
 
 
+#: The files ``save_pretrained`` writes for a model: its config, generation config and weights (one file, or
+#: shards and their index). A tokenizer file may not replace them.
+_MODEL_FILE = re.compile(
+    r"(config|generation_config)\.json|(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?"
+)
+
+
 def write_huggingface_pretrained(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path:
     """Write a one-file Trainer checkpoint of a :class:`HuggingFaceModel` as a ``from_pretrained`` folder.
 
     The checkpoint is read with ``torch.load(weights_only=True)``: nothing in it can run code. The model
     class must be one of ``transformers``' own. The tokenizer's files, if saved, are written beside the
-    weights. Returns the folder.
+    weights. The export is written into a temporary sibling folder that replaces ``folder`` once complete,
+    so a failed export leaves ``folder`` as it was; of an existing ``folder`` the files that are not the
+    model's are kept. Returns the folder.
     """
     transformers = _transformers()
     path = Path(checkpoint)
@@ -164,18 +176,75 @@ def write_huggingface_pretrained(checkpoint: str | os.PathLike[str], folder: str
     if not (inspect.isclass(found) and issubclass(found, transformers.PreTrainedModel)):
         raise ValueError(f"{path} names the model class {extra['class']!r}, which transformers does not have.")
     model_class: Any = found
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; write_huggingface_pretrained writes a folder.")
     tokenizer_files = extra.get("tokenizer", {})
+    name_max = _longest_file_name(out)
     for name, content in tokenizer_files.items():
-        plain_name = isinstance(name, str) and Path(name).name == name and name not in (".", "..")
-        if not plain_name or not isinstance(content, bytes):
-            raise ValueError(f"{path} holds a tokenizer file {name!r} that is not a plain file name with bytes.")
+        problem = _tokenizer_file_problem(name, content, name_max)
+        if problem:
+            raise ValueError(f"{path} holds a tokenizer file {name!r} that {problem}; nothing was written.")
     model = model_class(model_class.config_class.from_dict(json.loads(extra["config"])))
     model.load_state_dict({name.removeprefix("model."): value for name, value in weights.items()}, strict=True)
-    out = Path(folder)
-    model.save_pretrained(out)
-    for name, content in tokenizer_files.items():
-        (out / name).write_bytes(content)
+    with owned_temporary(out, directory=True) as staging:
+        model.save_pretrained(staging)
+        for name, content in tokenizer_files.items():
+            with (staging / name).open("xb") as file:  # never over a file of the model's
+                file.write(content)
+        _replace_folder(staging, out)
+    remove_abandoned(out, kinds=("tmp", "old"))  # what killed exports left behind
     return out
+
+
+def _tokenizer_file_problem(name: object, content: object, name_max: int) -> str | None:
+    """Why ``name`` cannot be written as a tokenizer file beside the model's files, or ``None``."""
+    if not isinstance(name, str) or not isinstance(content, bytes):
+        return "is not a file name (str) with bytes"
+    if "\0" in name:
+        return "holds a NUL byte"
+    if name in ("", ".", "..") or "/" in name or "\\" in name:
+        return "is not a plain file name"
+    if len(os.fsencode(name)) > name_max:
+        return f"is longer than the file system allows ({name_max} bytes)"
+    if _MODEL_FILE.fullmatch(name):
+        return "is the name of one of the model's own files (config, generation config, weights)"
+    return None
+
+
+def _longest_file_name(folder: Path) -> int:
+    """The longest file name (in bytes) the file system of ``folder`` (or its nearest existing parent) takes."""
+    existing = next((path for path in (folder.absolute(), *folder.absolute().parents) if path.exists()), Path("/"))
+    try:
+        return os.pathconf(existing, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or the file system does not say
+        return 255
+
+
+def _replace_folder(export: Path, folder: Path) -> None:
+    """Put the complete ``export`` at ``folder`` in one rename. An existing ``folder`` lends its files that are not
+    the model's (hard links) to the export first, and is swapped for it."""
+    if not folder.exists():
+        os.replace(export, folder)
+        return
+    for entry in folder.iterdir():
+        if not _MODEL_FILE.fullmatch(entry.name) and not (export / entry.name).exists():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.copytree(entry, export / entry.name, symlinks=True, copy_function=_link)
+            else:
+                _link(entry, export / entry.name)
+    previous = temporary_sibling(folder, "old")
+    os.replace(folder, previous)
+    os.replace(export, folder)
+    remove_temporary(previous)
+
+
+def _link(source: str | os.PathLike[str], destination: str | os.PathLike[str]) -> None:
+    """A hard link, or a copy where the file system has none."""
+    try:
+        os.link(source, destination, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(source, destination, follow_symlinks=False)
 
 
 def _saved_files(tokenizer: Any) -> dict[str, bytes]:

@@ -27,6 +27,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
 from fabric.fabric import Fabric
+from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.callback import Callback
 from fabric.trainer.checkpoint.checkpointer import TrainerCheckpointer, find_resume_checkpoint, read_surgery_records
@@ -89,6 +90,12 @@ class Trainer:
     :class:`~fabric.trainer.data_spec.DataSpec` (custom batch types: transforms, splitting, counting).
     Algorithms, callbacks and loggers hook the events; the
     tqdm progress bar is added on rank 0 unless ``progress_bar=False``.
+
+    Checkpoints: ``save_folder`` and ``load_path`` are local paths or fsspec URLs (``s3://bucket/run``);
+    ``storage_options`` go to fsspec for them (an S3-compatible store's endpoint and credentials, e.g.
+    ``{"client_kwargs": {"endpoint_url": "http://minio:9000"}, "key": ..., "secret": ...}``).
+    ``save_async=True`` takes a CPU snapshot at each save and writes it in the background while training
+    goes on (one save in flight; an error surfaces at the next save or at the end of ``fit()``).
     """
 
     def __init__(
@@ -120,11 +127,13 @@ class Trainer:
         save_num_checkpoints_to_keep: int = -1,
         save_weights_only: bool = False,
         save_overwrite: bool = False,
+        save_async: bool = False,
         load_path: str | None = None,
         load_weights_only: bool = False,
         load_strict: bool = True,
         load_ignore_keys: Sequence[str] = (),
         autoresume: bool = False,
+        storage_options: dict[str, Any] | None = None,
         fabric: Fabric | None = None,
         device: str | None = None,
         deepspeed_config: dict[str, Any] | None = None,
@@ -142,7 +151,10 @@ class Trainer:
             num_checkpoints_to_keep=save_num_checkpoints_to_keep,
             weights_only=save_weights_only,
             overwrite=save_overwrite,
+            storage_options=storage_options,
+            async_save=save_async,
         )
+        self.storage_options = storage_options
         self.fabric = _make_fabric(fabric, translate_fabric_choices(fabric_choices, device, deepspeed_config))
         load_path = load_path_from(load_path, load_path_format)
         microbatch_size = self._setup_batching(grad_accum, device_train_microbatch_size, scale_schedule_ratio)
@@ -153,12 +165,15 @@ class Trainer:
         self._setup_loggers(_as_list(loggers), progress_bar)
         if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
             assert save_folder is not None
-            found = self._find_resume_checkpoint(save_folder, save_filename, save_latest_filename)
+            found = self._find_resume_checkpoint(save_folder, save_filename, save_latest_filename, storage_options)
             if found is not None:
                 load_path, load_weights_only, load_ignore_keys = found, False, ()
         if load_path is not None:  # surgery the checkpoint was saved with, and this run does not do itself
             reapply_surgery(
-                self.state.model, read_surgery_records(load_path), self.state.optimizers, self.state.algorithms
+                self.state.model,
+                read_surgery_records(load_path, storage_options),
+                self.state.optimizers,
+                self.state.algorithms,
             )
         self._setup_model_and_optimizers()
         self._setup_train_step(
@@ -226,11 +241,13 @@ class Trainer:
         self.engine = Engine(self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=destinations)
         self.engine.run_event(Event.INIT)
 
-    def _find_resume_checkpoint(self, save_folder: str, filename: str, latest_filename: str | None) -> str | None:
+    def _find_resume_checkpoint(
+        self, save_folder: str, filename: str, latest_filename: str | None, storage_options: StorageOptions
+    ) -> str | None:
         """``autoresume``: the newest checkpoint of this run, found on rank 0 and shared, or None."""
         found = None
         if self.fabric.is_global_zero:
-            found = find_resume_checkpoint(save_folder, filename, latest_filename, self.run_name)
+            found = find_resume_checkpoint(save_folder, filename, latest_filename, self.run_name, storage_options)
         return self.fabric.broadcast(found)
 
     def _setup_train_step(
@@ -290,7 +307,7 @@ class Trainer:
             data_position=self._data_position,
             on_load_position=self._set_resume_position,
         )
-        self.checkpointer = TrainerCheckpointer(self.state, trainer_state, self.run_name)
+        self.checkpointer = TrainerCheckpointer(self.state, trainer_state, self.run_name, self.storage_options)
         # save_* options build one saver; CheckpointSaver objects passed in callbacks work the same way.
         savers = [callback for callback in self.state.callbacks if isinstance(callback, CheckpointSaver)]
         for each in savers:

@@ -1,9 +1,14 @@
-"""The Trainer on a sharded strategy: ``python trainer_sharded.py STRATEGY FOLDER DURATION OUT``.
+"""The Trainer on a sharded strategy: ``python trainer_sharded.py STRATEGY FOLDER DURATION OUT [KEY=VALUE ...]``.
 
-Two CPU ranks train a small regressor, checkpointing every epoch into FOLDER and auto-resuming from it;
-rank 0 writes the full weights and the clock to OUT.
+Two CPU ranks train a small regressor, checkpointing every epoch into FOLDER (a path or URL) and
+auto-resuming from it; rank 0 writes the full weights and the clock to OUT. ``KEY=VALUE`` pairs are
+integer ``Trainer`` arguments (``devices=1 num_nodes=2`` under torchrun across two nodes).
+``KILL_RANK_AT_SAVE=R:N`` in the environment kills rank R (SIGKILL) while it writes its part of save N
+to an object store, after the data went out and before the file was closed.
 """
 
+import os
+import signal
 import sys
 
 import torch
@@ -14,6 +19,34 @@ from torch.utils.data import DataLoader, TensorDataset
 from fabric.trainer import Trainer
 
 strategy, folder, duration, out = sys.argv[1:5]
+options = {key: int(value) for key, value in (argument.split("=", 1) for argument in sys.argv[5:])}
+
+
+def kill_during_save(rank: int, save: int) -> None:
+    """Make rank ``rank`` die inside its ``save``-th checkpoint write to an object store."""
+    import fsspec.spec
+
+    opened = fsspec.spec.AbstractBufferedFile.__init__
+    writes = []
+
+    def watched(file, *args, **kwargs):
+        opened(file, *args, **kwargs)
+        if "w" in file.mode and file.path.endswith(".distcp") and int(os.environ["RANK"]) == rank:
+            writes.append(file.path)
+            if len(writes) == save:
+                original_write = file.write
+
+                def write_then_die(data):
+                    original_write(data)
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+                file.write = write_then_die
+
+    fsspec.spec.AbstractBufferedFile.__init__ = watched
+
+
+if "KILL_RANK_AT_SAVE" in os.environ:
+    kill_during_save(*(int(part) for part in os.environ["KILL_RANK_AT_SAVE"].split(":")))
 
 
 class Regressor(nn.Module):
@@ -43,8 +76,8 @@ trainer = Trainer(
     progress_bar=False,
     seed=0,
     accelerator="cpu",
-    devices=2,
     strategy=strategy,
+    **{"devices": 2, **options},
 )
 started_at = int(trainer.state.timestamp.batch)
 trainer.fit()

@@ -138,6 +138,68 @@ def test_one_and_two_ranks_reach_the_same_weights_and_the_checkpoint_loads(tmp_p
         assert torch.equal(ours.detach(), theirs)
 
 
+def _checkpoint_with_tokenizer_files(path: Path, **files: bytes) -> Path:
+    """A one-file checkpoint of a tiny GPT-2 with a tokenizer, plus ``files`` among the tokenizer's files."""
+    state = HuggingFaceModel(script.tiny_gpt2(), tokenizer=_tokenizer()).state_dict()
+    state["_extra_state"]["tokenizer"].update(files)
+    torch.save({"model": state}, path)
+    return path
+
+
+_OWN_FILE = "is the name of one of the model's own files (config, generation config, weights)"
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("vocab\0.json", "holds a NUL byte"),
+        ("v" * 300 + ".json", "is longer than the file system allows (255 bytes)"),
+        ("config.json", _OWN_FILE),
+        ("model.safetensors", _OWN_FILE),
+        ("generation_config.json", _OWN_FILE),
+    ],
+    ids=["NUL", "too long", "config", "weights", "generation config"],
+)
+def test_a_tokenizer_file_name_that_cannot_be_written_beside_the_model_is_refused_before_anything_is_written(
+    name: str, problem: str, tmp_path: Path
+) -> None:
+    checkpoint = _checkpoint_with_tokenizer_files(tmp_path / "ckpt.pt", **{name: b"{}"})
+    with pytest.raises(ValueError) as error:
+        write_huggingface_pretrained(checkpoint, tmp_path / "out" / "exported")
+    assert str(error.value) == f"{checkpoint} holds a tokenizer file {name!r} that {problem}; nothing was written."
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_export_that_fails_midway_leaves_no_folder_and_keeps_an_existing_one_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = _checkpoint_with_tokenizer_files(tmp_path / "ckpt.pt")
+    existing = tmp_path / "existing"
+    write_huggingface_pretrained(checkpoint, existing)
+    (existing / "README.md").write_text("my notes")
+    (existing / "model-00001-of-00002.safetensors").write_bytes(b"a stale shard of an earlier export")
+    before = {entry.name: entry.read_bytes() for entry in existing.iterdir()}
+    save_pretrained = transformers.GPT2LMHeadModel.save_pretrained
+
+    def disk_fills_after_the_weights(model: Any, folder: Any, **kwargs: Any) -> None:
+        save_pretrained(model, folder, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "save_pretrained", disk_fills_after_the_weights)
+    for folder in (tmp_path / "fresh", existing):
+        with pytest.raises(OSError, match="No space left on device"):
+            write_huggingface_pretrained(checkpoint, folder)
+    monkeypatch.undo()
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["ckpt.pt", "existing"]  # no half-written export
+    assert {entry.name: entry.read_bytes() for entry in existing.iterdir()} == before
+
+    write_huggingface_pretrained(checkpoint, existing)  # over an existing export: the user's files stay
+    assert (existing / "README.md").read_text() == "my notes"
+    assert not (existing / "model-00001-of-00002.safetensors").exists()
+    assert transformers.AutoTokenizer.from_pretrained(existing).pad_token == "[PAD]"
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["ckpt.pt", "existing"]
+
+
 def test_wrong_inputs_fail_with_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="wraps a transformers PreTrainedModel, got Linear"):
         HuggingFaceModel(torch.nn.Linear(2, 2))  # type: ignore[arg-type]

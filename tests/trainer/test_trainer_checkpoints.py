@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from fabric.plugins.io.distributed_checkpoint import write_shards
 from fabric.trainer.callback import Callback
 from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 from fabric.trainer.schedulers import LinearWithWarmupScheduler
@@ -233,6 +234,66 @@ def test_weights_only_and_ignored_parts(tmp_path: Path, initial: nn.Module) -> N
         assert all(torch.equal(a, b) for a, b in zip(_weights(fresh), _weights(trainer), strict=True))
     with pytest.raises(ValueError, match="load_ignore_keys has \\['weights'\\]"):
         _trainer(initial, load_path=str(tmp_path / "full.pt"), load_ignore_keys=["weights"])
+
+
+_NOT_OURS = (
+    "is not a Trainer checkpoint (Trainer.save_checkpoint writes 'meta' with a 'format' marker, also with "
+    "weights_only=True). To start from the weights of another checkpoint, load them into the model before "
+    "building the Trainer: Fabric().load(path, {'model': model}), or Fabric().load_raw(path, model) for a bare "
+    "state_dict."
+)
+
+
+@pytest.mark.parametrize(
+    ("meta", "problem"),
+    [
+        (
+            {"format": "fabric.trainer/2"},
+            "was written by a newer version: format fabric.trainer/2, this version "
+            "reads up to fabric.trainer/1; upgrade fabric to load it.",
+        ),
+        (None, f"{_NOT_OURS} It has no 'meta' entry."),
+        ({"run_name": "x"}, f"{_NOT_OURS} Its 'meta' entry has no 'format' marker."),
+        ({"format": "other.tool/1"}, f"{_NOT_OURS} Its format is 'other.tool/1'; this version reads fabric.trainer/1."),
+    ],
+    ids=["newer", "no meta", "no marker", "foreign"],
+)
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_a_checkpoint_of_a_newer_or_foreign_format_is_refused_and_changes_nothing(
+    meta: dict[str, Any] | None, problem: str, weights_only: bool, tmp_path: Path, initial: nn.Module
+) -> None:
+    saver = _trainer(initial, max_duration="3ba")
+    saver.fit()
+    path = tmp_path / "ckpt.pt"
+    saver.save_checkpoint(str(path), weights_only=weights_only)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint.pop("meta")
+    torch.save(checkpoint if meta is None else {**checkpoint, "meta": meta}, path)  # otherwise loadable
+
+    trainer = _trainer(initial, max_duration="2ba")
+    trainer.fit()
+    before = (_weights(trainer), copy.deepcopy(trainer.state.optimizers[0].state_dict()), trainer.state.timestamp)
+    for strict in (True, False):
+        with pytest.raises(CheckpointError) as error:
+            trainer.load_checkpoint(str(path), weights_only=weights_only, strict=strict)
+        assert str(error.value) == f"{str(path)!r} {problem}"
+        assert all(torch.equal(a, b) for a, b in zip(_weights(trainer), before[0], strict=True))
+        torch.testing.assert_close(trainer.state.optimizers[0].state_dict(), before[1])
+        assert trainer.state.timestamp == before[2]
+
+
+def test_the_format_of_a_sharded_checkpoint_is_checked_too(tmp_path: Path, initial: nn.Module) -> None:
+    trainer = _trainer(initial, max_duration="2ba")
+    trainer.fit()
+    before = _weights(trainer)
+    model = {"model": trainer.state.model.state_dict()}
+    write_shards({**model, "meta": {"format": "fabric.trainer/2"}}, tmp_path / "newer")
+    write_shards(model, tmp_path / "foreign")
+    with pytest.raises(CheckpointError, match=r"newer version: format fabric.trainer/2, this version reads up to"):
+        trainer.load_checkpoint(str(tmp_path / "newer"), weights_only=True)
+    with pytest.raises(CheckpointError, match=r"is not a Trainer checkpoint .* It has no 'meta' entry\.$"):
+        trainer.load_checkpoint(str(tmp_path / "foreign"), weights_only=True)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(trainer), before, strict=True))
 
 
 def test_bad_save_options_fail_at_construction(tmp_path: Path, initial: nn.Module) -> None:

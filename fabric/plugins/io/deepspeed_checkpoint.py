@@ -5,6 +5,11 @@ per save (a *tag*) with every rank's shard, and a ``latest`` file naming the com
 each save under a new tag and only then replaces ``latest`` (write to a temporary file, then rename),
 so a save that fails or is killed midway leaves ``latest`` on the previous, complete checkpoint.
 DeepSpeed's tools (``zero_to_fp32``, ``ds_to_universal``) read the same ``latest`` file.
+
+At an fsspec URL (``s3://...``), which DeepSpeed cannot write to, every rank saves into its own local
+staging directory and uploads its files under the tag; ``latest`` is written after all uploads finished.
+A load downloads the complete tag into a temporary local directory first. Either way the committing rank
+checks that every data-parallel rank's optimizer shard is there before ``latest`` moves.
 """
 
 from __future__ import annotations
@@ -14,15 +19,18 @@ import io
 import os
 import re
 import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fabric.plugins.io.checkpoint_io import PathType
-from fabric.plugins.io.torch_io import TorchCheckpointIO
+from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.deepspeed_safe_load import safe_loading
+from fabric.plugins.io.storage import filesystem, is_remote
+from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.utilities.exceptions import CheckpointError
 
 LATEST = "latest"
@@ -42,14 +50,88 @@ def prepare_directory(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
 
 
-def commit(directory: Path, tag: str) -> None:
-    """Point ``latest`` at the complete ``tag`` (atomically), then delete every other save by Fabric."""
+def commit(directory: Path, tag: str, world_size: int) -> None:
+    """Point ``latest`` at the complete ``tag`` (atomically), then delete every other save by Fabric.
+
+    Refuses (and deletes the save) when optimizer shards of some ranks are not in ``directory``: their
+    nodes wrote them to a disk this one does not see.
+    """
+    _check_every_rank_saved(os.fspath(directory), saved_world_size(directory, tag), world_size)
     temporary = directory / f".{LATEST}.{uuid.uuid4().hex}"
     temporary.write_text(tag)
     os.replace(temporary, directory / LATEST)
     for entry in directory.iterdir():
         if entry.is_dir() and entry.name.startswith(TAG_PREFIX) and entry.name != tag:
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def _check_every_rank_saved(location: str, saved: int, world_size: int) -> None:
+    if saved and saved != world_size:
+        raise CheckpointError(
+            f"The DeepSpeed checkpoint {location!r} holds optimizer shards of {saved} of {world_size} ranks: the "
+            "others were written to a disk this node does not see. Save to storage every node shares (a shared "
+            "file system, or an object store URL such as s3://bucket/folder); the checkpoint was not committed."
+        )
+
+
+@contextlib.contextmanager
+def staging_directory() -> Iterator[Path]:
+    """A private local directory for this rank's files of a save to a URL, deleted afterwards."""
+    with tempfile.TemporaryDirectory(prefix="fabric-deepspeed-") as staging:
+        yield Path(staging)
+
+
+def upload(staging: Path, tag: str, url: str, storage_options: StorageOptions = None) -> None:
+    """Copy the files this rank saved under ``staging/tag`` to ``url/tag`` (every rank, its own files)."""
+    fs, root = filesystem(url, storage_options)
+    for file in sorted((staging / tag).iterdir()):
+        fs.put_file(os.fspath(file), f"{root.rstrip('/')}/{tag}/{file.name}")
+
+
+def commit_remote(url: str, tag: str, world_size: int, storage_options: StorageOptions = None) -> None:
+    """:func:`commit` at a URL: ``latest`` is one object written in one request, so it moves atomically."""
+    fs, root = filesystem(url, storage_options)
+    root = root.rstrip("/")
+    shards = {
+        m.group(1)
+        for entry in fs.ls(f"{root}/{tag}", detail=False)
+        if (m := _OPTIMIZER_SHARD.fullmatch(entry.rsplit("/", 1)[-1]))
+    }
+    try:
+        _check_every_rank_saved(url, len(shards), world_size)
+    except CheckpointError:
+        fs.rm(f"{root}/{tag}", recursive=True)
+        raise
+    fs.pipe_file(f"{root}/{LATEST}", tag.encode())
+    for entry in fs.ls(root, detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith(TAG_PREFIX) and name != tag:
+            fs.rm(entry, recursive=True)
+
+
+@contextlib.contextmanager
+def local_copy(path: PathType, storage_options: StorageOptions = None) -> Iterator[Path]:
+    """The checkpoint directory ``path`` on the local disk: itself, or for a URL a download of its complete
+    save (``latest`` and the tag it names) into a temporary directory, deleted afterwards."""
+    if not is_remote(path):
+        yield Path(os.fspath(path))
+        return
+    fs, root = filesystem(path, storage_options)
+    root = root.rstrip("/")
+    if not fs.isfile(f"{root}/{LATEST}"):
+        raise CheckpointError(
+            f"{os.fspath(path)!r} is not a DeepSpeed checkpoint directory (no {LATEST!r} file in it)."
+        )
+    with tempfile.TemporaryDirectory(prefix="fabric-deepspeed-") as local:
+        directory = Path(local)
+        tag = fs.cat_file(f"{root}/{LATEST}").decode().strip()
+        (directory / LATEST).write_text(tag)
+        if fs.isdir(f"{root}/{tag}") and Path(tag).name == tag:  # latest_tag refuses anything else
+            (directory / tag).mkdir()
+            for entry in fs.ls(f"{root}/{tag}", detail=False):
+                fs.get_file(entry, os.fspath(directory / tag / entry.rstrip("/").rsplit("/", 1)[-1]))
+        latest_tag(directory)
+        yield directory
 
 
 def latest_tag(directory: Path) -> str:
@@ -61,6 +143,11 @@ def latest_tag(directory: Path) -> str:
             f"{os.fspath(directory)!r} is not a DeepSpeed checkpoint directory (no {LATEST!r} file in it).{hint}"
         )
     tag = pointer.read_text().strip()
+    if tag in ("", ".", "..") or any(separator in tag for separator in ("/", "\\", "\0")):
+        raise CheckpointError(
+            f"{os.fspath(directory)!r}: {LATEST!r} holds {tag!r}, which is not a tag: a tag must be the name of a "
+            "directory inside the checkpoint directory (one path component, not '.' or '..', no NUL byte)."
+        )
     if not (directory / tag).is_dir():
         raise CheckpointError(f"{os.fspath(directory)!r}: {LATEST!r} names {tag!r}, which does not exist.")
     return tag
@@ -99,27 +186,22 @@ def check_world_size(directory: Path, tag: str, world_size: int) -> None:
         )
 
 
-def is_deepspeed_checkpoint(path: PathType) -> bool:
-    """Whether ``path`` is a local directory holding a DeepSpeed checkpoint (it has a ``latest`` file)."""
-    text = os.fspath(path)
-    return "://" not in text and (Path(text) / LATEST).is_file()
-
-
-def read_whole(directory: Path, weights_only: bool = True) -> dict[str, Any]:
+def read_whole(path: PathType, weights_only: bool = True, storage_options: StorageOptions = None) -> dict[str, Any]:
     """The full float32 weights (under the key the model was saved with) and the client entries, gathered
     from the ZeRO shards in this process; optimizer states cannot be rebuilt and are left out.
 
     With ``weights_only`` (the default) nothing in the checkpoint can run code while it is read.
     """
-    tag = latest_tag(directory)
-    with safe_loading(directory / tag, weights_only):
-        client_state = read_client_state(directory, tag, weights_only)
-        state_dict = _gather_fp32(directory, tag)
+    with local_copy(path, storage_options) as directory:
+        tag = latest_tag(directory)
+        with safe_loading(directory / tag, weights_only):
+            client_state = read_client_state(directory, tag, weights_only)
+            state_dict = _gather_fp32(directory, tag)
     module_key = client_state.pop(MODULE_KEY_ENTRY, "model")
     return {**client_state, module_key: state_dict}
 
 
-def consolidate(directory: Path, output_file: Path, weights_only: bool = True) -> None:
+def consolidate(directory: PathType, output_file: Path, weights_only: bool = True) -> None:
     """Write :func:`read_whole` into one ``fabric.load``-able file."""
     TorchCheckpointIO().save_checkpoint(read_whole(directory, weights_only), output_file)
 

@@ -1,10 +1,21 @@
 """Sharded checkpoints: directories written by ``torch.distributed.checkpoint`` (DCP), one file per rank.
 
-A sharded checkpoint is written atomically: every rank writes into a temporary sibling directory,
-and only once all ranks have finished does rank 0 rename it over the target. It can be read back
-whole in one process without a process group (:func:`read_checkpoint`, ``fabric consolidate``), in
-which case optimizer states, saved keyed by parameter name, are given back in the plain
-``optimizer.state_dict()`` form (parameters numbered in parameter-group order).
+Every rank writes its own shards straight to the destination, a local (or mounted) disk or an fsspec URL
+(``s3://...``); DCP's coordinator writes the ``.metadata`` file, which lists every shard, last. A save is
+complete, and loadable, only once every shard it lists is present:
+
+- on a local disk the ranks write into a temporary sibling directory that rank 0 renames over the
+  target once every rank finished, so a crash never damages the checkpoint already there;
+- on an object store, which cannot rename a directory, the ranks write into the target itself (a save
+  over an existing checkpoint first deletes it, ``.metadata`` first); until ``.metadata`` is written the
+  directory is an unfinished save that no load takes for a checkpoint.
+
+Either way rank 0 checks that every shard the metadata lists is there before the save returns, so a path
+that is not shared by all nodes (each node's own ``/tmp``) fails loudly instead of leaving a checkpoint with
+a shard missing. A checkpoint can be read back whole in one process without a process group
+(:func:`read_whole`, ``fabric consolidate``), in which case optimizer states, saved keyed by parameter
+name, are given back in the plain ``optimizer.state_dict()`` form (parameters numbered in parameter-group
+order).
 
 ``torch.distributed.checkpoint`` is imported on first use: it is heavy and most jobs never need it.
 """
@@ -12,36 +23,29 @@ which case optimizer states, saved keyed by parameter name, are given back in th
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
-import shutil
+import posixpath
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
-from fabric.plugins.io.temporaries import remove_abandoned, temporary_sibling
+from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
+from fabric.plugins.io.storage import filesystem, is_remote
+from fabric.plugins.io.temporaries import (
+    create_locked,
+    release_lock,
+    remove_abandoned,
+    remove_temporary,
+    temporary_sibling,
+)
+from fabric.plugins.io.write_errors import disk_full_error, is_disk_full
 from fabric.utilities.exceptions import CheckpointError
 
-#: The file DCP writes last, listing every shard; its presence is what makes a directory a checkpoint.
+#: The file DCP writes last, listing every shard: a directory is a complete checkpoint once it is there.
 METADATA_FILE = ".metadata"
-
-
-def is_distributed_checkpoint(path: PathType) -> bool:
-    """Whether ``path`` is a local directory holding a DCP checkpoint."""
-    return (Path(os.fspath(path)) / METADATA_FILE).is_file()
-
-
-def local_directory(path: PathType) -> Path:
-    """``path`` as a local directory path; sharded checkpoints are written to local (or mounted) disks only."""
-    text = os.fspath(path)
-    if "://" in text:
-        raise ValueError(
-            f"Sharded checkpoints are written to local paths; got {text!r}. "
-            "Use FSDPStrategy(state_dict_type='full') to save one file to an fsspec URL."
-        )
-    return Path(text)
 
 
 def _without_process_group() -> bool:
@@ -61,17 +65,104 @@ def _single_process_warning_silenced() -> Iterator[None]:
         yield
 
 
+#: The locks this process (rank 0) holds on the temporary directories of its sharded saves, from their creation
+#: until :func:`publish`, so that a concurrent save never takes one for abandoned.
+_LOCKS: dict[Path, int | None] = {}
+
+
 def temporary_directory(target: Path) -> Path:
-    """A fresh sibling of ``target`` to write into before the rename (call on one rank, then broadcast)."""
-    return temporary_sibling(target)
+    """A fresh sibling of ``target`` to write into before the rename, created and locked until :func:`publish`
+    (call on one rank, then broadcast)."""
+    for discarded in [path for path in _LOCKS if not path.exists()]:  # of failed saves, which removed them
+        release_lock(_LOCKS.pop(discarded))
+    temporary = temporary_sibling(target)
+    _LOCKS[temporary] = create_locked(temporary, directory=True)
+    return temporary
 
 
-def write_shards(state: dict[str, Any], directory: Path) -> None:
-    """Every rank writes its shards of ``state`` into ``directory`` (a collective)."""
+def write_shards(
+    state: dict[str, Any],
+    location: PathType,
+    storage_options: StorageOptions = None,
+    target: PathType | None = None,
+    process_group: Any = None,
+) -> None:
+    """Every rank writes its shards of ``state`` into the directory ``location`` (a collective, on
+    ``process_group``: the default one unless given).
+
+    Failures (a full disk, a refused upload) on any rank are one :class:`CheckpointError` on every rank,
+    naming ``target`` (the checkpoint's path, when ``location`` is a temporary directory for it).
+    """
+    target = location if target is None else target
     from torch.distributed.checkpoint.state_dict_saver import save
 
-    with _single_process_warning_silenced():
-        save(state, checkpoint_id=directory, no_dist=_without_process_group())
+    if is_remote(location):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        # An object is durable once its upload finished: nothing to fsync (DCP would sync the whole local disk).
+        writer = FsspecWriter(os.fspath(location), sync_files=False, **dict(storage_options or {}))
+    else:
+        writer = _local_writer(location)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with _single_process_warning_silenced():
+            save(state, storage_writer=writer, process_group=process_group, no_dist=_without_process_group())
+    except CheckpointException as error:
+        if any(is_disk_full(cause) for cause, _ in error.failures.values()):
+            raise disk_full_error(target) from error
+        raise _checkpoint_error(error, f"{os.fspath(target)!r} could not be written") from error
+
+
+def _local_writer(location: PathType) -> Any:
+    """DCP's file writer, reporting a full disk as an ``OSError`` with its errno.
+
+    ``torch.save`` turns a failed write into ``RuntimeError: unexpected pos``, keeping the ``OSError`` only
+    as its context, which is lost when DCP gathers every rank's error (pickling drops it).
+    """
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    class Writer(FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            try:
+                return super().write_data(plan, planner)
+            except Exception as error:
+                if is_disk_full(error):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from error
+                raise
+
+    return Writer(os.fspath(location))
+
+
+def missing_shards(location: PathType, storage_options: StorageOptions = None) -> list[str]:
+    """The shard files the metadata at ``location`` lists that are not there (as this process sees it)."""
+    listed = {
+        info.relative_path
+        for info in (_reader(location, True, storage_options).read_metadata().storage_data or {}).values()
+    }
+    fs, root = filesystem(location, storage_options)
+    present = {posixpath.basename(entry.rstrip("/")) for entry in fs.ls(root, detail=False)}
+    return sorted(str(name) for name in listed if str(name) not in present)
+
+
+def unshared_storage_error(location: PathType, missing: list[str]) -> CheckpointError:
+    return CheckpointError(
+        f"The sharded checkpoint {os.fspath(location)!r} is missing shards other ranks wrote ({', '.join(missing)}): "
+        "their nodes wrote them to a path rank 0 does not see. Save sharded checkpoints to storage every node "
+        "shares (a shared file system, or an object store URL such as s3://bucket/folder); nothing was saved."
+    )
+
+
+def clear_remote(location: PathType, storage_options: StorageOptions = None) -> None:
+    """Delete the checkpoint (or unfinished save) at the URL ``location``, its ``.metadata`` first, so that
+    it never looks complete with shards already gone."""
+    fs, root = filesystem(location, storage_options)
+    if not fs.exists(root):
+        return
+    metadata = posixpath.join(root, METADATA_FILE)
+    if fs.exists(metadata):
+        fs.rm(metadata)
+    fs.rm(root, recursive=True)
 
 
 def publish(temporary: Path, target: Path) -> None:
@@ -82,33 +173,48 @@ def publish(temporary: Path, target: Path) -> None:
     killed saves left beside ``target`` (half-written or set-aside directories) is deleted then too.
     """
     previous = None
-    if target.exists():
-        previous = temporary_sibling(target, "old")
-        os.replace(target, previous)
-    os.replace(temporary, target)
+    try:
+        if target.exists():
+            previous = temporary_sibling(target, "old")
+            os.replace(target, previous)
+        os.replace(temporary, target)
+    finally:
+        release_lock(_LOCKS.pop(temporary, None))
     if previous is not None:
-        shutil.rmtree(previous) if previous.is_dir() else previous.unlink()
+        remove_temporary(previous)
     remove_abandoned(target, kinds=("tmp", "old"))
 
 
-def _reader(path: PathType, weights_only: bool) -> Any:
-    """DCP's file reader; under ``weights_only`` the one that refuses anything but DCP's own metadata."""
+def _reader(path: PathType, weights_only: bool, storage_options: StorageOptions = None) -> Any:
+    """DCP's reader for a local path or URL; under ``weights_only`` the one that refuses anything but DCP's
+    own metadata."""
+    from fabric.plugins.io import safe_dcp
+
+    if is_remote(path):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        remote = safe_dcp.SafeFsspecReader if weights_only else FsspecReader
+        return remote(os.fspath(path), **dict(storage_options or {}))
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    from fabric.plugins.io.safe_dcp import SafeFileSystemReader
-
-    return (SafeFileSystemReader if weights_only else FileSystemReader)(os.fspath(path))
+    return (safe_dcp.SafeFileSystemReader if weights_only else FileSystemReader)(os.fspath(path))
 
 
-def read_metadata_keys(path: PathType, weights_only: bool = True) -> set[str]:
+def read_metadata_keys(path: PathType, weights_only: bool = True, storage_options: StorageOptions = None) -> set[str]:
     """The top-level entries (``"model"``, ``"step"``, ...) a sharded checkpoint holds."""
     with _as_checkpoint_error(path, "is not a readable sharded checkpoint"):
-        metadata = _reader(path, weights_only).read_metadata()
+        metadata = _reader(path, weights_only, storage_options).read_metadata()
     planner_data = metadata.planner_data or {}
     return {str(planner_data[key][0]) if key in planner_data else key for key in metadata.state_dict_metadata}
 
 
-def load_shards(state: dict[str, Any], path: PathType, strict: bool = True, weights_only: bool = True) -> None:
+def load_shards(
+    state: dict[str, Any],
+    path: PathType,
+    strict: bool = True,
+    weights_only: bool = True,
+    storage_options: StorageOptions = None,
+) -> None:
     """Fill the tensors and values of ``state`` in place from the checkpoint (a collective)."""
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import load
@@ -117,10 +223,13 @@ def load_shards(state: dict[str, Any], path: PathType, strict: bool = True, weig
 
     planner = (SafeLoadPlanner if weights_only else DefaultLoadPlanner)(allow_partial_load=not strict)
     with _as_checkpoint_error(path, "could not be loaded"), _single_process_warning_silenced():
-        load(state, storage_reader=_reader(path, weights_only), planner=planner, no_dist=_without_process_group())
+        reader = _reader(path, weights_only, storage_options)
+        load(state, storage_reader=reader, planner=planner, no_dist=_without_process_group())
 
 
-def read_whole(path: PathType, keys: set[str] | None = None, weights_only: bool = True) -> dict[str, Any]:
+def read_whole(
+    path: PathType, keys: set[str] | None = None, weights_only: bool = True, storage_options: StorageOptions = None
+) -> dict[str, Any]:
     """Read a sharded checkpoint (or only its top-level ``keys``) whole into this process.
 
     Needs no process group. Optimizer states come back in the plain ``optimizer.state_dict()`` form.
@@ -135,7 +244,8 @@ def read_whole(path: PathType, keys: set[str] | None = None, weights_only: bool 
     checkpoint: dict[str, Any] = {}
     planner = (SafeWholeLoadPlanner if weights_only else _EmptyStateDictLoadPlanner)(keys=keys)  # type: ignore[no-untyped-call]
     with _as_checkpoint_error(path, "is not a readable sharded checkpoint"):
-        _load_state_dict(checkpoint, storage_reader=_reader(path, weights_only), planner=planner, no_dist=True)
+        reader = _reader(path, weights_only, storage_options)
+        _load_state_dict(checkpoint, storage_reader=reader, planner=planner, no_dist=True)
     return {key: numbered_optimizer_state(value) for key, value in checkpoint.items()}
 
 
@@ -149,24 +259,22 @@ def _as_checkpoint_error(path: PathType, what: str) -> Iterator[None]:
     try:
         yield
     except CheckpointException as error:
-        causes = sorted({_describe(cause) for cause, _ in error.failures.values()})
-        raise CheckpointError(f"{prefix}: {'; '.join(causes)}") from error
+        raise _checkpoint_error(error, prefix) from error
     except CheckpointError as error:
         raise CheckpointError(f"{prefix}: {error}") from error
     except (OSError, ValueError, RuntimeError, KeyError, AssertionError, pickle.UnpicklingError) as error:
         raise CheckpointError(f"{prefix}: {_describe(error)}") from error
 
 
+def _checkpoint_error(error: Any, prefix: str) -> CheckpointError:
+    """DCP's ``CheckpointException`` (each failing rank's error and traceback) as one line after ``prefix``."""
+    causes = sorted({_describe(cause) for cause, _ in error.failures.values()})
+    return CheckpointError(f"{prefix}: {'; '.join(causes)}")
+
+
 def _describe(cause: BaseException) -> str:
     """One rank's error; ours (a refused entry, ...) say what they are without their type name."""
     return str(cause) if isinstance(cause, CheckpointError) else f"{type(cause).__name__}: {cause}"
-
-
-def read_checkpoint(checkpoint_io: CheckpointIO, path: PathType, *, weights_only: bool = True) -> Any:
-    """Read a checkpoint file with ``checkpoint_io``, or a whole sharded checkpoint directory."""
-    if is_distributed_checkpoint(path):
-        return read_whole(path, weights_only=weights_only)
-    return checkpoint_io.load_checkpoint(path, weights_only=weights_only)
 
 
 def _is_optimizer_state(value: Any) -> bool:

@@ -3,7 +3,8 @@
 ``torch.distributed.checkpoint`` reads a directory's ``.metadata`` file with plain ``pickle`` and every
 non-tensor entry (``"step"``, byte blobs, ...) with ``torch.load(weights_only=False)``, so a crafted
 directory runs arbitrary code on load. Here the metadata is read by an unpickler that builds only DCP's
-own metadata classes and plain values, storage files must lie inside the directory, and non-tensor
+own metadata classes and plain values, storage files must be plain relative names inside the directory
+(checked as strings, so the rule holds for fsspec URLs too), and non-tensor
 entries are read with ``torch.load(weights_only=True)``. Anything refused is a :class:`CheckpointError`
 naming the entry.
 """
@@ -11,12 +12,14 @@ naming the entry.
 from __future__ import annotations
 
 import io
+import ntpath
 import os
 import pickle
-from pathlib import PurePath
+import posixpath
 from typing import IO, Any
 
 import torch
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -46,6 +49,8 @@ _ALLOWED_GLOBALS = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
+    # DCP records the path a checkpoint was saved to (``storage_meta.checkpoint_id``, never read from) as
+    # given, often a ``Path``; storage file names must be plain strings (checked after unpickling).
     ("pathlib", "PosixPath"),
     ("pathlib", "WindowsPath"),
     ("pathlib", "PurePosixPath"),
@@ -87,24 +92,41 @@ def read_safe_metadata(file: IO[bytes] | io.IOBase) -> Metadata:
     if not isinstance(metadata, Metadata):
         raise CheckpointError(f"entry {_METADATA_ENTRY!r} holds a {type(metadata).__name__}, not DCP metadata.")
     for info in (metadata.storage_data or {}).values():
-        relative = PurePath(str(getattr(info, "relative_path", "")))
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        relative = getattr(info, "relative_path", None)
+        problem = _storage_file_problem(relative)
+        if problem:
             raise CheckpointError(
-                f"entry {_METADATA_ENTRY!r} names the storage file {str(relative)!r}, "
-                "which is not inside the checkpoint directory."
+                f"entry {_METADATA_ENTRY!r} names the storage file {relative!r}, which {problem}; "
+                "a storage file must be a plain relative file name (str) inside the checkpoint directory."
             )
     return metadata
 
 
-class SafeFileSystemReader(FileSystemReader):
-    """DCP's file reader with the metadata read by :func:`read_safe_metadata`.
+def _storage_file_problem(relative: object) -> str | None:
+    """Why the storage file name ``relative`` must not be read, or ``None`` if it lies inside the directory.
+
+    DCP writes plain strings; any other object (a ``PosixPath`` with forged private slots says one path in
+    ``str()`` and joins as another) is refused. The check is on the string alone, so it holds for fsspec URLs.
+    """
+    if not isinstance(relative, str):
+        return f"is a {type(relative).__name__}, not a str"
+    if not relative.strip() or "\0" in relative:
+        return "is empty or holds a NUL byte"
+    portable = relative.replace("\\", "/")  # a Windows reader takes a backslash for a separator
+    joined = posixpath.normpath(posixpath.join("/checkpoint", portable))
+    if ntpath.splitdrive(relative)[0] or not joined.startswith("/checkpoint/"):
+        return "is not inside the checkpoint directory"
+    return None
+
+
+class _SafeMetadataReader(FileSystemReader):
+    """DCP's reader with the metadata read by :func:`read_safe_metadata`.
 
     The metadata is read when the reader is made, so a refused file fails here with its own error
     (DCP would log it and go on to look for per-rank metadata files).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(path)
+    def _read_safe_metadata(self) -> None:
         with self.fs.create_stream(self._get_metadata_path(), "rb") as file:
             self._metadata = read_safe_metadata(file)
 
@@ -115,6 +137,22 @@ class SafeFileSystemReader(FileSystemReader):
             self._metadata.storage_meta = StorageMeta()
         self._metadata.storage_meta.load_id = self.load_id
         return self._metadata
+
+
+class SafeFileSystemReader(_SafeMetadataReader):
+    """The safe reader of a checkpoint on a local (or mounted) disk."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self._read_safe_metadata()
+
+
+class SafeFsspecReader(FsspecReader, _SafeMetadataReader):
+    """The safe reader of a checkpoint at an fsspec URL (``s3://...``); ``storage_options`` go to fsspec."""
+
+    def __init__(self, path: str, **storage_options: Any) -> None:
+        super().__init__(path, **storage_options)
+        self._read_safe_metadata()
 
 
 def load_entry(value: io.BytesIO, entry: str) -> Any:

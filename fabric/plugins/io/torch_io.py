@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import pickle
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType
-from fabric.plugins.io.temporaries import remove_abandoned, temporary_sibling
-from fabric.utilities.exceptions import CheckpointError
+from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
+from fabric.plugins.io.storage import filesystem, writes_objects_whole
+from fabric.plugins.io.temporaries import (
+    owned_temporary,
+    remove_abandoned,
+    remove_abandoned_remote,
+    temporary_sibling,
+)
+from fabric.plugins.io.write_errors import disk_full_error, is_disk_full
+from fabric.utilities.exceptions import CheckpointError, CheckpointNotFoundError
 
 
 class TorchCheckpointIO(CheckpointIO):
@@ -22,45 +27,35 @@ class TorchCheckpointIO(CheckpointIO):
 
     A save goes to a temporary sibling file first and is renamed over the target only once complete,
     so an interrupted save (crash, kill, full disk) leaves the previous checkpoint intact. Paths may be
-    local or any fsspec URL (``memory://``, ``s3://`` with s3fs installed, ...).
+    local or any fsspec URL (``memory://``, ``s3://`` with s3fs installed, ...). On object stores an
+    object written in one request appears whole or not at all, so the checkpoint is written in place.
     """
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: PathType) -> None:
-        fs, target = _filesystem(path)
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: PathType, storage_options: StorageOptions = None
+    ) -> None:
+        fs, target = filesystem(path, storage_options)
         parent, _, filename = target.rstrip("/").rpartition("/")
         if parent:
             fs.makedirs(parent, exist_ok=True)
-        temporary = f"{parent}/{temporary_sibling(Path(filename)).name}"
-        local = _is_local(fs)
         try:
-            if local:
-                _write_local(checkpoint, temporary)
+            if _is_local(fs):
+                _save_local(checkpoint, target)
+            elif writes_objects_whole(fs):  # an object appears whole or not at all: no temporary needed
+                fs.pipe_file(target, _serialized(checkpoint))
             else:
-                buffer = io.BytesIO()  # remote writers are often not seekable, which torch.save needs
-                torch.save(checkpoint, buffer)
-                fs.pipe_file(temporary, buffer.getvalue())
+                _save_remote(fs, checkpoint, parent, filename)
         except BaseException as error:
-            _discard(fs, temporary)
-            if _is_disk_full(error):
-                raise CheckpointError(
-                    f"No space left on device while writing {os.fspath(path)!r}; the previous checkpoint is intact."
-                ) from error
+            if is_disk_full(error):
+                raise disk_full_error(path) from error
             raise
-        try:
-            if local:
-                _publish_local(temporary, target)
-            else:
-                fs.mv(temporary, target)
-        except BaseException:
-            _discard(fs, temporary)
-            raise
-        if local:
-            remove_abandoned(Path(target))
 
-    def load_checkpoint(self, path: PathType, *, weights_only: bool = True) -> Any:
-        fs, target = _filesystem(path)
+    def load_checkpoint(
+        self, path: PathType, *, weights_only: bool = True, storage_options: StorageOptions = None
+    ) -> Any:
+        fs, target = filesystem(path, storage_options)
         if not fs.exists(target):
-            raise FileNotFoundError(f"No checkpoint at {os.fspath(path)!r}.")
+            raise CheckpointNotFoundError(f"No checkpoint at {os.fspath(path)!r}.")
         if fs.isdir(target):
             raise CheckpointError(f"{os.fspath(path)!r} is a directory, not a checkpoint file.")
         with fs.open(target, "rb") as file:
@@ -78,14 +73,14 @@ class TorchCheckpointIO(CheckpointIO):
                     "Only if you trust where this file came from, load it with weights_only=False. "
                     f"Details: {refusal_detail(error)}"
                 ) from error
-            except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
+            except Exception as error:  # foreign bytes fail torch's readers in many ways (KeyError, IndexError)
                 raise CheckpointError(
                     f"{os.fspath(path)!r} is not a readable checkpoint (truncated, corrupt or not written by "
                     f"torch.save): {str(error) or type(error).__name__}"
                 ) from error
 
-    def remove_checkpoint(self, path: PathType) -> None:
-        fs, target = _filesystem(path)
+    def remove_checkpoint(self, path: PathType, storage_options: StorageOptions = None) -> None:
+        fs, target = filesystem(path, storage_options)
         if fs.exists(target):
             fs.rm(target, recursive=True)
 
@@ -112,16 +107,31 @@ def refusal_detail(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def _is_disk_full(error: BaseException | None) -> bool:
-    """Whether ``error`` or what caused it is a full disk or quota (``torch.save`` reports a failed
-    write as ``RuntimeError: ... unexpected pos``, with the ``OSError`` as its context)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
+def _save_local(checkpoint: dict[str, Any], target: str) -> None:
+    """Write a locked temporary sibling, rename it over ``target``, then remove what killed saves left."""
+    with owned_temporary(Path(target)) as temporary:  # locked until renamed: never taken for abandoned
+        _write_local(checkpoint, os.fspath(temporary))
+        _publish_local(os.fspath(temporary), target)
+    remove_abandoned(Path(target))
+
+
+def _save_remote(fs: Any, checkpoint: dict[str, Any], parent: str, filename: str) -> None:
+    """On a remote filesystem without atomic writes: a temporary sibling, moved over the target once whole;
+    temporaries that killed saves left are removed by their age (no lock can be checked there)."""
+    temporary = f"{parent}/{temporary_sibling(Path(filename)).name}"
+    try:
+        fs.pipe_file(temporary, _serialized(checkpoint))
+        fs.mv(temporary, f"{parent}/{filename}")
+    except BaseException:
+        _discard(fs, temporary)
+        raise
+    remove_abandoned_remote(fs, f"{parent}/{filename}")
+
+
+def _serialized(checkpoint: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()  # remote writers are often not seekable, which torch.save needs
+    torch.save(checkpoint, buffer)
+    return buffer.getvalue()
 
 
 def _write_local(checkpoint: dict[str, Any], temporary: str) -> None:
@@ -143,13 +153,6 @@ def _publish_local(temporary: str, target: str) -> None:
 def _discard(fs: Any, temporary: str) -> None:
     if fs.exists(temporary):
         fs.rm(temporary)
-
-
-def _filesystem(path: PathType) -> tuple[Any, str]:
-    """The fsspec filesystem holding ``path`` and the path within it (fsspec loads on first use)."""
-    import fsspec
-
-    return fsspec.core.url_to_fs(os.fspath(path))  # type: ignore[no-any-return]
 
 
 def _is_local(fs: Any) -> bool:

@@ -4,42 +4,72 @@ A full checkpoint holds ``model``, ``optimizer_0``, ``optimizer_1``, ... (Fabric
 plugin's scaler with them), ``trainer`` (:class:`TrainerCheckpointState`), ``rng`` (every rank's
 generator states, stacked by rank) and ``meta``. A weights-only checkpoint (the deployable model) holds
 ``model`` and ``meta``, with the weights the algorithms export (:meth:`Algorithm.exported_weights`: EMA's
-average); a full checkpoint keeps the training weights, so a resume is exact. Loading goes through
-``fabric.load``, which validates every entry before changing anything.
+average); a full checkpoint keeps the training weights, so a resume is exact. A load first reads ``meta``
+(cheaply, without the tensors) and refuses a checkpoint without our format marker or of a newer format;
+then it goes through ``fabric.load``, which validates every entry before changing anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import re
 from collections.abc import Collection
+from concurrent.futures import Future
 from contextlib import ExitStack
 from typing import Any
 
-import fsspec
 import torch
 
+from fabric.plugins.io.checkpoint_io import CheckpointIO, StorageOptions
+from fabric.plugins.io.formats import CheckpointFormat, incomplete_error, recognise
+from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
 from fabric.trainer.checkpoint.storage import Folder, checkpoints_in, format_name
 from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
 from fabric.trainer.state import State
 from fabric.trainer.surgery import surgery_records
+from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.rank_zero import rank_zero_warn
 
-CHECKPOINT_FORMAT = "fabric.trainer/1"
+#: The version of the checkpoint format this code writes, and the newest it reads.
+_FORMAT_VERSION = 1
+CHECKPOINT_FORMAT = f"fabric.trainer/{_FORMAT_VERSION}"
+_FORMAT_PATTERN = re.compile(r"fabric\.trainer/([1-9][0-9]*)")
 #: Names ``load_ignore_keys`` accepts: the trainer's sections plus the separate entries.
 IGNORABLE = (*SECTIONS, "optimizers", "rng")
 
 
 class TrainerCheckpointer:
-    def __init__(self, state: State, trainer_state: TrainerCheckpointState, run_name: str) -> None:
+    """Saves and loads the Trainer; ``storage_options`` go to fsspec for URLs unless a call gives its own."""
+
+    def __init__(
+        self,
+        state: State,
+        trainer_state: TrainerCheckpointState,
+        run_name: str,
+        storage_options: StorageOptions = None,
+    ) -> None:
         self.state = state
         self.trainer_state = trainer_state
         self.run_name = run_name
+        self.storage_options = storage_options
 
-    def save(self, path: str, weights_only: bool = False) -> None:
-        """Write a checkpoint of the Trainer to ``path`` (every rank must call this)."""
+    def save(
+        self,
+        path: str,
+        weights_only: bool = False,
+        storage_options: StorageOptions = None,
+        async_save: bool = False,
+    ) -> Future[None]:
+        """Write a checkpoint of the Trainer to ``path`` (every rank must call this); the future completes when
+        it is complete at ``path`` (at once, unless ``async_save`` writes it in the background)."""
         fabric = self.state.fabric
+        options: dict[str, Any] = {
+            "storage_options": storage_options if storage_options is not None else self.storage_options,
+            "async_save": async_save,
+        }
         meta = {
             "format": CHECKPOINT_FORMAT,
             "world_size": fabric.world_size,
@@ -50,11 +80,12 @@ class TrainerCheckpointer:
             with ExitStack() as exports:
                 for algorithm in self.state.algorithms:
                     exports.enter_context(algorithm.exported_weights(self.state))
-                fabric.save(path, {"model": self.state.model, "meta": meta})
-            return
+                written: Future[None] = fabric.save(path, {"model": self.state.model, "meta": meta}, **options)
+            return written
         entries: dict[str, Any] = {"model": self.state.model, **self._optimizers()}
         entries.update(trainer=self.trainer_state, rng=RngStates(fabric), meta=meta)
-        fabric.save(path, entries)
+        written = fabric.save(path, entries, **options)
+        return written
 
     def load(
         self, path: str, *, weights_only: bool = False, strict: bool = True, ignore_keys: Collection[str] = ()
@@ -71,7 +102,9 @@ class TrainerCheckpointer:
             entries["trainer"] = self.trainer_state
             if "rng" not in ignore_keys:
                 entries["rng"] = RngStates(self.state.fabric)
-        self.state.fabric.load(path, entries, strict=strict)
+        fabric = self.state.fabric
+        check_format(read_meta(path, fabric.strategy.checkpoint_io, self.storage_options), path)
+        fabric.load(path, entries, strict=strict, storage_options=self.storage_options)
         rng = entries.get("rng")
         if isinstance(rng, RngStates) and rng.loaded is not None:
             self._restore_rng(rng.loaded)
@@ -120,13 +153,17 @@ class RngStates:
 
 
 def find_resume_checkpoint(
-    folder_template: str, filename: str, latest_filename: str | None, run_name: str
+    folder_template: str,
+    filename: str,
+    latest_filename: str | None,
+    run_name: str,
+    storage_options: StorageOptions = None,
 ) -> str | None:
     """The newest complete checkpoint of ``run_name``: by the counters in its name, else the ``latest`` pointer.
 
-    Files of interrupted saves (``.name.tmp-*``) never count.
+    Files of interrupted saves (``.name.tmp-*``) and directories of unfinished sharded saves never count.
     """
-    folder = Folder(format_name(folder_template, {"run_name": run_name}))
+    folder = Folder(format_name(folder_template, {"run_name": run_name}), storage_options)
     found = checkpoints_in(folder, filename, run_name)
     if found and any(field in filename for field in ("{batch}", "{epoch}", "{sample}", "{token}")):
         return folder.join(found[-1][1])
@@ -135,18 +172,72 @@ def find_resume_checkpoint(
     return folder.join(found[-1][1]) if found else None
 
 
-def read_surgery_records(path: str) -> list[dict[str, Any]]:
+def check_format(meta: Any, path: str) -> None:
+    """Refuse what this version cannot load as a Trainer checkpoint: one without our format marker in its
+    ``meta`` (not written by the Trainer), of a foreign format, or of a newer version of ours."""
+    not_ours = (
+        f"{path!r} is not a Trainer checkpoint (Trainer.save_checkpoint writes 'meta' with a 'format' marker, "
+        "also with weights_only=True). To start from the weights of another checkpoint, load them into the "
+        "model before building the Trainer: Fabric().load(path, {'model': model}), or Fabric().load_raw(path, "
+        "model) for a bare state_dict."
+    )
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{not_ours} It has no 'meta' entry.")
+    found = meta.get("format")
+    if found is None:
+        raise CheckpointError(f"{not_ours} Its 'meta' entry has no 'format' marker.")
+    match = _FORMAT_PATTERN.fullmatch(found) if isinstance(found, str) else None
+    if match is None:
+        raise CheckpointError(f"{not_ours} Its format is {found!r}; this version reads {CHECKPOINT_FORMAT}.")
+    if int(match.group(1)) > _FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path!r} was written by a newer version: format {found}, this version reads up to "
+            f"{CHECKPOINT_FORMAT}; upgrade fabric to load it."
+        )
+
+
+def read_meta(path: str, checkpoint_io: CheckpointIO, storage_options: StorageOptions = None) -> Any:
+    """The ``meta`` entry of the checkpoint at ``path`` (``None`` if it has none), read without the tensors
+    where the format allows: a local file memory-mapped, only that entry of a sharded (DCP) directory, the
+    client state of a DeepSpeed one (a DeepSpeed checkpoint at a URL is downloaded)."""
+    form = recognise(path, storage_options)
+    if form is CheckpointFormat.DCP:
+        from fabric.plugins.io import distributed_checkpoint
+
+        if "meta" not in distributed_checkpoint.read_metadata_keys(path, storage_options=storage_options):
+            return None
+        return distributed_checkpoint.read_whole(path, keys={"meta"}, storage_options=storage_options)["meta"]
+    if form is CheckpointFormat.DEEPSPEED:
+        from fabric.plugins.io import deepspeed_checkpoint
+        from fabric.plugins.io.deepspeed_safe_load import safe_loading
+
+        with deepspeed_checkpoint.local_copy(path, storage_options) as directory:
+            tag = deepspeed_checkpoint.latest_tag(directory)
+            with safe_loading(directory / tag, weights_only=True):
+                return deepspeed_checkpoint.read_client_state(directory, tag).get("meta")
+    if form is CheckpointFormat.INCOMPLETE:
+        raise incomplete_error(path)
+    checkpoint = _read_file(path, checkpoint_io, storage_options)
+    return checkpoint.get("meta") if isinstance(checkpoint, dict) else None
+
+
+def _read_file(path: str, checkpoint_io: CheckpointIO, storage_options: StorageOptions = None) -> Any:
+    """A checkpoint file, memory-mapped when torch can map it (a local file in torch's zip format), else read
+    by ``checkpoint_io`` (which also says why a file cannot be read)."""
+    if os.path.isfile(path):
+        with contextlib.suppress(Exception):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return checkpoint_io.load_checkpoint(path, weights_only=True, storage_options=storage_options)
+
+
+def read_surgery_records(path: str, storage_options: StorageOptions = None) -> list[dict[str, Any]]:
     """The model surgery a checkpoint file was saved with (``meta["surgery"]``), read without loading its tensors.
 
     Only single-file checkpoints are read (memory-mapped when local); anything unreadable gives ``[]``,
     and the real load reports the problem.
     """
     try:
-        if os.path.isfile(path):
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        else:
-            with fsspec.open(path, "rb") as file:
-                checkpoint = torch.load(file, map_location="cpu", weights_only=True)
+        checkpoint = _read_file(path, TorchCheckpointIO(), storage_options)
         return list(checkpoint.get("meta", {}).get("surgery", []))
     except Exception:  # the real load, later, reports what is wrong with the file
         return []

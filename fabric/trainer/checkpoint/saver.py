@@ -1,19 +1,30 @@
 """``CheckpointSaver``: saves the Trainer at an interval, keeps ``latest`` current and old checkpoints pruned.
 
 It runs at BATCH_CHECKPOINT and EPOCH_CHECKPOINT (after evaluation, so saved metrics and stopper
-states are current). Local folders are written in place (atomically, by Fabric). Remote folders are
-written to a local staging file first, then uploaded on a background thread; ``latest`` moves and old
-checkpoints are pruned only after the upload completed. ``fit()`` waits for pending uploads at FIT_END.
+states are current). Local folders are written in place (atomically, by Fabric). Sharded checkpoints
+(FSDP, DeepSpeed) go straight to their folder, local or remote: every rank writes its own part there,
+and the save returns once all parts are in place. A one-file checkpoint for a remote folder is written
+to a staging directory private to this process first, then uploaded on a background thread and the
+staged copy deleted; ``latest`` moves and old checkpoints are pruned only after the upload completed.
+``fit()`` waits for pending uploads at FIT_END and deletes the staging directory (so does closing the
+Trainer); one a killed process left behind is deleted by the next saver on the machine. With
+``async_save`` a save takes a CPU snapshot and returns; the snapshot is written in the background straight
+into the folder (no staging), one save at a time, and ``latest`` moves once it is complete.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
+from fabric.plugins.io.checkpoint_io import StorageOptions
+from fabric.plugins.io.temporaries import create_locked, release_lock, remove_abandoned, temporary_sibling
 from fabric.trainer.callback import Callback
 from fabric.trainer.checkpoint.storage import (
     PROGRESS_FIELDS,
@@ -29,7 +40,11 @@ from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalInput, create_interval, fires_once
 from fabric.trainer.state import State
 
-SaveFunction = Callable[[str, bool], None]
+#: ``save(path, weights_only, storage_options, async_save)``: write a Trainer checkpoint (a collective call);
+#: the future completes when the checkpoint is complete.
+SaveFunction = Callable[[str, bool, StorageOptions, bool], Future[None]]
+#: Where the staging directories of remote saves live, one per process: ``.{run name}.staging-{owner}``.
+STAGING_ROOT = "fabric-checkpoint-staging"
 
 
 class CheckpointSaver(Callback):
@@ -37,7 +52,9 @@ class CheckpointSaver(Callback):
 
     ``num_checkpoints_to_keep=-1`` keeps all; otherwise the newest N of this run are kept, including
     files earlier runs with the same run name left. ``weights_only`` saves the model alone;
-    ``overwrite=False`` refuses to replace an existing checkpoint of the same name.
+    ``overwrite=False`` refuses to replace an existing checkpoint of the same name. ``storage_options``
+    go to fsspec for a remote folder (endpoint, credentials). ``async_save`` writes a CPU snapshot in the
+    background while training goes on (one save in flight; ``latest`` moves once it is complete).
     """
 
     def __init__(
@@ -50,6 +67,8 @@ class CheckpointSaver(Callback):
         num_checkpoints_to_keep: int = -1,
         weights_only: bool = False,
         overwrite: bool = False,
+        storage_options: StorageOptions = None,
+        async_save: bool = False,
     ) -> None:
         check_template(folder, "save_folder")
         if not folder.strip():
@@ -82,17 +101,22 @@ class CheckpointSaver(Callback):
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
         self.weights_only = weights_only
         self.overwrite = overwrite
+        self.storage_options = storage_options
+        self.async_save = async_save
+        self._in_flight: Future[None] | None = None
         self.saved: list[str] = []
         self.last_saved_batch = -1
         self._save: SaveFunction | None = None
         self._run_name = ""
         self._folder: Folder | None = None
         self._uploader: Uploader | None = None
+        self._staging: Path | None = None
+        self._staging_lock: int | None = None
 
     def bind(self, save: SaveFunction, run_name: str) -> None:
         """Connect to a Trainer: ``save(path, weights_only)`` writes a checkpoint (a collective call)."""
         self._save, self._run_name = save, run_name
-        self._folder = Folder(format_name(self.folder_template, {"run_name": run_name}))
+        self._folder = Folder(format_name(self.folder_template, {"run_name": run_name}), self.storage_options)
 
     @property
     def folder(self) -> Folder:
@@ -109,7 +133,10 @@ class CheckpointSaver(Callback):
             self.save(state)
 
     def fit_end(self, state: State, logger: Any) -> None:
-        self.wait()
+        try:
+            self.wait()
+        finally:
+            self._remove_staging()
 
     def save(self, state: State) -> str:
         """Save now (on every rank: it is a collective); returns the checkpoint's URL."""
@@ -120,32 +147,69 @@ class CheckpointSaver(Callback):
             raise FileExistsError(
                 f"{folder.join(name)} exists; pass save_overwrite=True to replace it, or use another run name."
             )
-        if folder.is_local:
-            self._save(folder.join(name), self.weights_only)
+        if self.async_save:  # a snapshot now, written in the background straight into the folder
+            written = self._save(folder.join(name), self.weights_only, self.storage_options, True)
+            self._in_flight = written
+            if fabric.is_global_zero:
+                self._uploads().submit(lambda: self._after_background_write(written, name))
+        elif folder.is_local or fabric.strategy.saves_on_every_rank:
+            self._save(folder.join(name), self.weights_only, self.storage_options, False)
             if fabric.is_global_zero:
                 self._after_write(name)
         else:
-            staging = os.path.join(tempfile.gettempdir(), f"fabric-checkpoints-{self._run_name}", name)
-            self._save(staging, self.weights_only)
+            staged = os.path.join(self._staging_directory() if fabric.is_global_zero else "", name)
+            self._save(staged, self.weights_only, None, False)
             if fabric.is_global_zero:
-                self._uploads().submit(
-                    lambda: folder.fs.put(staging, folder.join(name), recursive=os.path.isdir(staging)),
-                    lambda: self._after_write(name),
-                    lambda: _remove_local(staging),
-                )
+                self._uploads().submit(lambda: self._upload(staged, name))
         self.saved.append(folder.join(name))
         self.last_saved_batch = int(state.timestamp.batch)
         return folder.join(name)
 
     def wait(self) -> None:
-        """Block until pending uploads are done (raising their error, if any)."""
+        """Block until the save in flight and pending uploads are done (raising their error, if any)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
         if self._uploader is not None:
             self._uploader.wait()
 
     def close(self, state: State | None = None, logger: Any = None) -> None:
-        if self._uploader is not None:
-            self._uploader.close()
-            self._uploader = None
+        try:
+            if self._uploader is not None:
+                self._uploader.close()
+                self._uploader = None
+        finally:
+            self._remove_staging()
+
+    def _staging_directory(self) -> Path:
+        """This process's own staging directory (made, and locked as in use, on first use), after deleting
+        those that processes which are gone left behind."""
+        if self._staging is None:
+            owner = Path(tempfile.gettempdir()) / STAGING_ROOT / self._run_name.replace(os.sep, "_")
+            remove_abandoned(owner, kinds=("staging",))
+            self._staging = temporary_sibling(owner, "staging")
+            self._staging_lock = create_locked(self._staging, directory=True)
+        return self._staging
+
+    def _remove_staging(self) -> None:
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            release_lock(self._staging_lock)
+            self._staging = self._staging_lock = None
+
+    def _after_background_write(self, written: Future[None], name: str) -> None:
+        """On the upload thread: once the background save is complete, move ``latest`` and prune."""
+        written.result()
+        self._after_write(name)
+
+    def _upload(self, staged: str, name: str) -> None:
+        """On the upload thread: copy the staged checkpoint into the folder, then move ``latest`` and prune."""
+        folder = self.folder
+        try:
+            folder.fs.put(staged, posixpath.join(folder.path, name), recursive=os.path.isdir(staged))
+        finally:
+            _remove_local(staged)
+        self._after_write(name)
 
     def _uploads(self) -> Uploader:
         if self._uploader is None:

@@ -3,7 +3,9 @@
 Folders are local paths or fsspec URLs (``memory://``, ``s3://``, ``gs://`` with their backends).
 ``latest`` is a symlink on a local disk and, on object stores (which have no links), a small text file
 ``<latest>.symlink`` holding the target's name. It is moved only after the checkpoint it names is
-complete, and both forms are replaced atomically.
+complete, and both forms are replaced atomically. A sharded checkpoint directory counts only once its
+save finished (:mod:`fabric.plugins.io.formats`): an unfinished one is never listed, resumed from or
+taken for an existing checkpoint.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
+
+from fabric.plugins.io.checkpoint_io import StorageOptions
+from fabric.plugins.io.formats import is_complete_directory
+from fabric.plugins.io.storage import filesystem
 
 #: Fields a file name template may use.
 NAME_FIELDS = ("run_name", "epoch", "batch", "sample", "token", "batch_in_epoch", "rank")
@@ -82,11 +87,12 @@ def template_pattern(template: str, run_name: str) -> re.Pattern[str]:
 
 
 class Folder:
-    """A checkpoint folder on some filesystem (a local path or an fsspec URL)."""
+    """A checkpoint folder on some filesystem (a local path or an fsspec URL, with fsspec's ``storage_options``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, storage_options: StorageOptions = None) -> None:
         self.url = url
-        self.fs, self.path = url_to_fs(url)
+        self.storage_options = storage_options
+        self.fs, self.path = filesystem(url, storage_options)
 
     @property
     def is_local(self) -> bool:
@@ -100,12 +106,18 @@ class Folder:
 
     def names(self) -> list[str]:
         """Names of the entries in the folder (none if it does not exist)."""
+        self.fs.invalidate_cache(self.path)  # other processes write here: a cached listing may be stale
         if not self.fs.exists(self.path):
             return []
         return [posixpath.basename(entry.rstrip("/")) for entry in self.fs.ls(self.path, detail=False)]
 
     def exists(self, name: str) -> bool:
-        return bool(self.fs.exists(posixpath.join(self.path, name)))
+        """Whether ``name`` is a checkpoint in the folder: a file, or a directory whose save finished."""
+        path = posixpath.join(self.path, name)
+        self.fs.invalidate_cache(path)
+        if not self.fs.exists(path):
+            return False
+        return not self.fs.isdir(path) or is_complete_directory(self.join(name), self.storage_options)
 
     def remove(self, name: str) -> None:
         self.fs.rm(posixpath.join(self.path, name), recursive=True)
@@ -130,6 +142,7 @@ class Folder:
                 return os.path.join(self.url, os.readlink(link))
             return None
         pointer = posixpath.join(self.path, latest_name + POINTER_SUFFIX)
+        self.fs.invalidate_cache(pointer)
         if not self.fs.exists(pointer):
             return None
         target = self.fs.cat(pointer).decode().strip()
@@ -139,13 +152,14 @@ class Folder:
 def checkpoints_in(folder: Folder, template: str, run_name: str) -> list[tuple[tuple[int, ...], str]]:
     """``((epoch, batch, sample, token), name)`` of every complete checkpoint of ``run_name``, oldest first.
 
-    Temporary files of interrupted saves start with ``.`` and never match the template.
+    Temporary files of interrupted saves start with ``.`` and never match the template; directories of
+    unfinished sharded saves are left out.
     """
     pattern = template_pattern(template, run_name)
     found = []
     for name in folder.names():
         match = pattern.fullmatch(name)
-        if match is None or name.startswith("."):
+        if match is None or name.startswith(".") or not folder.exists(name):
             continue
         numbers = match.groupdict()
         found.append((tuple(int(numbers.get(field) or 0) for field in ("batch", "epoch", "sample", "token")), name))
