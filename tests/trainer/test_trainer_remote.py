@@ -7,6 +7,7 @@ is there (two nodes with their own disks, a rank killed mid-save); remote saves 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +22,8 @@ import pytest
 import torch
 from engines import NodePair, launcher_environment
 from object_store import S3Server
+
+from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 
 SCRIPT = str(Path(__file__).parents[1] / "scripts" / "trainer_sharded.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -242,3 +245,41 @@ def test_two_nodes_saving_sharded_to_their_own_disks_fail_loudly(tmp_path: Path)
 def _made(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.mark.parametrize(
+    ("launch", "options"),
+    [(["--devices", "1"], []), (["--devices", "2"], []), (["--devices", "2"], ["strategy=fsdp"])],
+    ids=["1-rank", "ddp-2-ranks", "fsdp-2-ranks"],
+)
+def test_sigterm_saves_to_the_bucket_and_the_next_run_resumes_from_it(
+    launch: list[str], options: list[str], s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    script = str(Path(SCRIPT).parent / "trainer_resume.py")
+    command = [sys.executable, "-m", "fabric_cli", "run", "model", *launch, "--run-dir", str(tmp_path / "run")]
+    folder = f"{s3_bucket}/ckpt"
+    job = subprocess.Popen(
+        [*command, script, folder, "100000", "10000ba", *options],
+        env=_environment(s3_server),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert job.stdout is not None
+    assert job.stdout.readline().startswith("training"), job.communicate(timeout=60)  # rank 0 is in fit()
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode == PREEMPTED_EXIT_CODE, stderr[-3000:]
+    saved = [name for name in _objects(f"{folder}/job") if name.startswith("ep0-ba")]
+    assert saved, _objects(folder)
+    resumed = subprocess.run(
+        [*command, script, folder, "0", "10000ba", *options],
+        env=_environment(s3_server),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.startswith("resumed at batch "), resumed.stdout
+    latest = fsspec.core.url_to_fs(folder)[0].cat(f"{folder}/job/latest-rank0.pt.symlink").decode()
+    assert latest == f"ep0-ba{resumed.stdout.split()[3]}-rank0.pt"

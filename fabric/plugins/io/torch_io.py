@@ -43,6 +43,7 @@ class TorchCheckpointIO(CheckpointIO):
                 _save_local(checkpoint, target)
             elif writes_objects_whole(fs):  # an object appears whole or not at all: no temporary needed
                 fs.pipe_file(target, _serialized(checkpoint))
+                remove_abandoned_remote(fs, target)  # what killed saves of earlier versions left
             else:
                 _save_remote(fs, checkpoint, parent, filename)
         except BaseException as error:
