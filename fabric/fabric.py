@@ -338,9 +338,12 @@ class Fabric:
         for dataloader in dataloaders:
             if isinstance(dataloader, FabricDataLoader):
                 raise ValueError("This dataloader was already set up with Fabric; set up each dataloader once.")
+            processed = dataloader
             if use_distributed_sampler and isinstance(dataloader, DataLoader):
-                dataloader = self._strategy.process_dataloader(dataloader)
-            loader = wrap_dataloader(dataloader, self.device if move_to_device else None)
+                processed = self._strategy.process_dataloader(dataloader)
+            # A loader left as it is (not re-sharded) shares its state with the returned one: its own
+            # state_dict() follows the iteration (a streaming loader's position).
+            loader = wrap_dataloader(processed, self.device if move_to_device else None, processed is dataloader)
             if seeds_workers() and loader.worker_init_fn is None:
                 loader.worker_init_fn = functools.partial(worker_init_function, rank=self.global_rank)
             if loader.num_workers > 0:

@@ -261,10 +261,15 @@ class FabricDataLoader(SetUpByFabric):
             yield move_data_to_device(batch, device)
 
 
-def wrap_dataloader(dataloader: DataLoader[Any], device: torch.device | None) -> DataLoader[Any]:
-    """A copy of ``dataloader`` of a subclass of its own class whose batches arrive on ``device``.
+def wrap_dataloader(
+    dataloader: DataLoader[Any], device: torch.device | None, share_state: bool = False
+) -> DataLoader[Any]:
+    """An object of a subclass of the loader's own class whose batches arrive on ``device``.
 
-    CPU batches are already where they need to be, so on CPU the per-batch traversal is skipped.
+    With ``share_state`` it shares the loader's attributes (``__dict__``), so what the loader records while
+    iterating (a streaming loader's samples yielded, its ``state_dict()``) is current on the user's object
+    too; otherwise it holds a copy of them (the loader was re-sharded into a copy already). CPU batches are
+    already where they need to be, so on CPU the per-batch traversal is skipped.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(
@@ -277,5 +282,7 @@ def wrap_dataloader(dataloader: DataLoader[Any], device: torch.device | None) ->
         {"_fabric_device": device if device is not None and device.type != "cpu" else None},
     )
     wrapped: DataLoader[Any] = object.__new__(wrapper_class)
-    object.__setattr__(wrapped, "__dict__", {**dataloader.__dict__, "_fabric_epoch": 0})
+    attributes = dataloader.__dict__ if share_state else dict(dataloader.__dict__)
+    attributes.setdefault("_fabric_epoch", 0)
+    object.__setattr__(wrapped, "__dict__", attributes)
     return wrapped

@@ -31,7 +31,12 @@ from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.callback import Callback
 from fabric.trainer.checkpoint.checkpointer import TrainerCheckpointer, find_resume_checkpoint, read_surgery_records
-from fabric.trainer.checkpoint.dataloader_position import capture_epoch_start, resume_iterator
+from fabric.trainer.checkpoint.dataloader_position import (
+    capture_epoch_start,
+    capture_loader_state,
+    keeps_own_position,
+    resume_iterator,
+)
 from fabric.trainer.checkpoint.preemption import PreemptionWatch, TrainingPreempted
 from fabric.trainer.checkpoint.saver import CheckpointSaver
 from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpointState
@@ -283,6 +288,7 @@ class Trainer:
     ) -> None:
         """The train dataloader and the evaluators, set up on the Fabric."""
         self._batches: Iterator[Any] | None = None  # the current epoch's, kept when fit() ends mid-epoch
+        self._epoch_ends_with_loader = False
         if train_dataloader is not None:
             self._set_train_dataloader(train_dataloader)
         create_interval(eval_interval, name="eval_interval")  # bad input fails here; each evaluator gets its own
@@ -464,10 +470,12 @@ class Trainer:
         """Train until the dataloader runs out (True: the epoch ended) or training is finished (False)."""
         state, run_event = self.state, self.engine.run_event
         assert state.dataloader is not None
-        length = state.dataloader_len
         if self._batches is None:  # a new epoch; otherwise fit() continues the epoch an earlier fit() stopped in
             self._batches = self._start_epoch(state.dataloader)
         batches = self._batches
+        # A loader resumed from its own position may have another share per rank than the batches counted so
+        # far suggest (another world size): that epoch ends when the loader does.
+        length = None if self._epoch_ends_with_loader else state.dataloader_len
         while length is None or int(state.timestamp.batch_in_epoch) < length:
             self._train_step.schedule_lr()
             run_event(Event.BEFORE_DATALOADER)
@@ -491,6 +499,7 @@ class Trainer:
             # there, so the next epoch's shuffle matches a plain PyTorch loop's.
             next(batches, None)
         self._batches = None
+        self._epoch_ends_with_loader = False
         if not self.step_schedulers_every_batch:
             for scheduler in self._torch_schedulers:
                 scheduler.step()
@@ -503,6 +512,13 @@ class Trainer:
     def _start_epoch(self, dataloader: Iterable[Any]) -> Iterator[Any]:
         """The epoch's batch iterator: fresh (after EPOCH_START), or positioned where a checkpoint left off."""
         position, self._resume_position = self._resume_position, None
+        if position is not None and position.loader_state is not None and keeps_own_position(dataloader):
+            dataloader.load_state_dict(position.loader_state)  # type: ignore[attr-defined]
+            if position.batches_done == 0:
+                self.engine.run_event(Event.EPOCH_START)
+            self._epoch_start = None
+            self._epoch_ends_with_loader = position.batches_done > 0
+            return iter(dataloader)  # the loader continues where it was, on any number of ranks
         if position is not None and position.epoch_start is not None:
             batches_done = self._batches_done_after_resume(position)
             same_world = position.world_size == self.fabric.world_size
@@ -532,7 +548,9 @@ class Trainer:
         timestamp, loader = self.state.timestamp, self.state.dataloader
         batches_done = int(timestamp.batch_in_epoch)
         epoch_start = self._epoch_start if batches_done else (capture_epoch_start(loader) if loader else None)
-        return DataPosition(epoch_start, batches_done, int(timestamp.sample_in_epoch), self.fabric.world_size)
+        loader_state = capture_loader_state(loader) if keeps_own_position(loader) else None
+        samples_done = int(timestamp.sample_in_epoch)
+        return DataPosition(epoch_start, batches_done, samples_done, self.fabric.world_size, loader_state)
 
     def _set_resume_position(self, position: DataPosition) -> None:
         self._resume_position = position

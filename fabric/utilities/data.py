@@ -55,10 +55,13 @@ class ShardedSampler(Sampler[T]):
 def shard_dataloader(dataloader: DataLoader[Any], num_replicas: int, rank: int) -> DataLoader[Any]:
     """A copy of ``dataloader`` that yields only this rank's share of the data."""
     if isinstance(dataloader.dataset, IterableDataset):
-        rank_zero_warn(
-            "The dataloader wraps an IterableDataset, which Fabric cannot shard: make the dataset yield "
-            "a different part of the data on each rank (see torch.utils.data.get_worker_info and the rank)."
-        )
+        if not shards_itself(dataloader.dataset):
+            rank_zero_warn(
+                f"The dataloader wraps an IterableDataset ({type(dataloader.dataset).__name__}), which Fabric cannot "
+                "shard: unless the dataset yields a different part of the data on each rank (by the RANK and "
+                "WORLD_SIZE variables, which every rank has), every rank trains on the same samples. A dataset "
+                "that does shard itself can say so with a class attribute `shards_by_rank = True`."
+            )
         return dataloader
     batch_sampler = dataloader.batch_sampler
     sampler: Any = dataloader.sampler
@@ -78,6 +81,22 @@ def shard_dataloader(dataloader: DataLoader[Any], num_replicas: int, rank: int) 
     object.__setattr__(sharded, "batch_sampler", batch_sampler)
     object.__setattr__(sharded, "_iterator", None)
     return sharded
+
+
+def shards_itself(dataset: IterableDataset[Any]) -> bool:
+    """Whether an iterable dataset splits the data between ranks itself: it says so (``shards_by_rank = True``),
+    or it is one known to: mosaicml-streaming's ``StreamingDataset``, a Hugging Face ``IterableDataset`` from
+    ``split_dataset_by_node``."""
+    if getattr(dataset, "shards_by_rank", False) is True:
+        return True
+    known = any(
+        cls.__name__ == "StreamingDataset" and cls.__module__.partition(".")[0] == "streaming"
+        for cls in type(dataset).__mro__
+    )
+    split_by_node = type(dataset).__module__.partition(".")[0] == "datasets" and bool(
+        getattr(dataset, "_distributed", None)
+    )
+    return known or split_by_node
 
 
 def _shard_sampler(dataloader: DataLoader[Any], sampler: Any, num_replicas: int, rank: int) -> Sampler[Any]:

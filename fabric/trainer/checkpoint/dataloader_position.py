@@ -21,6 +21,7 @@ how many samples each worker fetched before, so random augmentation there differ
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -56,7 +57,7 @@ def capture_epoch_start(dataloader: Iterable[Any]) -> dict[str, Any]:
     """
     samplers = _sampler_chain(dataloader)
     dataset: Any = getattr(dataloader, "dataset", None)
-    dataset_state = dataset.state_dict() if callable(getattr(dataset, "state_dict", None)) else None
+    dataset_state = dataset.state_dict() if has_state_protocol(dataset) else None
     if dataset_state is not None:
         _check_loadable(dataset_state, f"{type(dataset).__name__}.state_dict()")
     return {
@@ -69,6 +70,38 @@ def capture_epoch_start(dataloader: Iterable[Any]) -> dict[str, Any]:
         "draws_base_seed": not _has_live_workers(dataloader),
         "dataset_state": dataset_state,
     }
+
+
+def has_state_protocol(obj: Any) -> bool:
+    """Whether ``obj`` saves and restores its own state: ``state_dict()`` takes no argument and
+    ``load_state_dict(state)`` one. A method of another signature (mosaicml-streaming's
+    ``StreamingDataset.state_dict(num_samples, from_beginning)``) is never called blindly."""
+    return _callable_with(getattr(obj, "state_dict", None), 0) and _callable_with(
+        getattr(obj, "load_state_dict", None), 1
+    )
+
+
+def keeps_own_position(dataloader: Any) -> bool:
+    """Whether the loader itself knows how far into the epoch it is and resumes there (mosaicml-streaming's
+    ``StreamingDataLoader``, torchdata's ``StatefulDataLoader``): then its ``state_dict()`` is the position."""
+    return has_state_protocol(dataloader)
+
+
+def capture_loader_state(dataloader: Any) -> Any:
+    """The position of a loader that :func:`keeps_own_position`, checked to load with ``weights_only=True``."""
+    state = dataloader.state_dict()
+    _check_loadable(state, f"{type(dataloader).__name__}.state_dict()")
+    return state
+
+
+def _callable_with(function: Any, arguments: int) -> bool:
+    if not callable(function):
+        return False
+    try:
+        inspect.signature(function).bind(*([None] * arguments))
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def resume_iterator(dataloader: Iterable[Any], epoch_start: dict[str, Any], batches_done: int) -> Iterator[Any]:

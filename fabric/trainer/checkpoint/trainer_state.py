@@ -50,6 +50,8 @@ class DataPosition:
     #: Samples of the epoch done (all ranks); what survives a change of world size.
     samples_done: int = 0
     world_size: int = 1
+    #: The ``state_dict()`` of a loader that keeps its own position (a streaming loader), else None.
+    loader_state: Any = None
 
 
 class TrainerCheckpointState:
@@ -91,6 +93,7 @@ class TrainerCheckpointState:
                 "batches_done": position.batches_done,
                 "samples_done": position.samples_done,
                 "world_size": position.world_size,
+                "loader_state": position.loader_state,
             },
             "microbatch_size": self.state.device_train_microbatch_size,
         }
@@ -132,6 +135,7 @@ class TrainerCheckpointState:
                     int(saved["batches_done"]),
                     int(saved.get("samples_done", 0)),
                     int(saved.get("world_size", 1)),
+                    saved.get("loader_state"),
                 )
             )
 

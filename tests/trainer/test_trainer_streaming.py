@@ -1,0 +1,108 @@
+"""Data that streams and resumes: a streaming-style dataset and loader (``tests/streaming_double.py``, the API of
+mosaicml-streaming) through Fabric and the Trainer, crashed mid-epoch and resumed on another number of ranks."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from streaming_double import StreamingLikeDataset, StreamingLikeLoader
+from torch.utils.data import DataLoader, IterableDataset
+
+from fabric import Fabric
+from fabric.trainer.checkpoint.dataloader_position import capture_epoch_start
+from fabric.utilities.data import shard_dataloader
+
+TESTS = Path(__file__).parents[1]
+SCRIPT = TESTS / "scripts" / "trainer_streaming.py"
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _run(out: Path, devices: int, crash_at: int, run: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), str(devices), str(crash_at), run],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (2, 2), (1, 2)], ids=["2-to-1", "2-to-2", "1-to-2"])
+def test_a_crash_mid_epoch_resumes_with_every_sample_once_per_epoch(before: int, after: int, tmp_path: Path) -> None:
+    """The Trainer called StreamingDataset.state_dict() without its two arguments and crashed before the first
+    batch; in-script launches gave rank 0 no RANK/WORLD_SIZE, so the dataset did not shard. Now the loader's own
+    state is the position, and the run goes on where it crashed on any number of ranks."""
+    crash_at = 11 if before == 2 else 22  # mid-epoch 1: batch 3 of 8 (2 ranks), or 6 of 16 (1 rank)
+    crashed = _run(tmp_path, before, crash_at, "first")
+    assert crashed.returncode != 0, crashed.stderr[-2000:]
+    assert not list((tmp_path / "ckpt").glob("*.tmp-*"))
+    resumed = _run(tmp_path, after, 0, "second")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    trained: collections.Counter[tuple[int, int]] = collections.Counter()
+    for log in tmp_path.glob("ids-*-rank*.txt"):
+        for line in log.read_text().splitlines():
+            epoch, sample = map(int, line.split())
+            trained[(epoch, sample)] += 1
+    for epoch in range(3):
+        assert {sample: trained[(epoch, sample)] for sample in range(64)} == dict.fromkeys(range(64), 1)
+    assert sum(trained.values()) == 3 * 64  # no sample outside 0..63, no fourth epoch
+    first_run_ids = {line.split()[1] for log in tmp_path.glob("ids-first-*") for line in log.read_text().splitlines()}
+    assert len(first_run_ids) == 64  # the first run did train a whole epoch before crashing
+
+
+def test_an_epoch_start_capture_never_calls_a_state_dict_that_needs_arguments() -> None:
+    """StreamingDataset.state_dict(num_samples, from_beginning): calling it bare raised a TypeError."""
+    loader = StreamingLikeLoader(StreamingLikeDataset(8), batch_size=4)
+    captured = capture_epoch_start(loader)
+    assert captured["dataset_state"] is None
+
+
+def test_the_users_own_loader_follows_the_iteration_of_the_one_fabric_returns() -> None:
+    """state_dict() was current only on the copy setup_dataloaders returned, so saving the user's loader saved
+    the start of the epoch."""
+    fabric = Fabric(accelerator="cpu", devices=1)
+    built = StreamingLikeLoader(StreamingLikeDataset(16), batch_size=4)
+    loader = fabric.setup_dataloaders(built)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    assert built.state_dict()["sample_in_epoch"] == 12
+    assert loader.state_dict() == built.state_dict()
+
+
+class _PlainIterable(IterableDataset[int]):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(range(8))
+
+
+def test_only_an_iterable_dataset_that_does_not_shard_itself_is_warned_about() -> None:
+    """ "Fabric cannot shard" was said of datasets that shard themselves by rank (mosaicml-streaming's)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shard_dataloader(DataLoader(StreamingLikeDataset(8), batch_size=2), num_replicas=2, rank=0)
+    with pytest.warns(UserWarning, match=r"_PlainIterable.*every rank trains on the same samples.*shards_by_rank"):
+        shard_dataloader(DataLoader(_PlainIterable(), batch_size=2), num_replicas=2, rank=0)
+
+
+def test_a_loader_that_keeps_its_own_position_round_trips_through_fabric_save(tmp_path: Path) -> None:
+    fabric = Fabric(accelerator="cpu", devices=1)
+    loader = fabric.setup_dataloaders(StreamingLikeLoader(StreamingLikeDataset(16, seed=3), batch_size=4))
+    batches = iter(loader)
+    seen = [next(batches)["id"] for _ in range(2)]
+    fabric.save(tmp_path / "ckpt.pt", {"loader": loader})
+
+    fresh = fabric.setup_dataloaders(StreamingLikeLoader(StreamingLikeDataset(16, seed=3), batch_size=4))
+    fabric.load(tmp_path / "ckpt.pt", {"loader": fresh})
+    rest = [batch["id"] for batch in fresh]
+    assert sorted(torch.cat(seen + rest).tolist()) == list(range(16))
+    assert len(rest) == 2
