@@ -38,6 +38,15 @@ from fabric.trainer.checkpoint.dataloader_position import (
     resume_iterator,
 )
 from fabric.trainer.checkpoint.preemption import PreemptionWatch, TrainingPreempted
+from fabric.trainer.checkpoint.sample_position import (
+    EpochPlan,
+    check_resumable,
+    count_untrained,
+    layout_change,
+    planned_epoch,
+    resumed_plan,
+    samples_record,
+)
 from fabric.trainer.checkpoint.saver import CheckpointSaver
 from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpointState
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
@@ -306,6 +315,8 @@ class Trainer:
         """The checkpointer, bound to every CheckpointSaver, and the preemption watch that saves on SIGTERM."""
         self._epoch_start: dict[str, Any] | None = None  # what rebuilds the current epoch's batch order
         self._resume_position: DataPosition | None = None
+        #: The plan of an epoch resumed by samples, and the batches of the epoch counted before it began.
+        self._epoch_plan: tuple[EpochPlan, int] | None = None
         trainer_state = TrainerCheckpointState(
             self.state,
             self.state.schedulers,
@@ -500,6 +511,7 @@ class Trainer:
             next(batches, None)
         self._batches = None
         self._epoch_ends_with_loader = False
+        self._epoch_plan = None
         if not self.step_schedulers_every_batch:
             for scheduler in self._torch_schedulers:
                 scheduler.step()
@@ -520,39 +532,48 @@ class Trainer:
             self._epoch_ends_with_loader = position.batches_done > 0
             return iter(dataloader)  # the loader continues where it was, on any number of ranks
         if position is not None and position.epoch_start is not None:
-            batches_done = self._batches_done_after_resume(position)
+            if position.batches_done and layout_change(position, dataloader, self.fabric.world_size):
+                return self._resume_by_samples(dataloader, position)
             same_world = position.world_size == self.fabric.world_size
-            # With another world size the loader is sharded differently: this epoch's order cannot be rebuilt.
+            # At an epoch boundary with another world size the loader is sharded differently: start it afresh.
             self._epoch_start = position.epoch_start if same_world else capture_epoch_start(dataloader)
-            if batches_done == 0:
+            if position.batches_done == 0:
                 self.engine.run_event(Event.EPOCH_START)
-            return resume_iterator(dataloader, self._epoch_start, batches_done)
+            return resume_iterator(dataloader, self._epoch_start, position.batches_done)
         self.engine.run_event(Event.EPOCH_START)
         self._epoch_start = None  # captured right before the first fetch, after any BEFORE_DATALOADER draws
         return iter(dataloader)
 
-    def _batches_done_after_resume(self, position: DataPosition) -> int:
-        """Batches of the epoch already trained; with another world size, counted from the samples done."""
-        if position.world_size == self.fabric.world_size or position.samples_done == 0:
-            return position.batches_done
-        batch_size = getattr(self.state.dataloader, "batch_size", None) or 1
-        done = position.samples_done // (batch_size * self.fabric.world_size)
+    def _resume_by_samples(self, dataloader: Iterable[Any], position: DataPosition) -> Iterator[Any]:
+        """The rest of an epoch saved with another world size or batch size: the samples it had not trained yet,
+        dealt to this run's ranks (:mod:`~fabric.trainer.checkpoint.sample_position`)."""
+        assert position.samples is not None and position.epoch_start is not None  # checked when it was loaded
         rank_zero_warn(
-            f"Resuming with {self.fabric.world_size} rank(s) a checkpoint saved by {position.world_size}: the epoch "
-            f"continues after {done} batches ({position.samples_done} samples), but the order of its remaining "
-            "samples differs from the original run's."
+            f"Resuming mid-epoch with {layout_change(position, dataloader, self.fabric.world_size)}: the "
+            f"{count_untrained(position.samples)} samples of the epoch not trained yet are dealt to this run's "
+            "ranks, each once; their order and the random numbers differ from an uninterrupted run's."
         )
-        return done
+        plan = resumed_plan(position.samples, dataloader, self.fabric.world_size)
+        self._epoch_plan = (plan, position.batches_done)
+        self._epoch_start = position.epoch_start
+        self._epoch_ends_with_loader = True
+        return planned_epoch(dataloader, plan.batches_of(self.fabric.global_rank), position.epoch_start)
 
     def _data_position(self) -> DataPosition:
         timestamp, loader = self.state.timestamp, self.state.dataloader
         batches_done = int(timestamp.batch_in_epoch)
         epoch_start = self._epoch_start if batches_done else (capture_epoch_start(loader) if loader else None)
         loader_state = capture_loader_state(loader) if keeps_own_position(loader) else None
+        samples = None
+        if batches_done and loader_state is None and loader is not None:
+            samples = samples_record(loader, self.fabric.world_size, batches_done, self._epoch_plan)
         samples_done = int(timestamp.sample_in_epoch)
-        return DataPosition(epoch_start, batches_done, samples_done, self.fabric.world_size, loader_state)
+        return DataPosition(epoch_start, batches_done, samples_done, self.fabric.world_size, loader_state, samples)
 
     def _set_resume_position(self, position: DataPosition) -> None:
+        """A checkpoint's data position, checked against this run's loader before anything is loaded."""
+        if self.state.dataloader is not None and position.batches_done and position.loader_state is None:
+            check_resumable(position, self.state.dataloader, self.fabric.world_size)
         self._resume_position = position
         self._batches = None
 

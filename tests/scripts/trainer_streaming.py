@@ -1,9 +1,10 @@
-"""The Trainer over a streaming-style dataset: ``trainer_streaming.py OUT_DIR DEVICES CRASH_AT RUN``.
+"""The Trainer over resumable data: ``trainer_streaming.py OUT_DIR DEVICES CRASH_AT RUN [map BATCH [SAMPLES]]``.
 
 DEVICES ranks (an in-script launch) train 3 epochs over the 64 samples of ``StreamingLikeDataset`` in batches of
-4, checkpointing every batch into OUT_DIR/ckpt and auto-resuming from it. Every rank appends the ids it trained,
-with their epoch, to OUT_DIR/ids-RUN-rankR.txt. With CRASH_AT > 0 every rank dies (exit 17) right after the
-checkpoint of batch CRASH_AT, before fetching the next batch: nothing trained is lost, nothing is logged twice.
+4, or with ``map`` over a map-style dataset of SAMPLES (default 64) in a shuffling DataLoader with batches of
+BATCH; they checkpoint every batch into OUT_DIR/ckpt and auto-resume from it. Every rank appends the ids it
+trained, with their epoch, to OUT_DIR/ids-RUN-rankR.txt. With CRASH_AT > 0 every rank dies (exit 17) right after
+the checkpoint of batch CRASH_AT, before fetching the next batch: nothing trained is lost, nothing logged twice.
 """
 
 import os
@@ -14,11 +15,33 @@ import torch
 import torch.nn.functional as F
 from streaming_double import StreamingLikeDataset, StreamingLikeLoader
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 from fabric.trainer import Trainer
 from fabric.trainer.callback import Callback
 
 out_dir, devices, crash_at, run = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+map_style = len(sys.argv) > 5 and sys.argv[5] == "map"
+
+
+class Samples(Dataset):
+    """A map-style dataset of samples ``{"id": i, ...}``."""
+
+    def __init__(self, count):
+        self.count = count
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, index):
+        return {"id": index, "x": torch.full((4,), float(index)), "y": torch.tensor([float(index % 3)])}
+
+
+if map_style:
+    samples = int(sys.argv[7]) if len(sys.argv) > 7 else 64
+    train_dataloader = DataLoader(Samples(samples), batch_size=int(sys.argv[6]), shuffle=True)
+else:
+    train_dataloader = StreamingLikeLoader(StreamingLikeDataset(64), batch_size=4)
 
 
 class Regressor(nn.Module):
@@ -49,7 +72,7 @@ torch.manual_seed(0)
 model = Regressor()
 trainer = Trainer(
     model=model,
-    train_dataloader=StreamingLikeLoader(StreamingLikeDataset(64), batch_size=4),
+    train_dataloader=train_dataloader,
     max_duration="3ep",
     optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
     callbacks=[LogIdsThenCrash()],

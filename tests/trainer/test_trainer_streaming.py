@@ -24,11 +24,11 @@ SCRIPT = TESTS / "scripts" / "trainer_streaming.py"
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _run(out: Path, devices: int, crash_at: int, run: str) -> subprocess.CompletedProcess[str]:
+def _run(out: Path, devices: int, crash_at: int, run: str, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, str(SCRIPT), str(out), str(devices), str(crash_at), run],
+        [sys.executable, str(SCRIPT), str(out), str(devices), str(crash_at), run, *extra],
         env=env,
         capture_output=True,
         text=True,
@@ -48,16 +48,57 @@ def test_a_crash_mid_epoch_resumes_with_every_sample_once_per_epoch(before: int,
     resumed = _run(tmp_path, after, 0, "second")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
+    _assert_each_sample_once_per_epoch(tmp_path)
+    first_run_ids = {line.split()[1] for log in tmp_path.glob("ids-first-*") for line in log.read_text().splitlines()}
+    assert len(first_run_ids) == 64  # the first run did train a whole epoch before crashing
+
+
+def _assert_each_sample_once_per_epoch(out: Path, epochs: int = 3, samples: int = 64) -> None:
     trained: collections.Counter[tuple[int, int]] = collections.Counter()
-    for log in tmp_path.glob("ids-*-rank*.txt"):
+    for log in out.glob("ids-*-rank*.txt"):
         for line in log.read_text().splitlines():
             epoch, sample = map(int, line.split())
             trained[(epoch, sample)] += 1
-    for epoch in range(3):
-        assert {sample: trained[(epoch, sample)] for sample in range(64)} == dict.fromkeys(range(64), 1)
-    assert sum(trained.values()) == 3 * 64  # no sample outside 0..63, no fourth epoch
-    first_run_ids = {line.split()[1] for log in tmp_path.glob("ids-first-*") for line in log.read_text().splitlines()}
-    assert len(first_run_ids) == 64  # the first run did train a whole epoch before crashing
+    for epoch in range(epochs):
+        assert {sample: trained[(epoch, sample)] for sample in range(samples)} == dict.fromkeys(range(samples), 1)
+    assert sum(trained.values()) == epochs * samples  # no sample outside the dataset, no extra epoch
+
+
+@pytest.mark.parametrize(
+    ("after", "batch_after"), [(1, 4), (2, 8), (2, 2)], ids=["2-to-1-ranks", "batch-4-to-8", "batch-4-to-2"]
+)
+def test_a_map_style_epoch_resumed_with_another_layout_trains_the_rest_once(
+    after: int, batch_after: int, tmp_path: Path
+) -> None:
+    """Resumed with another batch size, the epoch skipped batches of the new size (40 samples of an epoch never
+    trained with 16, 20 trained twice with 4); with another world size, it skipped batches of a new order."""
+    crashed = _run(tmp_path, 2, 11, "first", "map", "4")
+    assert crashed.returncode != 0, crashed.stderr[-2000:]
+    resumed = _run(tmp_path, after, 0, "second", "map", str(batch_after))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "not trained yet are dealt to this run's ranks, each once" in resumed.stderr
+    _assert_each_sample_once_per_epoch(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("resume", "message"),
+    [
+        (("map", "16"), "this run has batch size 8 -> 16; the epoch's order depends on"),
+        (("map", "8", "80"), "a dataset of 64 samples; this run's dataset has 80"),
+    ],
+    ids=["another-batch-size-of-a-random-sampler", "another-dataset-length"],
+)
+def test_a_position_that_cannot_be_kept_is_refused_naming_what_changed(
+    resume: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    """A changed dataset length gave 10-26 duplicates without a word; one process's RandomSampler draws an order
+    that depends on the world, so another batch size there cannot be resumed by samples."""
+    crashed = _run(tmp_path, 1, 5, "first", "map", "8")
+    assert crashed.returncode != 0, crashed.stderr[-2000:]
+    refused = _run(tmp_path, 1, 0, "second", *resume)
+    assert refused.returncode != 0
+    assert message in refused.stderr and "load_ignore_keys=['dataloader']" in refused.stderr, refused.stderr[-2000:]
+    assert "Nothing was changed" in refused.stderr
 
 
 def test_an_epoch_start_capture_never_calls_a_state_dict_that_needs_arguments() -> None:

@@ -52,6 +52,8 @@ class DataPosition:
     world_size: int = 1
     #: The ``state_dict()`` of a loader that keeps its own position (a streaming loader), else None.
     loader_state: Any = None
+    #: Mid-epoch, what a resume with another world size or batch size needs (``sample_position.samples_record``).
+    samples: dict[str, Any] | None = None
 
 
 class TrainerCheckpointState:
@@ -94,6 +96,7 @@ class TrainerCheckpointState:
                 "samples_done": position.samples_done,
                 "world_size": position.world_size,
                 "loader_state": position.loader_state,
+                "samples": position.samples,
             },
             "microbatch_size": self.state.device_train_microbatch_size,
         }
@@ -136,6 +139,7 @@ class TrainerCheckpointState:
                     int(saved.get("samples_done", 0)),
                     int(saved.get("world_size", 1)),
                     saved.get("loader_state"),
+                    saved.get("samples"),
                 )
             )
 
