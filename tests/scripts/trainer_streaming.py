@@ -2,13 +2,17 @@
 
 DEVICES ranks (an in-script launch) train 3 epochs over the 64 samples of ``StreamingLikeDataset`` in batches of
 4, or with ``map`` over a map-style dataset of SAMPLES (default 64) in a shuffling DataLoader with batches of
-BATCH; they checkpoint every batch into OUT_DIR/ckpt and auto-resume from it. Every rank appends the ids it
-trained, with their epoch, to OUT_DIR/ids-RUN-rankR.txt. With CRASH_AT > 0 every rank dies (exit 17) right after
-the checkpoint of batch CRASH_AT, before fetching the next batch: nothing trained is lost, nothing logged twice.
+BATCH, or with ``mds SHARDS`` over real MDS shards with mosaicml-streaming's ``StreamingDataset`` and
+``StreamingDataLoader`` (written there by ``trainer_streaming.py write SHARDS``; only in the environment of
+``scripts/streaming_env.sh``); they checkpoint every batch into OUT_DIR/ckpt and auto-resume from it. Every
+rank appends the ids it trained, with their epoch, to OUT_DIR/ids-RUN-rankR.txt. With CRASH_AT > 0 every rank
+dies (exit 17) right after the checkpoint of batch CRASH_AT, before fetching the next batch: nothing trained is
+lost, nothing logged twice.
 """
 
 import os
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -17,11 +21,28 @@ from streaming_double import StreamingLikeDataset, StreamingLikeLoader
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from fabric import Fabric
 from fabric.trainer import Trainer
 from fabric.trainer.callback import Callback
 
+
+def import_streaming():
+    """mosaicml-streaming, whose vision datasets need torchvision's CUDA operators: stubbed out here."""
+    sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+    import streaming
+
+    return streaming
+
+
+if sys.argv[1] == "write":
+    streaming = import_streaming()
+    with streaming.MDSWriter(out=sys.argv[2], columns={"id": "int"}, size_limit=256) as writer:
+        for sample_id in range(64):
+            writer.write({"id": sample_id})
+    sys.exit(0)
+
 out_dir, devices, crash_at, run = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-map_style = len(sys.argv) > 5 and sys.argv[5] == "map"
+kind = sys.argv[5] if len(sys.argv) > 5 else "double"
 
 
 class Samples(Dataset):
@@ -34,12 +55,31 @@ class Samples(Dataset):
         return self.count
 
     def __getitem__(self, index):
-        return {"id": index, "x": torch.full((4,), float(index)), "y": torch.tensor([float(index % 3)])}
+        return with_features({"id": index})
 
 
-if map_style:
+def with_features(sample):
+    sample_id = int(sample["id"])
+    return {"id": sample_id, "x": torch.full((4,), float(sample_id)), "y": torch.tensor([float(sample_id % 3)])}
+
+
+if kind == "map":
     samples = int(sys.argv[7]) if len(sys.argv) > 7 else 64
     train_dataloader = DataLoader(Samples(samples), batch_size=int(sys.argv[6]), shuffle=True)
+elif kind == "mds":
+    streaming = import_streaming()
+    from streaming.base.util import clean_stale_shared_memory
+
+    class Shards(streaming.StreamingDataset):
+        def get_item(self, index):
+            return with_features(super().get_item(index))
+
+    # A StreamingDataset learns its rank when it is built: start the ranks first (rank 0 then has RANK too).
+    fabric = Fabric(accelerator="cpu", devices=devices)
+    fabric.launch()
+    clean_stale_shared_memory()  # what a crashed run left (a collective: after the launch)
+    dataset = Shards(local=sys.argv[6], batch_size=4, shuffle=True, shuffle_seed=0)
+    train_dataloader = streaming.StreamingDataLoader(dataset, batch_size=4)
 else:
     train_dataloader = StreamingLikeLoader(StreamingLikeDataset(64), batch_size=4)
 
@@ -84,7 +124,6 @@ trainer = Trainer(
     autoresume=True,
     progress_bar=False,
     seed=0,
-    accelerator="cpu",
-    devices=devices,
+    **({"fabric": fabric} if kind == "mds" else {"accelerator": "cpu", "devices": devices}),
 )
 trainer.fit()
