@@ -14,9 +14,12 @@ applied are put back before the error propagates.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from fabric.trainer.state import State
 from fabric.trainer.time import Timestamp
@@ -27,6 +30,23 @@ SECTIONS = ("timestamp", "schedulers", "algorithms", "callbacks", "dataloader", 
 
 
 _EMPTY_SECTIONS: dict[str, Any] = {"schedulers": [], "algorithms": {}, "callbacks": {}}
+
+
+def _blob(value: Any) -> bytes:
+    """``value`` serialized whole (tensors, ints, strings, lists and dicts: it loads with ``weights_only=True``)."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _unblob(blob: Any) -> Any:
+    if blob is None:  # a checkpoint written before these were blobs had no such entry
+        return None
+    if not isinstance(blob, bytes):
+        raise ValueError(
+            f"the trainer's dataloader entry holds a {type(blob).__name__} where a serialized value belongs"
+        )
+    return torch.load(io.BytesIO(blob), weights_only=True)
 
 
 def unique_names(objects: Iterable[object]) -> list[str]:
@@ -95,8 +115,10 @@ class TrainerCheckpointState:
                 "batches_done": position.batches_done,
                 "samples_done": position.samples_done,
                 "world_size": position.world_size,
-                "loader_state": position.loader_state,
-                "samples": position.samples,
+                # Blobs: their shape differs between a checkpoint and the trainer it loads into (a sharded, DCP,
+                # load fills the structure of the live state, so nested values that come and go cannot be loaded).
+                "loader_state": _blob(position.loader_state),
+                "samples": _blob(position.samples),
             },
             "microbatch_size": self.state.device_train_microbatch_size,
         }
@@ -138,8 +160,8 @@ class TrainerCheckpointState:
                     int(saved["batches_done"]),
                     int(saved.get("samples_done", 0)),
                     int(saved.get("world_size", 1)),
-                    saved.get("loader_state"),
-                    saved.get("samples"),
+                    _unblob(saved.get("loader_state")),
+                    _unblob(saved.get("samples")),
                 )
             )
 
