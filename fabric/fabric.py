@@ -510,6 +510,7 @@ class Fabric:
         """
         self._check_launched()
         _check_filter(filter, state)
+        self._strategy.background_saves.wait()  # one save in flight at a time; its error is raised here
         written = self._strategy.save_checkpoint(
             path, _unwrap_objects(state), filter=filter, storage_options=storage_options, async_save=async_save
         )
@@ -533,6 +534,7 @@ class Fabric:
         ``storage_options`` go to fsspec for a URL, as in :meth:`save`.
         """
         unwrapped = None if state is None else _unwrap_objects(state)
+        self._strategy.background_saves.wait()  # a save still being written is complete first
         remainder = self._strategy.load_checkpoint(
             path, unwrapped, strict=strict, weights_only=weights_only, storage_options=storage_options
         )

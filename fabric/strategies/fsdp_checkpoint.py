@@ -118,8 +118,6 @@ def save_sharded(
     precision_state = precision.state_dict()
     if precision_state:
         checkpoint[PRECISION_STATE_KEY] = precision_state
-    if background is not None:
-        background[0].wait()  # the previous save is complete before this one touches the destination
     remote = is_remote(path)
     if remote:
         destination: PathType = os.fspath(path)

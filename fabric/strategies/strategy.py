@@ -374,7 +374,6 @@ class Strategy:
             snapshot = self.background_saves.snapshot(checkpoint)
             write = functools.partial(self.checkpoint_io.save_checkpoint, snapshot, path, storage_options)
             return self.background_saves.submit(write, repr(os.fspath(path)))
-        self.background_saves.wait()
         self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options)
         return finished()
 
@@ -392,7 +391,6 @@ class Strategy:
         weights). Without ``state`` the whole raw checkpoint is returned. Everything is validated first,
         so an error leaves every object in ``state`` unchanged.
         """
-        self.background_saves.wait()
         checkpoint = read_whole(path, self.checkpoint_io, weights_only=weights_only, storage_options=storage_options)
         if not isinstance(checkpoint, dict):
             raise CheckpointError(f"{path!s} holds a {type(checkpoint).__name__}, not a checkpoint dict.")

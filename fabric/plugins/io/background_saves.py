@@ -15,9 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
-
-#: Snapshot memory kept between saves, by where a tensor sits in the checkpoint, its dtype and shape.
-_Buffers = dict[tuple[Any, ...], torch.Tensor]
+from lightning_utilities.core.apply_func import apply_to_collection
 
 
 class BackgroundSaves:
@@ -26,7 +24,8 @@ class BackgroundSaves:
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
-        self._buffers: _Buffers = {}
+        #: The previous snapshot's tensors, in the order they came: memory the next one reuses.
+        self._buffers: list[torch.Tensor] = []
 
     def __reduce__(self) -> tuple[type[BackgroundSaves], tuple[()]]:
         """A spawned rank gets a copy with nothing in flight (threads and buffers stay in this process)."""
@@ -48,48 +47,36 @@ class BackgroundSaves:
             pending.result()
 
     def snapshot(self, value: Any) -> Any:
-        """A copy of ``value`` whose tensors are in CPU memory this save owns (nested dicts, lists, tuples).
+        """A copy of ``value`` whose tensors are in CPU memory this save owns (in dicts, lists, tuples, ...).
 
-        Buffers are reused from one save to the next (the previous save is finished by then), which spares
-        the allocation and first touch of fresh memory.
+        Buffers are reused from one save to the next, in the order the tensors come (the previous save is
+        finished by then), which spares the allocation and first touch of fresh memory.
         """
         self.wait()
-        used: set[tuple[Any, ...]] = set()
-        copied = _copy_tensors(value, self._buffers, used, ())
-        self._buffers = {key: buffer for key, buffer in self._buffers.items() if key in used}
-        return copied
+        previous, self._buffers = self._buffers, []
+        return apply_to_collection(value, torch.Tensor, self._copy, previous)
 
+    def _copy(self, tensor: torch.Tensor, previous: list[torch.Tensor]) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
 
-def _copy_tensors(value: Any, buffers: _Buffers, used: set[tuple[Any, ...]], at: tuple[Any, ...]) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _copy_tensor(value, buffers, used, at)
-    if isinstance(value, dict):
-        return {key: _copy_tensors(item, buffers, used, (*at, key)) for key, item in value.items()}
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_copy_tensors(item, buffers, used, (*at, index)) for index, item in enumerate(value))
-    return value
-
-
-def _copy_tensor(
-    tensor: torch.Tensor, buffers: _Buffers, used: set[tuple[Any, ...]], at: tuple[Any, ...]
-) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(tensor, DTensor):  # a shard: copy the local part, keep the layout
-        local = _copy_tensor(tensor.to_local(), buffers, used, at)
-        return DTensor.from_local(
-            local, tensor.device_mesh, tensor.placements, run_check=False, shape=tensor.shape, stride=tensor.stride()
-        )
-    source = tensor.detach()
-    key = (*at, source.dtype, tuple(source.shape))
-    buffer = buffers.get(key)
-    if buffer is None or not _plain(source):
-        buffer = torch.empty_like(source, device="cpu")
-        if _plain(source):
-            buffers[key] = buffer
-    buffer.copy_(source)
-    used.add(key)
-    return buffer
+        if isinstance(tensor, DTensor):  # a shard: copy the local part, keep the layout
+            local = self._copy(tensor.to_local(), previous)
+            return DTensor.from_local(
+                local,
+                tensor.device_mesh,
+                tensor.placements,
+                run_check=False,
+                shape=tensor.shape,
+                stride=tensor.stride(),
+            )
+        source = tensor.detach()
+        position = len(self._buffers)
+        buffer = previous[position] if position < len(previous) else None
+        if buffer is None or buffer.dtype != source.dtype or buffer.shape != source.shape or not _plain(source):
+            buffer = torch.empty_like(source, device="cpu")
+        buffer.copy_(source)
+        self._buffers.append(buffer)
+        return buffer
 
 
 def _plain(tensor: torch.Tensor) -> bool:

@@ -126,7 +126,7 @@ def local_copy(path: PathType, storage_options: StorageOptions = None) -> Iterat
         directory = Path(local)
         tag = fs.cat_file(f"{root}/{LATEST}").decode().strip()
         (directory / LATEST).write_text(tag)
-        if fs.isdir(f"{root}/{tag}") and Path(tag).name == tag:  # latest_tag refuses anything else
+        if is_tag_name(tag) and fs.isdir(f"{root}/{tag}"):  # latest_tag refuses anything else, below
             (directory / tag).mkdir()
             for entry in fs.ls(f"{root}/{tag}", detail=False):
                 fs.get_file(entry, os.fspath(directory / tag / entry.rstrip("/").rsplit("/", 1)[-1]))
@@ -143,7 +143,7 @@ def latest_tag(directory: Path) -> str:
             f"{os.fspath(directory)!r} is not a DeepSpeed checkpoint directory (no {LATEST!r} file in it).{hint}"
         )
     tag = pointer.read_text().strip()
-    if tag in ("", ".", "..") or any(separator in tag for separator in ("/", "\\", "\0")):
+    if not is_tag_name(tag):
         raise CheckpointError(
             f"{os.fspath(directory)!r}: {LATEST!r} holds {tag!r}, which is not a tag: a tag must be the name of a "
             "directory inside the checkpoint directory (one path component, not '.' or '..', no NUL byte)."
@@ -151,6 +151,11 @@ def latest_tag(directory: Path) -> str:
     if not (directory / tag).is_dir():
         raise CheckpointError(f"{os.fspath(directory)!r}: {LATEST!r} names {tag!r}, which does not exist.")
     return tag
+
+
+def is_tag_name(text: str) -> bool:
+    """Whether ``text`` can name a save inside a checkpoint directory: one path component, not ``.``/``..``."""
+    return text not in ("", ".", "..") and not any(separator in text for separator in ("/", "\\", "\0"))
 
 
 def saved_world_size(directory: Path, tag: str) -> int:
