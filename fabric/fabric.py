@@ -591,9 +591,9 @@ class Fabric:
             method(*args, **kwargs)
 
     @staticmethod
-    def seed_everything(seed: int | None = None, workers: bool = False) -> int:
-        """Seed ``random``, NumPy and torch (and, with ``workers=True``, each dataloader worker of each rank
-        distinctly); see :func:`fabric.utilities.seed.seed_everything`."""
+    def seed_everything(seed: int | None = None, workers: bool = True) -> int:
+        """Seed ``random``, NumPy and torch, and (unless ``workers=False``) each dataloader worker of each rank
+        distinctly, as Lightning Fabric does; see :func:`fabric.utilities.seed.seed_everything`."""
         return seed_everything(seed, workers)
 
     def __getstate__(self) -> dict[str, Any]:

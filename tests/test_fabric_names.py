@@ -1,5 +1,6 @@
-"""Names Lightning Fabric users type: ``fabric.accelerator``, ``seed_everything(workers=True)``,
-``fabric.save(filter=...)``, ``model.device``, ``is_wrapped`` and ``fabric consolidate --output_file``."""
+"""Names Lightning Fabric users type: ``fabric.accelerator``, ``seed_everything`` seeding workers,
+``fabric.save(filter=...)``, ``model.device``, ``is_wrapped``, ``fabric consolidate --output_file``, every
+strategy class from ``fabric.strategies``, and a ``CheckpointIO`` plugin honoured or refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,7 +23,8 @@ from torch.utils.data import DataLoader
 
 from fabric import Fabric
 from fabric.accelerators.cpu import CPUAccelerator
-from fabric.strategies.fsdp import FSDPStrategy
+from fabric.plugins.io import TorchCheckpointIO
+from fabric.strategies import FSDPStrategy, ModelParallelStrategy
 from fabric.utilities import is_wrapped
 from fabric.utilities.seed import SEED_WORKERS_ENV_VAR, worker_init_function
 from fabric_cli.cli import cli
@@ -110,15 +114,15 @@ def test_sharded_checkpoints_refuse_a_filter(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
-# --- seed_everything(workers=True) ------------------------------------------------------------------------
+# --- seed_everything(): workers seeded by default ------------------------------------------------------------
 
 
 def test_seeding_workers_gives_set_up_loaders_a_worker_init_function(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SEED_WORKERS_ENV_VAR, "0")  # restored after the test
     fabric = Fabric(accelerator="cpu")
-    fabric.seed_everything(1)
+    fabric.seed_everything(1, workers=False)
     assert fabric.setup_dataloaders(DataLoader(list(range(4)))).worker_init_fn is None
-    fabric.seed_everything(1, workers=True)
+    fabric.seed_everything(1)  # Lightning Fabric's default: workers=True
     loader = fabric.setup_dataloaders(DataLoader(list(range(4))))
     assert isinstance(loader.worker_init_fn, functools.partial)
     assert loader.worker_init_fn.func is worker_init_function and loader.worker_init_fn.keywords == {"rank": 0}
@@ -174,3 +178,84 @@ def test_consolidate_refuses_two_different_outputs(sharded: Path) -> None:
     result = CliRunner().invoke(cli, ["consolidate", str(sharded), "a.pt", "--output_file", "b.pt"])
     assert result.exit_code == 2
     assert "Two outputs given: OUTPUT='a.pt' and --output_file='b.pt'" in result.output
+
+
+# --- every strategy class from fabric.strategies ------------------------------------------------------------
+
+
+def test_every_strategy_class_imports_from_fabric_strategies_without_its_engine() -> None:
+    code = (
+        "import sys; from fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, "
+        "ModelParallelStrategy, SingleDeviceStrategy; import fabric.strategies as s; "
+        "assert FSDPStrategy.__module__ == 'fabric.strategies.fsdp'; "
+        "assert DeepSpeedStrategy.__module__ == 'fabric.strategies.deepspeed'; "
+        "assert set(s.__all__) >= {'DDPStrategy', 'DeepSpeedStrategy', 'FSDPStrategy'}; "
+        "print('deepspeed' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "False"  # the class is importable; DeepSpeed itself loads on first use
+
+
+# --- a CheckpointIO plugin is honoured or refused, never ignored ----------------------------------------------
+
+
+class _UsersIO(TorchCheckpointIO):
+    """A user's plugin (its class name is what the refusal names)."""
+
+
+@pytest.mark.parametrize(
+    ("strategy", "named"),
+    [
+        (lambda: FSDPStrategy(), "FSDPStrategy(state_dict_type='sharded')"),
+        (lambda: ModelParallelStrategy(lambda model, mesh: model), "ModelParallelStrategy(state_dict_type='sharded')"),
+    ],
+)
+def test_sharded_strategies_refuse_a_checkpoint_io_they_would_ignore(strategy: Any, named: str) -> None:
+    with pytest.raises(ValueError, match="plugins=\\[_UsersIO") as error:
+        Fabric(accelerator="cpu", devices=1, strategy=strategy(), plugins=[_UsersIO()])
+    assert named in str(error.value) and "state_dict_type='full'" in str(error.value)
+    with pytest.raises(ValueError, match="would be ignored"):
+        Fabric(accelerator="cpu", devices=1, strategy=FSDPStrategy(checkpoint_io=_UsersIO()))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is an optional extra")
+def test_deepspeed_refuses_a_checkpoint_io() -> None:
+    with pytest.raises(ValueError, match="DeepSpeedStrategy saves through the DeepSpeed engine's own checkpointing"):
+        Fabric(accelerator="cpu", devices=1, strategy="deepspeed", plugins=[_UsersIO()])
+
+
+_FULL_FSDP_SAVE = textwrap.dedent(
+    """
+    import sys
+
+    import torch
+
+    from fabric import Fabric
+    from fabric.plugins.io import TorchCheckpointIO
+    from fabric.strategies import FSDPStrategy
+
+
+    class Marking(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            checkpoint["written_by"] = "Marking"
+            super().save_checkpoint(checkpoint, path, storage_options)
+
+
+    fabric = Fabric(accelerator="cpu", devices=1, strategy=FSDPStrategy(state_dict_type="full"), plugins=[Marking()])
+    fabric.launch()
+    model = fabric.setup(torch.nn.Linear(2, 2))
+    fabric.save(sys.argv[1], {"model": model})
+    print(torch.load(sys.argv[1], weights_only=True)["written_by"])
+    """
+)
+
+
+def test_fsdp_full_checkpoints_go_through_the_checkpoint_io(tmp_path: Path) -> None:
+    script = tmp_path / "full_save.py"
+    script.write_text(_FULL_FSDP_SAVE)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "model.pt")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "Marking"

@@ -70,7 +70,7 @@ def test_rates_are_over_the_window_of_updates() -> None:
 def test_totals_must_not_go_backwards_and_arguments_are_checked() -> None:
     throughput = Throughput()
     throughput.update(time=2.0, batches=1, samples=4)
-    with pytest.raises(ValueError, match=r"time=...\) takes running totals; 1.0 < 2.0"):
+    with pytest.raises(ValueError, match=r"time=1.0\) takes running totals, .* previous update had time=2.0"):
         throughput.update(time=1.0, batches=2, samples=8)
     with pytest.raises(ValueError, match=r"lengths=...\) must be given at every update or at none"):
         throughput.update(time=3.0, batches=2, samples=8, lengths=10)
@@ -78,6 +78,29 @@ def test_totals_must_not_go_backwards_and_arguments_are_checked() -> None:
         Throughput(window_size=0)
     with pytest.raises(ValueError, match="available_flops must be a device's peak FLOP/s"):
         Throughput(available_flops=-1.0)
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"time": 2.0, "batches": 2, "samples": 8, "lengths": 80}, r"time=2.0\) .* must grow .* had time=2.0"),
+        ({"time": 3.0, "batches": 1, "samples": 8, "lengths": 80}, r"batches=1\) .* must grow .* had batches=1"),
+        ({"time": 3.0, "batches": 2, "samples": 3, "lengths": 80}, r"samples=3\) .* must grow .* had samples=4"),
+        ({"time": 3.0, "batches": 2, "samples": 8, "lengths": 40}, r"lengths=40\) .* must grow .* had lengths=40"),
+        ({"time": 3.0, "batches": 9, "samples": 8, "lengths": 80}, r"batches=9, samples=8\): fewer samples than"),
+        ({"time": 3.0, "batches": 2, "samples": 8, "lengths": 7}, r"samples=8, lengths=7\): fewer items than"),
+        ({"time": 3.0, "batches": 2, "samples": 8, "lengths": 80, "flops": -1.0}, r"flops=-1.0\): expected a"),
+        ({"time": float("nan"), "batches": 2, "samples": 8, "lengths": 80}, r"time=nan\): expected a number"),
+    ],
+)
+def test_totals_that_stay_flat_or_contradict_each_other_are_refused(update: dict[str, float], message: str) -> None:
+    """Lightning raises on each: flat totals gave rates of 0, falling ones negative rates."""
+    throughput = Throughput()
+    throughput.update(time=2.0, batches=1, samples=4, lengths=40)
+    with pytest.raises(ValueError, match=message):
+        throughput.update(**update)
+    throughput.update(time=3.0, batches=2, samples=8, lengths=80)  # the refused update left nothing behind
+    assert throughput.compute()["device/samples_per_sec"] == pytest.approx(4.0)
 
 
 class _Recorder(Logger):

@@ -9,6 +9,8 @@ from fabric.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fabric.strategies.ddp import DDPStrategy
+    from fabric.strategies.deepspeed import DeepSpeedStrategy
+    from fabric.strategies.fsdp import FSDPStrategy
     from fabric.strategies.model_parallel import ModelParallelStrategy
     from fabric.strategies.parallel import ParallelStrategy
     from fabric.strategies.single_device import SingleDeviceStrategy
@@ -17,6 +19,8 @@ if TYPE_CHECKING:
 __all__ = [
     "STRATEGY_REGISTRY",
     "DDPStrategy",
+    "DeepSpeedStrategy",
+    "FSDPStrategy",
     "ModelParallelStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
@@ -26,6 +30,8 @@ __getattr__ = lazy_exports(
     __name__,
     {
         "DDPStrategy": "fabric.strategies.ddp",
+        "DeepSpeedStrategy": "fabric.strategies.deepspeed",
+        "FSDPStrategy": "fabric.strategies.fsdp",
         "ModelParallelStrategy": "fabric.strategies.model_parallel",
         "ParallelStrategy": "fabric.strategies.parallel",
         "SingleDeviceStrategy": "fabric.strategies.single_device",

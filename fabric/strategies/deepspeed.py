@@ -121,12 +121,10 @@ class DeepSpeedStrategy(ParallelStrategy):
         cluster_environment: ClusterEnvironment | None = None,
     ) -> None:
         """Also settle the config against Fabric's precision and world size, so a conflict fails now."""
-        if checkpoint_io is not None:
-            raise ValueError("DeepSpeedStrategy saves through DeepSpeed's own checkpointing; remove the CheckpointIO.")
         super().connect(
             accelerator=accelerator,
             precision=precision,
-            checkpoint_io=None,
+            checkpoint_io=checkpoint_io,
             devices=devices,
             num_nodes=num_nodes,
             cluster_environment=cluster_environment,
@@ -322,6 +320,12 @@ class DeepSpeedStrategy(ParallelStrategy):
     @property
     def saves_on_every_rank(self) -> bool:
         return True
+
+    def checkpoint_io_refusal(self) -> str | None:
+        return (
+            "DeepSpeedStrategy saves through the DeepSpeed engine's own checkpointing, not through a CheckpointIO "
+            "plugin, which would be ignored. Remove the plugin."
+        )
 
     def save_checkpoint(
         self,

@@ -127,6 +127,9 @@ class FSDPStrategy(ParallelStrategy):
     # --- configuration -------------------------------------------------------------------------------
 
     def configuration_error(self) -> str | None:
+        own_error = super().configuration_error()
+        if own_error is not None:
+            return own_error
         if self.cpu_offload and self.accelerator.device_type == "cpu":
             return (
                 "FSDPStrategy(cpu_offload=True) ('fsdp_cpu_offload') moves shards to CPU memory between uses, "
@@ -135,6 +138,15 @@ class FSDPStrategy(ParallelStrategy):
         if self.hybrid_shard and self.world_size % self.num_nodes:
             return f"FSDPStrategy(hybrid_shard=True) needs equal nodes; {self.world_size} ranks on {self.num_nodes}."
         return None
+
+    def checkpoint_io_refusal(self) -> str | None:
+        if self.state_dict_type == "full":
+            return None
+        return (
+            f"{type(self).__name__}(state_dict_type='sharded') writes each rank's shard with "
+            "torch.distributed.checkpoint, not through a CheckpointIO plugin, which would be ignored. Remove the "
+            "plugin, or pass state_dict_type='full' to save one file through it."
+        )
 
     @property
     def launcher(self) -> Launcher | None:

@@ -126,6 +126,9 @@ class ModelParallelStrategy(FSDPStrategy):
         self.tensor_parallel_size = tensor_parallel_size
 
     def configuration_error(self) -> str | None:
+        own_error = ParallelStrategy.configuration_error(self)  # FSDP's own checks do not apply
+        if own_error is not None:
+            return own_error
         try:
             self.mesh_shape()
         except ValueError as error:

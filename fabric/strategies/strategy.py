@@ -111,8 +111,17 @@ class Strategy:
         return None
 
     def configuration_error(self) -> str | None:
-        """Why this strategy cannot work with the accelerator, precision and devices it was connected
+        """Why this strategy cannot work with the accelerator, precision, devices and plugins it was connected
         to, in words naming the values; ``None`` when it can. Checked when ``Fabric(...)`` is built."""
+        if self._checkpoint_io is not None:
+            refusal = self.checkpoint_io_refusal()
+            if refusal is not None:
+                return f"plugins=[{type(self._checkpoint_io).__name__}(...)]: {refusal}"
+        return None
+
+    def checkpoint_io_refusal(self) -> str | None:
+        """Why this strategy's checkpoints cannot go through a user's ``CheckpointIO`` plugin; ``None`` when
+        every save and load does. A plugin that would be ignored is refused instead."""
         return None
 
     @property

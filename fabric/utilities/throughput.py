@@ -55,6 +55,37 @@ class _Record(NamedTuple):
     flops: float | None
 
 
+def _check_record(record: _Record) -> None:
+    """One update's totals must be consistent with each other."""
+    for name in ("time", "batches", "samples", "lengths", "flops"):
+        value = getattr(record, name)
+        if value is not None and not value >= 0:
+            raise ValueError(f"Throughput.update({name}={value!r}): expected a number >= 0.")
+    if record.samples < record.batches:
+        raise ValueError(
+            f"Throughput.update(batches={record.batches}, samples={record.samples}): fewer samples than batches; "
+            "every batch holds at least one sample."
+        )
+    if record.lengths is not None and record.lengths < record.samples:
+        raise ValueError(
+            f"Throughput.update(samples={record.samples}, lengths={record.lengths}): fewer items than samples; "
+            "lengths counts the items (e.g. tokens) in the samples, at least one per sample."
+        )
+
+
+def _check_growth(before: _Record, after: _Record) -> None:
+    """Running totals grow strictly from one update to the next; ``lengths`` is given always or never."""
+    if (after.lengths is None) != (before.lengths is None):
+        raise ValueError("Throughput.update(lengths=...) must be given at every update or at none.")
+    for name in ("time", "batches", "samples", "lengths"):
+        value, previous = getattr(after, name), getattr(before, name)
+        if value is not None and value <= previous:
+            raise ValueError(
+                f"Throughput.update({name}={value}) takes running totals, which must grow between updates; "
+                f"the previous update had {name}={previous}."
+            )
+
+
 class Throughput:
     """Rates from running totals, over the last ``window_size`` intervals between :meth:`update` calls.
 
@@ -91,15 +122,16 @@ class Throughput:
     ) -> None:
         """Record this device's totals since the start: ``time`` (seconds), ``batches``, ``samples``, and
         ``lengths`` (items, e.g. tokens); and ``flops``, this device's FLOPs since the previous update
-        (e.g. :func:`measure_flops` times the batches run since then)."""
+        (e.g. :func:`measure_flops` times the batches run since then).
+
+        Totals that stay flat or go down, fewer samples than batches or fewer items than samples are
+        refused with a ``ValueError`` (they would give rates of 0 or below), as Lightning Fabric does.
+        """
+        record = _Record(time, batches, samples, lengths, flops)
+        _check_record(record)
         if self._records:
-            last = self._records[-1]
-            for name, value, before in (("time", time, last.time), ("batches", batches, last.batches)):
-                if value < before:
-                    raise ValueError(f"Throughput.update({name}=...) takes running totals; {value} < {before}.")
-            if (lengths is None) != (last.lengths is None):
-                raise ValueError("Throughput.update(lengths=...) must be given at every update or at none.")
-        self._records.append(_Record(time, batches, samples, lengths, flops))
+            _check_growth(self._records[-1], record)
+        self._records.append(record)
 
     def compute(self) -> dict[str, float]:
         """The totals, and once there are two updates, the rates over the window: ``device/batches_per_sec``,

@@ -54,6 +54,19 @@ class SpeedMonitor(Callback):
         self._throughput: Throughput | None = None
         self._totals = (0.0, 0, 0, 0)  # batch seconds, batches, samples, tokens since the first batch
         self._batch_start: Timestamp | None = None
+        self._counts_tokens = False
+
+    def _start_counting(self, state: State, counts_tokens: bool) -> Throughput:
+        """The window of totals, from zero; tokens are counted when the first batch had any.
+
+        Counts are global, so the whole job is one "device" of world_size times the peak.
+        """
+        peak = self.flops_available_per_device
+        available = None if peak is None else peak * _world_size(state)
+        throughput = Throughput(available_flops=available, window_size=self.window_size)
+        self._counts_tokens = counts_tokens
+        throughput.update(time=0.0, batches=0, samples=0, lengths=0 if counts_tokens else None)
+        return throughput
 
     def fit_start(self, state: State, logger: Any) -> None:
         if self.flops_available_per_device is not None and _flops_per_batch(state) is None:
@@ -64,15 +77,10 @@ class SpeedMonitor(Callback):
 
     def batch_start(self, state: State, logger: Any) -> None:
         self._batch_start = state.timestamp
-        if self._throughput is None:  # counts are global, so the whole job is one "device" of world_size times
-            peak = self.flops_available_per_device
-            available = None if peak is None else peak * _world_size(state)
-            self._throughput = Throughput(available_flops=available, window_size=self.window_size)
-            self._throughput.update(time=0.0, batches=0, samples=0, lengths=0)
 
     def batch_end(self, state: State, logger: Any) -> None:
-        now, before, throughput = state.timestamp, self._batch_start, self._throughput
-        if before is None or throughput is None:
+        now, before = state.timestamp, self._batch_start
+        if before is None:
             raise RuntimeError("SpeedMonitor saw BATCH_END without BATCH_START, so it cannot count the batch.")
         seconds, batches, samples, tokens = self._totals
         seconds, batches, samples, tokens = self._totals = (
@@ -81,7 +89,11 @@ class SpeedMonitor(Callback):
             samples + int(now.sample) - int(before.sample),
             tokens + int(now.token) - int(before.token),
         )
-        throughput.update(time=seconds, batches=batches, samples=samples, lengths=tokens, flops=_global_flops(state))
+        throughput = self._throughput
+        if throughput is None:
+            throughput = self._throughput = self._start_counting(state, counts_tokens=tokens > 0)
+        lengths = tokens if self._counts_tokens else None
+        throughput.update(time=seconds, batches=batches, samples=samples, lengths=lengths, flops=_global_flops(state))
         rates = throughput.compute()
         metrics = {"time/train": now.total_wct.total_seconds()}
         metrics.update({logged: rates[name] for name, logged in _LOGGED_NAMES.items() if name in rates})
