@@ -5,9 +5,10 @@ Resolution is three declarative steps:
 1. **Pick** each setting: an explicit argument, else the CLI's environment variable (only in processes
    the CLI started), else the default. An explicit argument that disagrees with the CLI is an error.
 2. **Build**: ``"auto"`` becomes the first available accelerator and, from the number of processes,
-   a strategy; registries turn names into objects. In a process that a launcher started (torchrun,
-   ``srun``, ``mpirun``, ...), ``devices`` and ``num_nodes`` not given follow the launcher's layout, and
-   given ones must agree with it (:func:`follow_launcher`): no process silently runs as a world of its own.
+   a strategy (in a notebook, one that forks); registries turn names into objects. In a process that a
+   launcher started (torchrun, ``srun``, ``mpirun``, ...), ``devices`` and ``num_nodes`` not given follow
+   the launcher's layout, and given ones must agree with it (:func:`follow_launcher`): no process
+   silently runs as a world of its own.
 3. **Check** the combination against :data:`COMPATIBILITY_RULES`.
 
 Nothing else in the package re-derives these choices: everything reads :class:`Resolved`.
@@ -34,6 +35,7 @@ from fabric.strategies.single_device import SingleDeviceStrategy
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS
 from fabric.utilities.device_parser import AUTO, DeviceRequest, DevicesArg, parse_devices
+from fabric.utilities.rank_zero import rank_zero_warn
 
 AcceleratorArg = str | Accelerator
 StrategyArg = str | Strategy
@@ -179,12 +181,27 @@ def _build_accelerator(choice: AcceleratorArg) -> Accelerator:
     raise ValueError(f"accelerator={choice!r} is not available on this machine. Available: {available}.")
 
 
-def _build_strategy(choice: StrategyArg, num_processes: int) -> Strategy:
+def _build_strategy(choice: StrategyArg, num_processes: int, launched: bool, interactive: bool) -> Strategy:
     if isinstance(choice, Strategy):
         return choice
     if choice == "auto":
-        choice = "single_device" if num_processes == 1 else "ddp"
+        choice = _auto_strategy(num_processes, launched, interactive)
     return STRATEGY_REGISTRY.create(choice)
+
+
+def _auto_strategy(num_processes: int, launched: bool, interactive: bool) -> str:
+    """``strategy="auto"``: one process, or DDP; a notebook that starts its own processes forks them
+    (re-running a script, ``ddp``'s way, cannot work without a script file), as Lightning does."""
+    if num_processes == 1:
+        return "single_device"
+    if interactive and not launched:
+        rank_zero_warn(
+            f"Fabric(strategy='auto') with {num_processes} processes in an interactive session (a notebook, REPL or "
+            "`python -c`): using strategy='ddp_notebook', which forks them from this process. Pass strategy= "
+            "to choose another."
+        )
+        return "ddp_notebook"
+    return "ddp"
 
 
 def _runs_one_process(choice: StrategyArg) -> bool:
@@ -278,8 +295,10 @@ def resolve(
     precision: PrecisionArg = None,
     plugins: Sequence[Plugin] | Plugin | None = None,
     environ: Mapping[str, str] | None = None,
+    interactive: bool = False,
 ) -> Resolved:
-    """Run the three steps and wire the resulting objects together."""
+    """Run the three steps and wire the resulting objects together; ``interactive``: no script file to
+    start again (a notebook), so several processes of ``strategy="auto"`` are forked."""
     picked = pick_settings(
         {
             "accelerator": accelerator,
@@ -308,7 +327,7 @@ def resolve(
         precision_plugin = PRECISION_REGISTRY.create(
             picked["precision"] or "32-true", device_type=accelerator_obj.device_type
         )
-    strategy_obj = _build_strategy(picked["strategy"], len(device_list) * num_nodes)
+    strategy_obj = _build_strategy(picked["strategy"], len(device_list) * num_nodes, layout is not None, interactive)
     strategy_obj.connect(
         accelerator=accelerator_obj,
         precision=precision_plugin,

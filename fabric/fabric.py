@@ -19,6 +19,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
@@ -31,6 +32,7 @@ from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
 from fabric.utilities.compile import CompileArg, Compiler, compiler_for, uncompiled
 from fabric.utilities.device_parser import DevicesArg
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
+from fabric.utilities.interactive import is_interactive
 from fabric.utilities.metrics_gather import gather_unpadded
 from fabric.utilities.profiler import TraceProfiler
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
@@ -84,6 +86,7 @@ class Fabric:
             num_nodes=num_nodes,
             precision=precision,
             plugins=plugins,
+            interactive=is_interactive(),
         )
         self._strategy: Strategy = self._resolved.strategy
         self._callbacks: list[Any] = _as_list(callbacks)
@@ -170,7 +173,7 @@ class Fabric:
             return function(self, *args, **kwargs) if function is not None else None
         launcher = self._strategy.launcher
         assert launcher is not None, "a strategy that needs a launch has a launcher"
-        if _is_interactive() and not launcher.is_interactive_compatible:
+        if is_interactive() and not launcher.is_interactive_compatible:
             raise RuntimeError(
                 f"strategy={type(self._strategy).__name__} re-runs your script in new processes, which a notebook, "
                 "REPL, `python -c` or `python - < script.py` cannot do. Use strategy='ddp_notebook' (or "
@@ -217,29 +220,44 @@ class Fabric:
 
     @overload
     def setup(
-        self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True, compile: CompileArg = None
+        self,
+        module: nn.Module,
+        *optimizers: Optimizer,
+        scheduler: LRScheduler | None = None,
+        move_to_device: bool = True,
+        compile: CompileArg = None,
     ) -> tuple[Any, ...]: ...
 
     def setup(
-        self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True, compile: CompileArg = None
+        self,
+        module: nn.Module,
+        *optimizers: Optimizer,
+        scheduler: LRScheduler | None = None,
+        move_to_device: bool = True,
+        compile: CompileArg = None,
     ) -> Any:
         """Prepare a module (and its optimizers) for the strategy and precision.
 
-        Returns the wrapped module, or ``(module, *optimizers)`` when optimizers are given. A module compiled
-        with ``torch.compile`` is taken apart and compiled again, with the same settings, around the
+        Returns the wrapped module, or ``(module, *optimizers)`` when optimizers are given, and
+        ``(module, *optimizers, scheduler)`` with a ``scheduler`` of one of them (as Lightning: DeepSpeed's
+        engine then steps it after every optimizer step; other strategies return it as it is). A module
+        compiled with ``torch.compile`` is taken apart and compiled again, with the same settings, around the
         strategy's wrapper (DDP, FSDP hooks stay outside the graph); ``compile=True`` or a dict of
         ``torch.compile`` arguments compiles a module that is not compiled yet the same way.
         """
         self._check_launched()
         module, compiler = self._uncompiled(module, compile)
         self._check_not_set_up(module, optimizers)
+        _check_scheduler(scheduler, optimizers)
         module = self._prepare_module(module, move_to_device)
         for optimizer in optimizers:
             if move_to_device:
                 optimizer_to_device(optimizer, self.device)
-        forward_module, set_up_optimizers = self._strategy.setup_module_and_optimizers(module, optimizers)
+        forward_module, set_up_optimizers = self._strategy.setup_module_and_optimizers(module, optimizers, scheduler)
         wrapped_module = self._wrap_set_up_module(forward_module, module, compiler)
         wrapped_optimizers = [wrap_optimizer(opt, self._strategy) for opt in set_up_optimizers]
+        if scheduler is not None:
+            return wrapped_module, *wrapped_optimizers, scheduler
         return (wrapped_module, *wrapped_optimizers) if optimizers else wrapped_module
 
     def setup_module(self, module: nn.Module, move_to_device: bool = True, compile: CompileArg = None) -> FabricModule:
@@ -625,14 +643,17 @@ def _check_filter(filter: Mapping[str, CheckpointFilter] | None, state: dict[str
             raise TypeError(f"filter[{key!r}] must be a (name, value) -> bool function, got {function!r}.")
 
 
-def _is_interactive() -> bool:
-    """Whether there is no script file to start again: a REPL, a notebook, ``python -c`` or a script read
-    from stdin (``python - < train.py``, whose stdin is used up, so a re-run would run nothing)."""
-    import __main__
-
-    if getattr(__main__, "__spec__", None) is not None:
-        return False
-    return getattr(__main__, "__file__", "<stdin>") == "<stdin>"
+def _check_scheduler(scheduler: LRScheduler | None, optimizers: Sequence[Optimizer]) -> None:
+    """``setup(..., scheduler=)`` takes a learning-rate scheduler of one of the optimizers set up with it."""
+    if scheduler is None:
+        return
+    if not isinstance(scheduler, LRScheduler):
+        raise TypeError(f"setup(scheduler=...) expects a torch.optim.lr_scheduler.LRScheduler, got {scheduler!r}.")
+    if not any(scheduler.optimizer is optimizer for optimizer in optimizers):
+        raise ValueError(
+            f"setup(scheduler={type(scheduler).__name__}(...)) needs the optimizer it schedules in the same call: "
+            "fabric.setup(model, optimizer, scheduler=scheduler)."
+        )
 
 
 def _as_list(items: Any) -> list[Any]:

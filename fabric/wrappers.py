@@ -197,7 +197,24 @@ class FabricOptimizer(SetUpByFabric):
         """The user's own optimizer."""
         return self._fabric_original
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    @property
+    def step(self) -> Callable[..., Any]:
+        """Fabric's step (through the strategy and precision: DeepSpeed's engine, a GradScaler).
+
+        A data descriptor, so it wins over the ``step`` that a learning-rate scheduler built *before*
+        ``setup`` stored in the ``__dict__`` this wrapper shares: that one steps the user's optimizer
+        directly, which would bypass the strategy silently.
+        """
+        scheduler_step: Callable[..., Any] | None = getattr(type(self), "_fabric_scheduler_step", None)
+        return scheduler_step or self._fabric_step
+
+    @step.setter
+    def step(self, value: Callable[..., Any]) -> None:
+        # A scheduler built on this wrapper replaces ``step`` with a wrapper of ours that counts calls. Kept on
+        # our class: in the shared ``__dict__`` it would also shadow the original's own ``step`` and recurse.
+        type(self)._fabric_scheduler_step = staticmethod(value)  # type: ignore[attr-defined]
+
+    def _fabric_step(self, closure: Callable[[], Any] | None = None) -> Any:
         return self._fabric_strategy.optimizer_step(self._fabric_original, closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -205,14 +222,6 @@ class FabricOptimizer(SetUpByFabric):
 
     def state_dict(self) -> dict[str, Any]:
         return self._fabric_strategy.get_optimizer_state(self._fabric_original)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # LR schedulers replace ``optimizer.step`` with a counting wrapper. Stored in the shared
-        # ``__dict__`` it would also shadow the original's ``step`` and recurse; keep it on our class.
-        if name == "step":
-            setattr(type(self), name, staticmethod(value))
-        else:
-            object.__setattr__(self, name, value)
 
 
 def wrap_optimizer(optimizer: OptimizerT, strategy: Strategy) -> OptimizerT:

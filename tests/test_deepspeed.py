@@ -378,3 +378,35 @@ def test_importing_fabric_and_choosing_deepspeed_does_not_import_it() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "False"
+
+
+@needs_deepspeed
+def test_a_scheduler_set_up_with_the_engine_is_stepped_by_it_saved_and_loaded(
+    job: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """Lightning's ``fabric.setup(model, optimizer, scheduler=...)``: DeepSpeed steps it after every step."""
+    for result in job[1]:
+        got = result["scheduled"]
+        assert got["returned_is_scheduler"]
+        assert got["learning_rates"] == [0.025, 0.0125, 0.00625]  # halved once per optimizer step, not twice
+        for trained, expected in zip(got["params"], got["reference"], strict=True):
+            torch.testing.assert_close(torch.tensor(trained), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+        assert got["loaded_last_epoch"] == 3 and got["loaded_lr"] == 0.00625
+    warned = job[1][0]["scheduled"]["warnings"]
+    assert len(warned) == 1 and "DeepSpeed already steps the scheduler" in warned[0], warned
+    assert "(1 time(s) since the last one)" in warned[0]
+
+
+@needs_deepspeed
+def test_a_plateau_scheduler_is_refused_and_a_stray_scheduler_named() -> None:
+    strategy = DeepSpeedStrategy()
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau needs: leave it out of setup\(\)"):
+        strategy.setup_module_and_optimizers(model, [optimizer], torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer))
+    fabric = Fabric(accelerator="cpu")
+    other = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"setup\(scheduler=StepLR\(...\)\) needs the optimizer it schedules"):
+        fabric.setup(model, optimizer, scheduler=torch.optim.lr_scheduler.StepLR(other, step_size=1))
+    with pytest.raises(TypeError, match=r"expects a torch\.optim\.lr_scheduler\.LRScheduler"):
+        fabric.setup(model, optimizer, scheduler="cosine")  # type: ignore[call-overload]

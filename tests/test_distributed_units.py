@@ -116,7 +116,7 @@ def test_setup_before_launch_is_a_clear_error() -> None:
 
 
 def test_ddp_from_a_notebook_points_to_ddp_notebook(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fabric.fabric._is_interactive", lambda: True)
+    monkeypatch.setattr("fabric.fabric.is_interactive", lambda: True)
     fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)
     with pytest.raises(RuntimeError, match="strategy='ddp_notebook'"):
         fabric.launch()

@@ -259,3 +259,16 @@ def test_fsdp_full_checkpoints_go_through_the_checkpoint_io(tmp_path: Path) -> N
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "Marking"
+
+
+def test_setup_returns_a_scheduler_given_with_its_optimizer_as_it_is() -> None:
+    fabric = Fabric(accelerator="cpu")
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    model, optimizer, returned = fabric.setup(model, optimizer, scheduler=scheduler)
+    assert returned is scheduler
+    fabric.backward(model(torch.ones(1, 2)).sum())
+    optimizer.step()
+    scheduler.step()  # outside DeepSpeed the loop steps it, as before
+    assert optimizer.param_groups[0]["lr"] == 0.5

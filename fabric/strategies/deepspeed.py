@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
@@ -58,6 +59,7 @@ from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT,
 from fabric.strategies.strategy import CheckpointFilter, entries_to_load, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful
 from fabric.utilities.exceptions import CheckpointError
+from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -109,6 +111,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._config: dict[str, Any] | None = None
         self._batch_size: int | None = None
         self._engines: list[tuple[nn.Module, Optimizer | None, DeepSpeedEngine]] = []
+        # Engines that step a scheduler from setup(): its step count after the engine's last step.
+        self._scheduler_epochs: dict[DeepSpeedEngine, int] = {}
 
     def connect(
         self,
@@ -179,16 +183,25 @@ class DeepSpeedStrategy(ParallelStrategy):
     # --- modules and optimizers -------------------------------------------------------------------
 
     def setup_module_and_optimizers(
-        self, module: nn.Module, optimizers: Sequence[Optimizer]
+        self, module: nn.Module, optimizers: Sequence[Optimizer], scheduler: LRScheduler | None = None
     ) -> tuple[nn.Module, list[Optimizer]]:
-        """One engine from the module and its optimizer; the user keeps (a wrapper of) their optimizer."""
+        """One engine from the module, its optimizer and its learning-rate scheduler, which the engine then
+        steps after every optimizer step; the user keeps (a wrapper of) their optimizer and the scheduler."""
         if len(optimizers) > 1:
             raise ValueError(
                 f"DeepSpeed trains a model with exactly one optimizer, got {len(optimizers)}. Combine the parameter "
                 "groups into one optimizer, or set up each model with its own optimizer."
             )
+        if isinstance(scheduler, ReduceLROnPlateau):
+            raise ValueError(
+                "DeepSpeed steps the scheduler given to setup(..., scheduler=) without a metric, which "
+                "ReduceLROnPlateau needs: leave it out of setup() and call scheduler.step(metric) yourself."
+            )
         optimizer = optimizers[0] if optimizers else None
-        return self._initialize(module, optimizer), list(optimizers)
+        engine = self._initialize(module, optimizer, scheduler)
+        if scheduler is not None:
+            self._scheduler_epochs[engine] = scheduler.last_epoch
+        return engine, list(optimizers)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         """An engine without an optimizer (for evaluation); train with ``fabric.setup(model, optimizer)``."""
@@ -201,9 +214,11 @@ class DeepSpeedStrategy(ParallelStrategy):
             "`model, optimizer = fabric.setup(model, optimizer)` instead of setup_module()/setup_optimizers()."
         )
 
-    def _initialize(self, module: nn.Module, optimizer: Optimizer | None) -> DeepSpeedEngine:
+    def _initialize(
+        self, module: nn.Module, optimizer: Optimizer | None, scheduler: LRScheduler | None = None
+    ) -> DeepSpeedEngine:
         deepspeed = _import_deepspeed(self.root_device.type)
-        engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=self.config)
+        engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler, config=self.config)
         self._engines.append((module, optimizer, engine))
         return engine
 
@@ -244,7 +259,23 @@ class DeepSpeedStrategy(ParallelStrategy):
                 "DeepSpeed steps through its engine, which takes no optimizer closure; call the closure yourself "
                 "before optimizer.step()."
             )
-        return self._engine(optimizer=optimizer).step()
+        engine = self._engine(optimizer=optimizer)
+        self._check_scheduler_not_stepped_twice(engine)
+        result = engine.step()
+        if engine in self._scheduler_epochs:
+            self._scheduler_epochs[engine] = engine.lr_scheduler.last_epoch
+        return result
+
+    def _check_scheduler_not_stepped_twice(self, engine: DeepSpeedEngine) -> None:
+        """Warn when the user also steps the scheduler the engine steps: its schedule would run ahead."""
+        expected = self._scheduler_epochs.get(engine)
+        if expected is None or engine.lr_scheduler.last_epoch == expected:
+            return
+        rank_zero_warn(
+            f"scheduler.step() was called outside optimizer.step() ({engine.lr_scheduler.last_epoch - expected} "
+            "time(s) since the last one): DeepSpeed already steps the scheduler given to fabric.setup(..., "
+            "scheduler=) after every optimizer step, so its schedule runs ahead. Remove your scheduler.step() call."
+        )
 
     def optimizer_zero_grad(self, optimizer: Optimizer, set_to_none: bool = True) -> None:
         """Through DeepSpeed's optimizer: the torch optimizer's groups now hold DeepSpeed's flat float32

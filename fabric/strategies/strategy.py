@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
@@ -221,12 +222,13 @@ class Strategy:
         return optimizer
 
     def setup_module_and_optimizers(
-        self, module: nn.Module, optimizers: Sequence[Optimizer]
+        self, module: nn.Module, optimizers: Sequence[Optimizer], scheduler: LRScheduler | None = None
     ) -> tuple[nn.Module, list[Optimizer]]:
-        """Set up a module together with its optimizers (``fabric.setup(model, *optimizers)``).
+        """Set up a module together with its optimizers (``fabric.setup(model, *optimizers, scheduler=)``).
 
         Returns the module to run the forward through and the optimizers to wrap. Strategies that must
-        see both at once (DeepSpeed builds one engine from a model and its optimizer) override this.
+        see them all at once (DeepSpeed builds one engine from a model, its optimizer and its learning-rate
+        scheduler) override this; here the scheduler needs nothing.
         """
         return self.setup_module(module), [self.setup_optimizer(optimizer) for optimizer in optimizers]
 

@@ -6,6 +6,7 @@ step, the first under ``no_backward_sync``), takes ``model.state_dict()``, saves
 loads it into a freshly initialised engine, and computes the single-process full-batch reference itself
 with plain torch.
 Each rank writes what it saw to ``OUT_DIR/rank{R}.json``; checkpoints go to ``OUT_DIR/<strategy>``.
+``fabric.setup(model, optimizer, scheduler=...)`` under stage 2 is run too (the engine steps the scheduler).
 Under stage 2, poisoned copies of the checkpoint (a payload in the client state, then in one rank's
 optimizer shard) are loaded too: each load must be refused before anything changes, running nothing.
 """
@@ -13,6 +14,7 @@ optimizer shard) are loaded too: each load must be refused before anything chang
 import json
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +157,64 @@ def run(strategy: str) -> dict[str, Any]:
     }
 
 
-results: dict[str, Any] = {"reference": reference()}
+def scheduled_reference() -> list[list[float]]:
+    """One process, the full batch, plain torch: SGD whose learning rate halves after every step."""
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+        scheduler.step()
+    return [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+def run_scheduled() -> dict[str, Any]:
+    """``fabric.setup(model, optimizer, scheduler=...)`` under ZeRO-2: the engine steps the scheduler."""
+    fabric = Fabric(accelerator="cpu", strategy="deepspeed_stage_2", devices=2)
+    fabric.launch()
+
+    def set_up(seed: int) -> tuple[Any, Any, Any, Any]:
+        with fabric.init_module():
+            model = make_model(seed)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return *fabric.setup(model, optimizer, scheduler=scheduler), scheduler
+
+    model, optimizer, returned, scheduler = set_up(seed=0)
+    loader = fabric.setup_dataloaders(DataLoader(TensorDataset(x, y), batch_size=16))
+    learning_rates = []
+    for _ in range(STEPS):
+        for inputs, targets in loader:  # one batch of 16 per rank: the full batch of 32 per step
+            optimizer.zero_grad()
+            fabric.backward(F.mse_loss(model(inputs), targets))
+            optimizer.step()
+        learning_rates.append(optimizer.param_groups[0]["lr"])
+    trained = full_parameters(model)
+    fabric.save(out_dir / "scheduled", {"model": model, "optimizer": optimizer, "scheduler": scheduler})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scheduler.step()  # the user's own step on top of the engine's: the schedule would run ahead
+        optimizer.zero_grad()
+        fabric.backward(F.mse_loss(model(x[:16]), y[:16]))
+        optimizer.step()
+    fresh_model, fresh_optimizer, _, fresh_scheduler = set_up(seed=123)
+    fabric.load(
+        out_dir / "scheduled", {"model": fresh_model, "optimizer": fresh_optimizer, "scheduler": fresh_scheduler}
+    )
+    return {
+        "returned_is_scheduler": returned is scheduler,
+        "learning_rates": learning_rates,
+        "params": trained,
+        "reference": scheduled_reference(),
+        "warnings": [str(warning.message) for warning in caught if "scheduler.step()" in str(warning.message)],
+        "loaded_last_epoch": fresh_scheduler.last_epoch,
+        "loaded_lr": fresh_optimizer.param_groups[0]["lr"],
+    }
+
+
+results: dict[str, Any] = {"reference": reference(), "scheduled": run_scheduled()}
 for name in (
     "deepspeed_stage_1",
     "deepspeed_stage_2",

@@ -1,8 +1,8 @@
 """Dataloader worker seeds on 2 DDP ranks: ``python worker_seeds.py OUT_DIR``.
 
 Each rank iterates a loader with 2 workers whose samples report the worker id and one draw from torch,
-``random`` and NumPy: after ``seed_everything(7, workers=False)``, ``seed_everything(7)`` (workers seeded by default) and
-``seed_everything(7, workers=True)``.
+``random`` and NumPy: after ``seed_everything(7, workers=False)``, ``seed_everything(7)`` (workers seeded
+by default) and ``seed_everything(7, workers=True)``.
 Each rank writes ``{mode: {worker: [draws of its first sample]}}`` to ``OUT_DIR/rank{R}.json``.
 """
 
