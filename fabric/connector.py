@@ -3,7 +3,8 @@
 Resolution is three declarative steps:
 
 1. **Pick** each setting: an explicit argument, else the CLI's environment variable (only in processes
-   the CLI started), else the default. An explicit argument that disagrees with the CLI is an error.
+   the CLI started), else the default. An explicit argument that disagrees with the CLI is an error; one
+   that agrees is kept (a configured strategy object keeps its settings).
 2. **Build**: ``"auto"`` becomes the first available accelerator and, from the number of processes,
    a strategy (in a notebook, one that forks); registries turn names into objects. In a process that a
    launcher started (torchrun, ``srun``, ``mpirun``, ...), ``devices`` and ``num_nodes`` not given follow
@@ -140,25 +141,40 @@ def pick_settings(given: Mapping[str, Any], environ: Mapping[str, str]) -> dict[
         env_var = CLI_SETTINGS[setting.name]
         if from_cli and env_var in environ:
             cli_value = setting.parse(environ[env_var])
-            if explicit != setting.default and not _same_choice(value, cli_value):
-                raise ValueError(
-                    f"Fabric({setting.name}={explicit!r}) conflicts with the CLI's "
-                    f"--{setting.name.replace('_', '-')}={environ[env_var]} ({env_var}). "
-                    "Remove one of the two."
-                )
-            value = cli_value
+            if explicit == setting.default:
+                value = cli_value
+            else:  # both given: they must agree, and the script's (a configured object) is kept
+                difference = _disagreement(value, cli_value)
+                if difference is not None:
+                    raise ValueError(
+                        f"Fabric({setting.name}={explicit!r}) conflicts with the CLI's "
+                        f"--{setting.name.replace('_', '-')}={environ[env_var]} ({env_var}){difference}. "
+                        "Remove one of the two."
+                    )
         picked[setting.name] = value
     return picked
 
 
-def _same_choice(explicit: Any, from_cli: Any) -> bool:
+def _disagreement(explicit: Any, from_cli: Any) -> str | None:
+    """``None`` when the script's value is the CLI's choice, else what differs (``""``: all of it).
+
+    A strategy object agrees with a name when it is of that name's class and has its fixed settings
+    (``fsdp_cpu_offload``: ``cpu_offload=True``; ``ddp_spawn``: ``start_method="spawn"``).
+    """
     if isinstance(explicit, Strategy) and isinstance(from_cli, str):
-        return type(explicit) is STRATEGY_REGISTRY.get(from_cli).resolve_target()
+        entry = STRATEGY_REGISTRY.get(from_cli)
+        if type(explicit) is not entry.resolve_target():
+            return ""
+        differing = [
+            f"{name}={getattr(explicit, name, None)!r} where {from_cli!r} has {name}={fixed!r}"
+            for name, fixed in entry.init_kwargs.items()
+            if getattr(explicit, name, None) != fixed
+        ]
+        return f": the object has {', '.join(differing)}" if differing else None
     if isinstance(explicit, Accelerator) and isinstance(from_cli, str):
-        return (
-            from_cli in ACCELERATOR_REGISTRY and type(explicit) is ACCELERATOR_REGISTRY.get(from_cli).resolve_target()
-        )
-    return bool(explicit == from_cli)
+        named = ACCELERATOR_REGISTRY.get(from_cli).resolve_target() if from_cli in ACCELERATOR_REGISTRY else None
+        return None if type(explicit) is named else ""
+    return None if explicit == from_cli else ""
 
 
 def _is_available(accelerator_name: str) -> bool:

@@ -3,8 +3,8 @@
 The CLI sets environment variables and starts the processes; the script's plain ``Fabric()`` obeys
 them (see :mod:`fabric.utilities.cli_contract`). Only the options given here are passed on, so the
 script decides everything else. Options take Lightning's names and Composer's launcher names alike,
-anywhere before a ``--`` (see :mod:`fabric_cli.arguments`); ``fabric run SCRIPT`` is short for
-``fabric run model SCRIPT``. Bad input ends with one line naming the value and exit code 2, before
+anywhere before a ``--``, after SCRIPT only long ones (see :mod:`fabric_cli.arguments`); ``fabric run
+SCRIPT`` is short for ``fabric run model SCRIPT``. Bad input ends with one line naming the value and exit code 2, before
 torch is imported unless counting GPUs needs it.
 """
 
@@ -162,7 +162,8 @@ def run() -> None:
 def run_model(**options: Any) -> None:
     """Run SCRIPT (a Python file; a module with -m; a command with -c) in one process per device of this node.
 
-    The options below count wherever they appear before a `--`, also after SCRIPT. Everything after
+    The options below count anywhere before a `--`; after SCRIPT only in their long form (`--devices 2`),
+    since short ones after SCRIPT (`-v`, `-n 2`, `-c cfg.yaml`, `-m`) are the script's. Everything after
     `--`, and every other argument after SCRIPT, is passed to the script untouched.
     """
     try:

@@ -52,14 +52,17 @@ def _split(*args: str) -> tuple[list[str], list[str]]:
         # Lightning's documented form: every option after SCRIPT is the CLI's own
         (["t.py", "--strategy=ddp", "--devices=8", "--precision", "bf16"],
          ["t.py", "--strategy=ddp", "--devices=8", "--precision", "bf16"], []),
-        # unknown options and plain words after SCRIPT go to the script, in order
+        # unknown options, short options and plain words after SCRIPT go to the script, in order
         (["-n", "2", "t.py", "--lr", "0.1", "data", "-x", "-n3"],
-         ["-n", "2", "t.py", "-n3"], ["--lr", "0.1", "data", "-x"]),
+         ["-n", "2", "t.py"], ["--lr", "0.1", "data", "-x", "-n3"]),
+        # the script's own -v, -n 2, -c config.yaml and -m stay the script's; the CLI's long forms are the CLI's
+        (["t.py", "-v", "-n", "2", "-c", "config.yaml", "-m", "--verbose", "--nproc", "2"],
+         ["t.py", "--verbose", "--nproc", "2"], ["-v", "-n", "2", "-c", "config.yaml", "-m"]),
         # everything after -- is the script's, even the CLI's own option names
         (["t.py", "--devices", "2", "--", "--devices", "8", "--"],
          ["t.py", "--devices", "2"], ["--devices", "8", "--"]),
-        # a cluster of known flags is the CLI's; a cluster with an unknown letter is the script's
-        (["t.py", "-vm", "-vq"], ["t.py", "-vm"], ["-vq"]),
+        # before SCRIPT a cluster of known flags is the CLI's; after it every short option is the script's
+        (["-vm", "t.py", "-vm", "-vq"], ["-vm", "t.py"], ["-vm", "-vq"]),
         # a negative number is a value, never an option
         (["--devices", "-1", "t.py", "-1"], ["--devices", "-1", "t.py"], ["-1"]),
         # -- before SCRIPT: the next word is SCRIPT
@@ -68,6 +71,41 @@ def _split(*args: str) -> tuple[list[str], list[str]]:
 )  # fmt: skip
 def test_arguments_split_into_the_clis_and_the_scripts(args: list[str], own: list[str], script_args: list[str]) -> None:
     assert _split(*args) == (own, script_args)
+
+
+@pytest.mark.parametrize(
+    ("args", "first", "again"),
+    [
+        (["--devices=2", "t.py", "--devices", "4"], "--devices=2", "--devices 4"),
+        (["-n", "2", "t.py", "--nproc=4"], None, None),  # -n is not a long option: its meaning before SCRIPT is sure
+        (["--verbose", "t.py", "--verbose"], "--verbose", "--verbose"),
+        (["--num-nodes", "1", "t.py", "--num_nodes", "2"], "--num-nodes", "--num_nodes 2"),
+    ],
+)
+def test_a_long_option_before_and_after_script_is_an_error_naming_both_meanings(
+    args: list[str], first: str | None, again: str | None
+) -> None:
+    import click
+
+    if first is None:
+        assert _split(*args) == (args, [])  # the later value wins, as click's does
+        return
+    with pytest.raises(click.UsageError) as error:
+        _split(*args)
+    message = error.value.message
+    assert f"given before SCRIPT ({first}" in message and f"again after t.py ({again})" in message
+    assert "a second value for fabric run model or t.py's own" in message
+    assert f"fabric run model {first} t.py -- {again}" in message
+
+
+def test_short_options_after_script_reach_the_script_and_start_the_processes_asked_for(tmp_path: Path) -> None:
+    """Before, ``-n 2`` after SCRIPT started two processes and ``-v`` vanished from the script's arguments."""
+    result = _fabric("run", "model", "--accelerator=cpu", "--devices=1", REPORT, str(tmp_path), "-v", "-n", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = sorted(tmp_path.glob("*.json"))
+    assert len(reports) == 1, reports
+    report = json.loads(reports[0].read_text())
+    assert report["args"] == ["-v", "-n", "2"] and report["world_size"] == 1
 
 
 def test_the_seed_examples_configure_the_cli_and_the_short_form_is_the_same() -> None:
@@ -135,7 +173,8 @@ def test_command_mode_and_output_templates_really_run(tmp_path: Path) -> None:
     script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPORT}" "$@"\n')
     script.chmod(0o755)
     result = _fabric(
-        "run", "-c", str(script), str(tmp_path), "--keep", "-n", "2", "-v", "--run_directory", str(tmp_path / "run"),
+        "run", "-c", "-n", "2", str(script), str(tmp_path), "--keep", "--verbose",
+        "--run_directory", str(tmp_path / "run"),
         "--stdout", "{run_dir}/out-{rank}-of-{world_size}.log", "--stderr", "{run_dir}/out-{rank}-of-{world_size}.log",
         env=_env(PYTHONUNBUFFERED=""),
     )  # fmt: skip

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
@@ -10,7 +19,7 @@ from fabric.accelerators import CPUAccelerator
 from fabric.connector import resolve
 from fabric.plugins.io import TorchCheckpointIO
 from fabric.plugins.precision import PRECISION_REGISTRY, MixedPrecision, Precision, parse_precision
-from fabric.strategies import STRATEGY_REGISTRY, SingleDeviceStrategy
+from fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 from fabric.utilities.device_parser import parse_devices
 from fabric.utilities.registry import Registry
 
@@ -245,3 +254,68 @@ def test_a_single_process_strategy_in_a_launched_world_is_refused(strategy: obje
         "SLURM_STEP_TASKS_PER_NODE": "1",
     }
     assert resolve(strategy=strategy, environ=one_task).num_processes == 1  # type: ignore[arg-type]
+
+
+# --- a configured strategy object under `fabric run model --strategy=...` -------------------------------------
+
+
+def test_a_strategy_object_that_agrees_with_the_clis_choice_is_kept_with_its_settings() -> None:
+    configured = DDPStrategy(timeout=timedelta(seconds=7), stall_threshold=0)
+    resolved = resolve(strategy=configured, environ={**CLI, "FABRIC_STRATEGY": "ddp", "FABRIC_DEVICES": "2"})
+    assert resolved.strategy is configured and configured._timeout == timedelta(seconds=7)
+    full = FSDPStrategy(state_dict_type="full")
+    assert resolve(strategy=full, environ={**CLI, "FABRIC_STRATEGY": "fsdp"}).strategy is full
+    offloading = FSDPStrategy(cpu_offload=True)
+    with pytest.raises(ValueError, match=r"cpu_offload=True.*needs an accelerator"):  # kept, so its own check runs
+        resolve(strategy=offloading, environ={**CLI, "FABRIC_STRATEGY": "fsdp_cpu_offload"})
+
+
+@pytest.mark.parametrize(
+    ("strategy", "cli", "differs"),
+    [
+        (lambda: FSDPStrategy(), "fsdp_cpu_offload", "cpu_offload=False where 'fsdp_cpu_offload' has cpu_offload=True"),
+        (lambda: DDPStrategy(), "ddp_spawn", "start_method='popen' where 'ddp_spawn' has start_method='spawn'"),
+        (lambda: DDPStrategy(), "fsdp", "FABRIC_STRATEGY). Remove one"),
+    ],
+)
+def test_a_strategy_object_that_disagrees_with_the_clis_choice_names_what_differs(
+    strategy: Any, cli: str, differs: str
+) -> None:
+    with pytest.raises(ValueError, match="conflicts with the CLI's --strategy=") as error:
+        resolve(strategy=strategy(), environ={**CLI, "FABRIC_STRATEGY": cli})
+    assert differs in str(error.value)
+
+
+_CONFIGURED_STRATEGY = textwrap.dedent(
+    """
+    import json, sys
+    from datetime import timedelta
+    from pathlib import Path
+
+    from fabric import Fabric
+    from fabric.strategies import DDPStrategy
+
+    fabric = Fabric(strategy=DDPStrategy(timeout=timedelta(seconds=123), stall_threshold=0))
+    fabric.launch()
+    strategy = fabric.strategy
+    report = [fabric.world_size, strategy._timeout.total_seconds(), strategy._stall_threshold]
+    Path(sys.argv[1], f"rank{fabric.global_rank}.json").write_text(json.dumps(report))
+    """
+)
+
+
+def test_fabric_run_model_keeps_the_scripts_configured_strategy(tmp_path: Path) -> None:
+    script = tmp_path / "configured.py"
+    script.write_text(_CONFIGURED_STRATEGY)
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    command = [sys.executable, "-m", "fabric_cli", "run", "model", "--strategy=ddp", "--devices=2"]
+    result = subprocess.run(
+        [*command, "--accelerator=cpu", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert reports == [[2, 123.0, 0.0]] * 2  # before, the CLI's plain "ddp" replaced it with defaults

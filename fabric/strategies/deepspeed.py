@@ -105,9 +105,9 @@ class DeepSpeedStrategy(ParallelStrategy):
             stall_threshold=stall_threshold,
         )
         self._user_config = read_config(config)
-        self._stage = stage
-        self._offload_optimizer = offload_optimizer
-        self._offload_parameters = offload_parameters
+        self.stage = stage
+        self.offload_optimizer = offload_optimizer
+        self.offload_parameters = offload_parameters
         self._config: dict[str, Any] | None = None
         self._batch_size: int | None = None
         self._engines: list[tuple[nn.Module, Optimizer | None, DeepSpeedEngine]] = []
@@ -135,9 +135,9 @@ class DeepSpeedStrategy(ParallelStrategy):
         )
         self._config = complete_config(
             self._user_config,
-            stage=self._stage,
-            offload_optimizer=self._offload_optimizer,
-            offload_parameters=self._offload_parameters,
+            stage=self.stage,
+            offload_optimizer=self.offload_optimizer,
+            offload_parameters=self.offload_parameters,
             precision=self.precision.name,
             world_size=self.world_size,
         )
@@ -474,7 +474,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         return key, engine
 
     def __repr__(self) -> str:
-        stage = self._config["zero_optimization"]["stage"] if self._config else self._stage
+        stage = self._config["zero_optimization"]["stage"] if self._config else self.stage
         return f"DeepSpeedStrategy(stage={stage}, devices={len(self._parallel_devices or [])})"
 
 
