@@ -3,23 +3,33 @@ optimizer state, and gathers a layer's full parameters just for its forward and 
 
 Built on ``torch.distributed.fsdp.fully_shard``; parameters become ``DTensor`` shards. Runs on CUDA
 (NCCL) and on CPU (gloo). Checkpoints are sharded directories by default (see
-:mod:`fabric.strategies.fsdp_checkpoint`).
+:mod:`fabric.strategies.fsdp_checkpoint`). Lightning Fabric's arguments are translated by
+:mod:`fabric.strategies.fsdp_options`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack
 from datetime import timedelta
 from typing import Any, Literal, get_args
 
 import torch
+import torch.distributed
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffload,
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecision,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
@@ -30,20 +40,24 @@ from fabric.plugins.io.formats import CheckpointFormat, recognise
 from fabric.plugins.precision.dtypes import mixed_dtype
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies import fsdp_checkpoint as checkpoints
+from fabric.strategies.fsdp_options import ShardPolicy, resolve_settings
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.strategies.strategy import CheckpointFilter
 
-#: Which submodules get their own FSDP unit: layer classes, or a predicate on each submodule.
-ShardPolicy = set[type[nn.Module]] | Callable[[nn.Module], bool]
 StateDictType = Literal["sharded", "full"]
 STATE_DICT_TYPES: tuple[StateDictType, ...] = get_args(StateDictType)
 
 
-def mesh_layout(world_size: int, num_nodes: int, hybrid: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The device mesh shape and dimension names: 1-D ``(shard,)``, or for hybrid sharding (HSDP)
-    2-D ``(replicate=num_nodes, shard=devices per node)``: shards within a node, replicas across nodes."""
+def mesh_layout(
+    world_size: int, num_nodes: int, hybrid: bool, replicate_only: bool = False
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The device mesh shape and dimension names: 1-D ``(shard,)``; for hybrid sharding (HSDP)
+    2-D ``(replicate=num_nodes, shard=devices per node)``: shards within a node, replicas across nodes;
+    with ``replicate_only`` ``(replicate=world_size, shard=1)``: every rank holds whole parameters."""
+    if replicate_only:
+        return (world_size, 1), ("replicate", "shard")
     if not hybrid:
         return (world_size,), ("shard",)
     if world_size % num_nodes:
@@ -72,24 +86,38 @@ class FSDPStrategy(ParallelStrategy):
         shard_modules: the submodules that become their own FSDP unit (gathered and freed one at a
             time, which is what bounds memory), as a set of layer classes or a ``(module) -> bool``
             predicate. The root module is always sharded; by default it is the only unit.
-        reshard_after_forward: ``True`` frees gathered parameters after each unit's forward (ZeRO-3);
-            ``False`` keeps them until the backward (ZeRO-2: more memory, one all-gather less).
-        cpu_offload: keep shards, gradients and the optimizer step in CPU memory (accelerators only).
+        reshard_after_forward: ``True`` (the default) frees gathered parameters after each unit's forward
+            (ZeRO-3); ``False`` keeps them until the backward (ZeRO-2: more memory, one all-gather less).
+        cpu_offload: keep shards, gradients and the optimizer step in CPU memory (accelerators only);
+            FSDP1's ``CPUOffload(offload_params=...)`` is accepted too.
         activation_checkpointing: layer classes whose activations are recomputed in the backward.
         hybrid_shard: shard within each node and replicate across nodes (HSDP, a 2-D device mesh).
+        replicate_only: shard nothing: every rank holds whole parameters and gradients are all-reduced
+            (a ``(world_size, 1)`` mesh; FSDP1's ``NO_SHARD``).
         state_dict_type: ``"sharded"`` saves a directory of per-rank shards (DCP); ``"full"`` saves one
             ``torch.save`` file gathered on rank 0.
+        mixed_precision: FSDP2's ``MixedPrecisionPolicy`` (or FSDP1's ``MixedPrecision`` without
+            ``buffer_dtype``), used instead of the one the precision plugin implies.
+        sync_module_states: broadcast every parameter and buffer from rank 0 before sharding, so ranks
+            that initialised the model differently start equal (a meta-device model has nothing to send).
+        **lightning_options: Lightning Fabric's arguments: ``auto_wrap_policy``, ``sharding_strategy``,
+            ``activation_checkpointing_policy``, ``use_orig_params=True``, ``limit_all_gathers=True``;
+            translated to the settings above, or refused with a ``ValueError`` naming what to use instead
+            (:mod:`fabric.strategies.fsdp_options`). Giving one with the own argument it sets is refused.
     """
 
     def __init__(
         self,
         *,
         shard_modules: ShardPolicy | None = None,
-        reshard_after_forward: bool = True,
-        cpu_offload: bool = False,
+        reshard_after_forward: bool | None = None,
+        cpu_offload: bool | CPUOffload = False,
         activation_checkpointing: set[type[nn.Module]] | None = None,
-        hybrid_shard: bool = False,
+        hybrid_shard: bool | None = None,
+        replicate_only: bool | None = None,
         state_dict_type: StateDictType = "sharded",
+        mixed_precision: MixedPrecisionPolicy | MixedPrecision | None = None,
+        sync_module_states: bool = False,
         accelerator: Accelerator | None = None,
         precision: Precision | None = None,
         checkpoint_io: CheckpointIO | None = None,
@@ -98,9 +126,22 @@ class FSDPStrategy(ParallelStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta = DEFAULT_TIMEOUT,
         stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
+        **lightning_options: Any,
     ) -> None:
-        _check_policy("shard_modules", shard_modules, allow_callable=True)
-        _check_policy("activation_checkpointing", activation_checkpointing, allow_callable=False)
+        own = {
+            "shard_modules": shard_modules,
+            "reshard_after_forward": reshard_after_forward,
+            "cpu_offload": cpu_offload,
+            "activation_checkpointing": activation_checkpointing,
+            "hybrid_shard": hybrid_shard,
+            "replicate_only": replicate_only,
+            "mixed_precision": mixed_precision,
+        }
+        settings = resolve_settings(own, lightning_options)
+        _check_policy("shard_modules", settings.shard_modules, allow_callable=True)
+        _check_policy("activation_checkpointing", settings.activation_checkpointing, allow_callable=False)
+        if not isinstance(sync_module_states, bool):
+            raise ValueError(f"sync_module_states={sync_module_states!r} is not valid. Accepted: True or False.")
         if state_dict_type not in STATE_DICT_TYPES:
             raise ValueError(f"state_dict_type={state_dict_type!r} is not valid. Accepted: {list(STATE_DICT_TYPES)}.")
         super().__init__(
@@ -113,11 +154,14 @@ class FSDPStrategy(ParallelStrategy):
             timeout=timeout,
             stall_threshold=stall_threshold,
         )
-        self.shard_modules = shard_modules
-        self.reshard_after_forward = reshard_after_forward
-        self.cpu_offload = cpu_offload
-        self.activation_checkpointing = set(activation_checkpointing or ())
-        self.hybrid_shard = hybrid_shard
+        self.shard_modules = settings.shard_modules
+        self.reshard_after_forward = settings.reshard_after_forward
+        self.cpu_offload = settings.cpu_offload
+        self.activation_checkpointing = set(settings.activation_checkpointing or ())
+        self.hybrid_shard = settings.hybrid_shard
+        self.replicate_only = settings.replicate_only
+        self.mixed_precision = settings.mixed_precision
+        self.sync_module_states = sync_module_states
         self.state_dict_type: StateDictType = state_dict_type
         self._mesh: DeviceMesh | None = None
         # Original parameter -> its sharded replacement, so optimizers built before setup can be re-pointed.
@@ -163,7 +207,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        shape, names = mesh_layout(self.world_size, self.num_nodes, self.hybrid_shard)
+        shape, names = mesh_layout(self.world_size, self.num_nodes, self.hybrid_shard, self.replicate_only)
         self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
 
     # --- modules -------------------------------------------------------------------------------------
@@ -183,8 +227,11 @@ class FSDPStrategy(ParallelStrategy):
             super().module_to_device(module)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """Shard ``module`` (see :meth:`_shard`) and materialise a meta module."""
+        """Shard ``module`` (see :meth:`_shard`) and materialise a meta module; with ``sync_module_states``
+        rank 0's parameters and buffers are broadcast first."""
         originals = dict(module.named_parameters())
+        if self.sync_module_states and not _has_meta_tensors(module):
+            self._broadcast_module_states(module)
         module = self._shard(module)
         uninitialised = self._materialise(module)
         if uninitialised:
@@ -195,6 +242,17 @@ class FSDPStrategy(ParallelStrategy):
             self._replacements[id(original)] = (weakref.ref(original), sharded[name])
         self._set_up_modules.add(module)
         return module
+
+    def _broadcast_module_states(self, module: nn.Module) -> None:
+        """Overwrite every parameter and buffer with rank 0's (``torch.distributed.broadcast``, one per tensor)."""
+        with torch.no_grad():
+            for tensor in (*module.parameters(), *module.buffers()):
+                if tensor.device == self.root_device:
+                    torch.distributed.broadcast(tensor.detach(), src=0)
+                else:  # e.g. setup(move_to_device=False): NCCL sends only from the accelerator
+                    sent = tensor.detach().to(self.root_device)
+                    torch.distributed.broadcast(sent, src=0)
+                    tensor.copy_(sent)
 
     def _shard_options(self, mesh: DeviceMesh) -> dict[str, Any]:
         """``fully_shard``'s options from this strategy's settings, over ``mesh``."""
@@ -228,8 +286,11 @@ class FSDPStrategy(ParallelStrategy):
         return isinstance(module, tuple(policy))
 
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
-        """From the precision plugin: ``*-mixed`` gathers parameters in half precision and reduces
-        gradients in float32; ``*-true`` modules are already converted, so FSDP casts nothing."""
+        """The ``mixed_precision`` given, else from the precision plugin: ``*-mixed`` gathers parameters in
+        half precision and reduces gradients in float32; ``*-true`` modules are already converted, so FSDP
+        casts nothing."""
+        if self.mixed_precision is not None:
+            return self.mixed_precision
         param_dtype = mixed_dtype(self.precision.name)
         if param_dtype is None:
             return MixedPrecisionPolicy()
@@ -390,7 +451,7 @@ class FSDPStrategy(ParallelStrategy):
     def __repr__(self) -> str:
         return (
             f"FSDPStrategy(devices={len(self._parallel_devices or [])}, state_dict_type={self.state_dict_type!r}, "
-            f"cpu_offload={self.cpu_offload}, hybrid_shard={self.hybrid_shard})"
+            f"cpu_offload={self.cpu_offload}, hybrid_shard={self.hybrid_shard}, replicate_only={self.replicate_only})"
         )
 
 

@@ -1,0 +1,281 @@
+"""Lightning Fabric's ``FSDPStrategy`` arguments (FSDP1 names and types) as :class:`FSDPStrategy`'s own FSDP2 settings.
+
+Each Lightning argument is translated, or refused with a ``ValueError`` naming the value and what to use instead:
+
+=============================================  ===================================================================
+Lightning                                      FSDPStrategy (FSDP2)
+=============================================  ===================================================================
+``auto_wrap_policy``                           ``shard_modules``: a set of layer classes, ``ModuleWrapPolicy``,
+                                               ``partial(transformer_auto_wrap_policy, transformer_layer_cls=...)``,
+                                               or an FSDP1 ``(module, recurse, nonwrapped_numel) -> bool`` policy
+``sharding_strategy``                          ``FULL_SHARD``: ``reshard_after_forward=True``; ``SHARD_GRAD_OP``:
+                                               ``False``; ``HYBRID_SHARD``: ``hybrid_shard=True``;
+                                               ``_HYBRID_SHARD_ZERO2``: both; ``NO_SHARD``: ``replicate_only=True``
+``activation_checkpointing_policy``            ``activation_checkpointing`` (layer classes)
+``cpu_offload=CPUOffload(offload_params=b)``   ``cpu_offload=b``
+``mixed_precision=MixedPrecision(...)``        ``mixed_precision=MixedPrecisionPolicy(...)`` (no ``buffer_dtype``)
+``use_orig_params``, ``limit_all_gathers``     ``True``: always so in FSDP2; ``False`` refused
+``device_mesh``, ``process_group``, ...        refused, naming FSDP2's equivalent (:data:`REFUSED`)
+=============================================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+from torch.distributed.fsdp import CPUOffload, MixedPrecision, MixedPrecisionPolicy, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
+
+#: Which submodules get their own FSDP unit: layer classes, or a predicate on each submodule.
+ShardPolicy = set[type[nn.Module]] | Callable[[nn.Module], bool]
+#: FSDP1's callable auto-wrap policy: ``(module, recurse, nonwrapped_numel) -> bool``.
+Fsdp1Policy = Callable[..., bool]
+
+#: ``sharding_strategy`` -> (reshard_after_forward, hybrid_shard, replicate_only).
+SHARDING_STRATEGIES: dict[str, tuple[bool, bool, bool]] = {
+    "FULL_SHARD": (True, False, False),
+    "SHARD_GRAD_OP": (False, False, False),
+    "HYBRID_SHARD": (True, True, False),
+    "_HYBRID_SHARD_ZERO2": (False, True, False),
+    "NO_SHARD": (True, False, True),
+}
+
+#: FSDP1 behaviours FSDP2 always has: accepted as ``True``, refused as ``False`` with the reason.
+ALWAYS_ON: dict[str, str] = {
+    "use_orig_params": "FSDP2 has no flat parameter: the module always keeps its own parameters (as DTensor shards)",
+    "limit_all_gathers": "FSDP2 always bounds the all-gathers in flight (by its stream handling, without blocking "
+    "the CPU)",
+}
+
+#: Lightning/FSDP1 arguments with no FSDPStrategy setting, and what to use instead.
+REFUSED: dict[str, str] = {
+    "device_mesh": "FSDPStrategy builds its device mesh at launch: 1-D over every rank; 2-D (replicate across "
+    "nodes, shard within a node) with sharding_strategy='HYBRID_SHARD' or hybrid_shard=True and "
+    "Fabric(num_nodes=...); (world, 1) with sharding_strategy='NO_SHARD'",
+    "process_group": "the process groups come from the device mesh FSDPStrategy builds at launch; choose its "
+    "layout with sharding_strategy='HYBRID_SHARD' (or hybrid_shard=True) and Fabric(num_nodes=...)",
+    "forward_prefetch": "FSDP2 has no such flag; after fabric.setup, call "
+    "unit.set_modules_to_forward_prefetch([next units]) on the sharded layers (FSDPModule)",
+    "backward_prefetch": "FSDP2 always prefetches the next unit's all-gather in backward (as BACKWARD_PRE); to "
+    "choose the order, call unit.set_modules_to_backward_prefetch([...]) on the sharded layers after fabric.setup",
+    "ignored_modules": "FSDPStrategy shards every parameter of the model (FSDP2's fully_shard(ignored_params=...) "
+    "is not exposed); keep such modules out of the module given to fabric.setup",
+    "ignored_states": "FSDPStrategy shards every parameter of the model (FSDP2's fully_shard(ignored_params=...) "
+    "is not exposed); keep such modules out of the module given to fabric.setup",
+    "param_init_fn": "build the model under fabric.init_module(empty_init=True): setup materialises each rank's "
+    "shards of the meta model and runs every reset_parameters()",
+    "device_id": "the device comes from Fabric(accelerator=..., devices=...)",
+}
+
+
+@dataclass(frozen=True)
+class FSDPSettings:
+    """FSDPStrategy's own settings, after translation (see :class:`~fabric.strategies.fsdp.FSDPStrategy`)."""
+
+    shard_modules: ShardPolicy | None = None
+    reshard_after_forward: bool = True
+    hybrid_shard: bool = False
+    replicate_only: bool = False
+    cpu_offload: bool = False
+    activation_checkpointing: set[type[nn.Module]] | None = None
+    mixed_precision: MixedPrecisionPolicy | None = None
+
+
+def resolve_settings(own: Mapping[str, Any], lightning: Mapping[str, Any]) -> FSDPSettings:
+    """The settings from FSDPStrategy's own arguments (``None``: not given) and Lightning's ``lightning``.
+
+    Raises ``ValueError`` for a refused or unknown Lightning argument, and for a Lightning argument given
+    together with the own argument it sets.
+    """
+    values: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for name, value in own.items():
+        if value is not None:
+            values[name] = _OWN_FORMS.get(name, _unchanged)(value)
+            given_as[name] = name
+    for name, value in lightning.items():
+        for setting, setting_value in translate(name, value).items():
+            if setting in given_as:
+                raise ValueError(
+                    f"FSDPStrategy got both {name}= (Lightning's name) and {given_as[setting]}=, which set the same "
+                    f"thing ({setting}); pass only one of them."
+                )
+            values[setting] = setting_value
+            given_as[setting] = name
+    if values.get("hybrid_shard") and values.get("replicate_only"):
+        raise ValueError(
+            "FSDPStrategy got hybrid_shard=True (shard within each node) and replicate_only=True (shard nothing); "
+            "pass one of them."
+        )
+    return FSDPSettings(**values)
+
+
+def translate(name: str, value: Any) -> dict[str, Any]:
+    """The own settings Lightning's argument ``name=value`` stands for; ``ValueError`` if it has none."""
+    if name == "auto_wrap_policy":
+        return {"shard_modules": shard_policy(value)}
+    if name == "activation_checkpointing_policy":
+        return {"activation_checkpointing": checkpointed_classes(value)}
+    if name == "sharding_strategy":
+        reshard, hybrid, replicate = SHARDING_STRATEGIES[sharding_strategy_name(value)]
+        return {"reshard_after_forward": reshard, "hybrid_shard": hybrid, "replicate_only": replicate}
+    if name in ALWAYS_ON:
+        if value is True:
+            return {}
+        raise ValueError(f"FSDPStrategy({name}={value!r}) is not possible: {ALWAYS_ON[name]}. Remove {name}.")
+    if name in REFUSED:
+        raise ValueError(f"FSDPStrategy({name}=...) is not supported: {REFUSED[name]}.")
+    accepted = ["auto_wrap_policy", "activation_checkpointing_policy", "sharding_strategy", *ALWAYS_ON]
+    raise ValueError(
+        f"FSDPStrategy has no argument {name}={value!r}. Besides its own arguments it accepts Lightning's "
+        f"{', '.join(accepted)}."
+    )
+
+
+def sharding_strategy_name(value: Any) -> str:
+    """``FULL_SHARD``, ... from a ``ShardingStrategy`` or a string in any case."""
+    name = value.name if isinstance(value, ShardingStrategy) else value.upper() if isinstance(value, str) else None
+    if name not in SHARDING_STRATEGIES:
+        raise ValueError(
+            f"sharding_strategy={value!r} is not valid. Accepted: {', '.join(SHARDING_STRATEGIES)} "
+            "(in any case) or a torch.distributed.fsdp.ShardingStrategy."
+        )
+    return name
+
+
+def shard_policy(policy: Any) -> ShardPolicy:
+    """``shard_modules`` from Lightning's ``auto_wrap_policy``."""
+    classes = layer_classes(policy)
+    if classes is not None:
+        return classes
+    if callable(policy) and not isinstance(policy, type) and _takes_fsdp1_arguments(policy):
+        return UnitsLikeFsdp1(policy)
+    raise ValueError(
+        f"auto_wrap_policy={policy!r} is not valid. Accepted: a set of nn.Module classes, ModuleWrapPolicy, "
+        "partial(transformer_auto_wrap_policy, transformer_layer_cls=...), or an FSDP1 policy "
+        "(module, recurse, nonwrapped_numel) -> bool. For a (module) -> bool predicate, pass shard_modules=."
+    )
+
+
+def checkpointed_classes(policy: Any) -> set[type[nn.Module]]:
+    """``activation_checkpointing`` from Lightning's ``activation_checkpointing_policy``."""
+    classes = layer_classes(policy)
+    if classes is None:
+        raise ValueError(
+            f"activation_checkpointing_policy={policy!r} is not valid: FSDPStrategy recomputes whole layer "
+            "classes. Accepted: a set of nn.Module classes, ModuleWrapPolicy or "
+            "partial(transformer_auto_wrap_policy, transformer_layer_cls=...); or pass activation_checkpointing={...}."
+        )
+    return classes
+
+
+def layer_classes(policy: Any) -> set[type[nn.Module]] | None:
+    """The module classes a policy names (a collection, ``ModuleWrapPolicy``, a transformer policy), else ``None``."""
+    if isinstance(policy, ModuleWrapPolicy):
+        policy = getattr(policy, "_module_classes", None)
+    elif isinstance(policy, functools.partial) and policy.func is transformer_auto_wrap_policy:
+        policy = policy.keywords.get("transformer_layer_cls")
+    if isinstance(policy, (set, frozenset, list, tuple)) and all(
+        isinstance(cls, type) and issubclass(cls, nn.Module) for cls in policy
+    ):
+        return set(policy)
+    return None
+
+
+class UnitsLikeFsdp1:
+    """A ``(module) -> bool`` predicate from an FSDP1 auto-wrap policy, deciding as FSDP1's recursive wrap.
+
+    A module is a unit when the policy allows recursing into it (``recurse=True`` with all its parameters)
+    and wraps it (``recurse=False``) with the parameters not already in a sub-unit. The recursion answers of
+    the module's own subtree are honoured; those of its ancestors are not known to a predicate.
+    """
+
+    def __init__(self, policy: Fsdp1Policy) -> None:
+        self.policy = policy
+
+    def __call__(self, module: nn.Module) -> bool:
+        return self._decide(module)[0]
+
+    def _decide(self, module: nn.Module) -> tuple[bool, int]:
+        """(whether ``module`` is a unit, how many of its parameters are in units), as FSDP1 counts."""
+        total = sum(parameter.numel() for parameter in module.parameters())
+        if not self.policy(module=module, recurse=True, nonwrapped_numel=total):
+            return False, 0
+        in_units = sum(self._decide(child)[1] for child in module.children())
+        if self.policy(module=module, recurse=False, nonwrapped_numel=total - in_units):
+            return True, total
+        return False, in_units
+
+    def __repr__(self) -> str:
+        return f"UnitsLikeFsdp1({self.policy!r})"
+
+
+def _takes_fsdp1_arguments(policy: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(policy).bind(module=None, recurse=False, nonwrapped_numel=0)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to inspect (a builtin): take it as it is
+        return True
+    return True
+
+
+def cpu_offload_flag(value: Any) -> bool:
+    """``cpu_offload`` from ``True``/``False`` or FSDP1's ``CPUOffload(offload_params=...)``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, CPUOffload):
+        return value.offload_params
+    raise ValueError(
+        f"cpu_offload={value!r} is not valid. Accepted: True, False or "
+        "torch.distributed.fsdp.CPUOffload(offload_params=...)."
+    )
+
+
+def mixed_precision_policy(value: Any) -> MixedPrecisionPolicy:
+    """FSDP2's ``MixedPrecisionPolicy`` from itself or from FSDP1's ``MixedPrecision``.
+
+    ``cast_forward_inputs`` is on when FSDP1 casts the root's or every unit's inputs. FSDP1's
+    ``_module_classes_to_ignore`` (BatchNorm kept in float32 by default) has no FSDP2 counterpart: every
+    unit computes in ``param_dtype``.
+    """
+    if isinstance(value, MixedPrecisionPolicy):
+        return value
+    if not isinstance(value, MixedPrecision):
+        raise ValueError(
+            f"mixed_precision={value!r} is not valid. Accepted: torch.distributed.fsdp.MixedPrecisionPolicy "
+            "(FSDP2) or MixedPrecision (FSDP1)."
+        )
+    if value.buffer_dtype is not None:
+        raise ValueError(
+            f"mixed_precision=MixedPrecision(buffer_dtype={value.buffer_dtype}) cannot be honoured: FSDP2 does not "
+            "cast buffers, they keep their own dtype. Leave buffer_dtype=None, and convert the buffers yourself "
+            "before fabric.setup if they should be in another dtype (e.g. buffer.data = buffer.to(dtype))."
+        )
+    if value.keep_low_precision_grads:
+        raise ValueError(
+            "mixed_precision=MixedPrecision(keep_low_precision_grads=True) cannot be honoured: FSDP2 gives the "
+            "gradients the sharded parameters' dtype. Leave it False (reduce_dtype sets the reduction's dtype), or "
+            "train in low precision throughout with precision='bf16-true'."
+        )
+    return MixedPrecisionPolicy(
+        param_dtype=value.param_dtype,
+        reduce_dtype=value.reduce_dtype,
+        cast_forward_inputs=value.cast_forward_inputs or value.cast_root_forward_inputs,
+    )
+
+
+def _unchanged(value: Any) -> Any:
+    return value
+
+
+#: Own arguments that also take Lightning's (FSDP1) types, and their conversion to the own type.
+_OWN_FORMS: dict[str, Callable[[Any], Any]] = {
+    "cpu_offload": cpu_offload_flag,
+    "mixed_precision": mixed_precision_policy,
+}
