@@ -40,7 +40,7 @@ from fabric.plugins.io.formats import CheckpointFormat, recognise
 from fabric.plugins.precision.dtypes import mixed_dtype
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies import fsdp_checkpoint as checkpoints
-from fabric.strategies.fsdp_options import ShardPolicy, resolve_settings
+from fabric.strategies.fsdp_options import ShardPolicy, UnitsLikeFsdp1, resolve_settings, shard_units
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
@@ -69,7 +69,9 @@ def mesh_layout(
 
 
 def _check_policy(name: str, policy: Any, allow_callable: bool) -> None:
-    if policy is None or (allow_callable and callable(policy) and not isinstance(policy, type)):
+    if policy is None or isinstance(policy, UnitsLikeFsdp1):  # translated from Lightning's auto_wrap_policy
+        return
+    if allow_callable and callable(policy) and not isinstance(policy, type):
         return
     if isinstance(policy, (set, frozenset, list, tuple)) and all(
         isinstance(cls, type) and issubclass(cls, nn.Module) for cls in policy
@@ -271,19 +273,12 @@ class FSDPStrategy(ParallelStrategy):
 
                 checkpoint(submodule)
         options = self._shard_options(self.mesh)
+        units = shard_units(self.shard_modules, module)
         for submodule in reversed(list(module.modules())):  # descendants before their ancestors
-            if submodule is not module and self._is_unit(submodule):
+            if submodule in units:
                 fully_shard(submodule, **options)
         fully_shard(module, **options)
         return module
-
-    def _is_unit(self, module: nn.Module) -> bool:
-        policy = self.shard_modules
-        if policy is None:
-            return False
-        if callable(policy) and not isinstance(policy, (set, frozenset, list, tuple)):
-            return bool(policy(module))
-        return isinstance(module, tuple(policy))
 
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
         """The ``mixed_precision`` given, else from the precision plugin: ``*-mixed`` gathers parameters in

@@ -31,8 +31,6 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, MixedPrecisionPolicy, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
 
-#: Which submodules get their own FSDP unit: layer classes, or a predicate on each submodule.
-ShardPolicy = set[type[nn.Module]] | Callable[[nn.Module], bool]
 #: FSDP1's callable auto-wrap policy: ``(module, recurse, nonwrapped_numel) -> bool``.
 Fsdp1Policy = Callable[..., bool]
 
@@ -188,31 +186,48 @@ def layer_classes(policy: Any) -> set[type[nn.Module]] | None:
 
 
 class UnitsLikeFsdp1:
-    """A ``(module) -> bool`` predicate from an FSDP1 auto-wrap policy, deciding as FSDP1's recursive wrap.
-
-    A module is a unit when the policy allows recursing into it (``recurse=True`` with all its parameters)
-    and wraps it (``recurse=False``) with the parameters not already in a sub-unit. The recursion answers of
-    the module's own subtree are honoured; those of its ancestors are not known to a predicate.
-    """
+    """An FSDP1 auto-wrap policy, choosing the units as FSDP1's recursive wrap does (see :meth:`units`)."""
 
     def __init__(self, policy: Fsdp1Policy) -> None:
         self.policy = policy
 
-    def __call__(self, module: nn.Module) -> bool:
-        return self._decide(module)[0]
+    def units(self, root: nn.Module) -> set[nn.Module]:
+        """FSDP1's choice, top down: a module is entered when the policy allows recursing into it
+        (``recurse=True`` with all its parameters) and becomes a unit when the policy wraps it
+        (``recurse=False``) with the parameters not already in a unit below it. The root is never one."""
+        chosen: set[nn.Module] = set()
 
-    def _decide(self, module: nn.Module) -> tuple[bool, int]:
-        """(whether ``module`` is a unit, how many of its parameters are in units), as FSDP1 counts."""
-        total = sum(parameter.numel() for parameter in module.parameters())
-        if not self.policy(module=module, recurse=True, nonwrapped_numel=total):
-            return False, 0
-        in_units = sum(self._decide(child)[1] for child in module.children())
-        if self.policy(module=module, recurse=False, nonwrapped_numel=total - in_units):
-            return True, total
-        return False, in_units
+        def visit(module: nn.Module) -> int:  # how many of module's parameters are in units
+            total = sum(parameter.numel() for parameter in module.parameters())
+            if not self.policy(module=module, recurse=True, nonwrapped_numel=total):
+                return 0
+            in_units = sum(visit(child) for child in module.children())
+            if module is not root and self.policy(module=module, recurse=False, nonwrapped_numel=total - in_units):
+                chosen.add(module)
+                return total
+            return in_units
+
+        visit(root)
+        return chosen
 
     def __repr__(self) -> str:
         return f"UnitsLikeFsdp1({self.policy!r})"
+
+
+#: Which submodules get their own FSDP unit: layer classes, a predicate on each submodule, or FSDP1's policy.
+ShardPolicy = set[type[nn.Module]] | Callable[[nn.Module], bool] | UnitsLikeFsdp1
+
+
+def shard_units(policy: ShardPolicy | None, root: nn.Module) -> set[nn.Module]:
+    """The submodules of ``root`` (not ``root`` itself) that ``policy`` makes FSDP units of."""
+    if policy is None:
+        return set()
+    if isinstance(policy, UnitsLikeFsdp1):
+        return policy.units(root)
+    if isinstance(policy, (set, frozenset, list, tuple)):
+        classes = tuple(policy)
+        return {module for module in root.modules() if module is not root and isinstance(module, classes)}
+    return {module for module in root.modules() if module is not root and policy(module)}
 
 
 def _takes_fsdp1_arguments(policy: Callable[..., Any]) -> bool:

@@ -26,7 +26,7 @@ from torch.distributed.fsdp.wrap import (
 
 from fabric import Fabric
 from fabric.strategies.fsdp import FSDPStrategy, mesh_layout
-from fabric.strategies.fsdp_options import UnitsLikeFsdp1
+from fabric.strategies.fsdp_options import UnitsLikeFsdp1, shard_units
 
 
 class Block(nn.Module):
@@ -79,7 +79,8 @@ def test_an_fsdp1_size_policy_chooses_the_units_fsdp1_would(min_num_params: int)
     strategy = FSDPStrategy(auto_wrap_policy=policy)
     assert isinstance(strategy.shard_modules, UnitsLikeFsdp1)
     model = _model()
-    ours = sorted(name for name, module in model.named_modules() if name and strategy._is_unit(module))
+    units = shard_units(strategy.shard_modules, model)
+    ours = sorted(name for name, module in model.named_modules() if module in units)
     assert ours == _fsdp1_units(model, policy)
     if min_num_params == 300:  # Block(16) (304) is a unit; Block(32) is not: its Linear (1056 of 1120) already is
         assert ours == ["1.0", "1.1.linear"]
@@ -89,8 +90,19 @@ def test_an_fsdp1_lambda_policy_is_asked_about_each_module() -> None:
     policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda module: isinstance(module, nn.LayerNorm))
     strategy = FSDPStrategy(auto_wrap_policy=policy)
     model = _model()
-    ours = sorted(name for name, module in model.named_modules() if name and strategy._is_unit(module))
+    units = shard_units(strategy.shard_modules, model)
+    ours = sorted(name for name, module in model.named_modules() if module in units)
     assert ours == _fsdp1_units(model, policy) == ["1.0.norm", "1.1.norm", "2.0.norm"]
+
+
+def test_an_fsdp1_policy_that_does_not_enter_a_module_keeps_its_children_out_of_units() -> None:
+    """FSDP1's size policy never recurses into nn.MultiheadAttention: its out_proj is no unit of its own
+    (a unit inside the attention's own forward fails at the first step, mixing Tensor and DTensor)."""
+    model = nn.Sequential(nn.MultiheadAttention(16, 2), nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)))
+    policy = functools.partial(size_based_auto_wrap_policy, min_num_params=100)
+    units = shard_units(FSDPStrategy(auto_wrap_policy=policy).shard_modules, model)
+    ours = sorted(name for name, module in model.named_modules() if module in units)
+    assert ours == _fsdp1_units(model, policy) == ["1.0", "1.1"]
 
 
 @pytest.mark.parametrize(
