@@ -394,7 +394,11 @@ class PolynomialScheduler(_TimeScheduler):
 # itself. A warmup in epochs, or in dur of an epoch max_duration, counts batches (through the dataloader's length),
 # so "1ep" warms up over the first epoch's batches. `scale_warmup=False` (Composer's default) keeps the warmup's length
 # when the scale schedule ratio shrinks or stretches the rest of the schedule.
-# In the decaying variants, tau_w = min(1, (t - t_warmup) / (t_max - t_warmup)), and tau_w = 1 when t_max <= t_warmup.
+# In the decaying variants, tau_w = min(1, (t - t_warmup) / (t_max - t_warmup)); t_max <= t_warmup is refused (at
+# construction when both are in one unit, else at the first batch), as Composer does: it would train at alpha_f.
+
+
+_END_OF_TRAINING: Time[float] = Time(1.0, TimeUnit.DURATION)
 
 
 class _WarmupDecay(_TimeScheduler):
@@ -406,14 +410,33 @@ class _WarmupDecay(_TimeScheduler):
         self.t_max = _parse_time(owner, "t_max", t_max)
         self.scale_warmup = bool(scale_warmup)
         _compatible_units(owner, t_warmup=self.t_warmup, t_max=self.t_max)
+        if self.t_warmup.unit is self.t_max.unit and self.t_max.value <= self.t_warmup.value:
+            raise ValueError(self._no_decay_span(str(self.t_warmup), str(self.t_max)))
 
     def _phase(self, state: SchedulerState, ssr: float) -> tuple[bool, float]:
         """``(True, t / t_warmup)`` while warming up, then ``(False, tau_w)``."""
         unscaled = () if self.scale_warmup else ("t_warmup",)
         now, (t_warmup, t_max) = self._place(state, ssr, unscaled=unscaled, t_warmup=self.t_warmup, t_max=self.t_max)
+        if t_max <= t_warmup and self._outlasts_warmup(state, ssr):  # units that meet only on the clock
+            placed = f"{self.t_max} = {t_max:g} with max_duration={state.max_duration}"
+            raise ValueError(self._no_decay_span(f"{self.t_warmup} = {t_warmup:g}", placed))
         if not _reached(now, t_warmup):
             return True, now / t_warmup
         return False, _progress(now, t_warmup, t_max)
+
+    def _outlasts_warmup(self, state: SchedulerState, ssr: float) -> bool:
+        """Whether training goes on after the warmup (also when the two cannot be compared: refuse then)."""
+        owner = type(self).__name__
+        warmup_unit, warmup = _on_axis(owner, "t_warmup", self.t_warmup, state, ssr if self.scale_warmup else 1.0)
+        end_unit, end = _on_axis(owner, "max_duration", _END_OF_TRAINING, state, 1.0)
+        return warmup_unit is not end_unit or warmup < end
+
+    def _no_decay_span(self, t_warmup: str, t_max: str) -> str:
+        return (
+            f"{type(self).__name__}(t_warmup={t_warmup}, t_max={t_max}): t_max must come after t_warmup. The decay "
+            "runs from t_warmup to t_max, so the learning rate would drop to alpha_f right after the warmup and "
+            "stay there for the rest of training. Give a t_max after t_warmup (or a longer max_duration)."
+        )
 
 
 class MultiStepWithWarmupScheduler(_TimeScheduler):

@@ -186,7 +186,6 @@ TABLE: list[tuple[str, Scheduler, FakeState, float]] = [
         state(batch=12, max_duration="20ba"),
         1.0 - 0.5 * 8 / 16,
     ),
-    ("linear warmup empty decay", LinearWithWarmupScheduler("4ba", 1.0, 0.3, "2ba"), state(batch=5), 0.3),
     # CosineAnnealingWithWarmupScheduler: t / t_warmup, then alpha_f + (1 - alpha_f) * (1 + cos(pi * tau_w)) / 2
     ("cosine warmup b1", CosineAnnealingWithWarmupScheduler("2ba", "10ba"), state(batch=1), 0.5),
     ("cosine warmup b2", CosineAnnealingWithWarmupScheduler("2ba", "10ba"), state(batch=2), 1.0),
@@ -308,11 +307,26 @@ def test_bare_numbers_have_no_unit(bare: object) -> None:
             r"t_warmup='10ba', t_max='200sp' must be in the same",
         ),
         (lambda: PolynomialWithWarmupScheduler("10sp", t_max="100tok"), "must be in the same unit"),
+        # the decay would be empty: the learning rate would sit at alpha_f (0) for the rest of training
+        (lambda: LinearWithWarmupScheduler("20ba", t_max="20ba"), r"\(t_warmup=20ba, t_max=20ba\): t_max must come"),
+        (lambda: CosineAnnealingWithWarmupScheduler("0.5dur", t_max="0.2dur"), "t_max must come after t_warmup"),
+        (lambda: PolynomialWithWarmupScheduler("3ep", t_max="2ep"), "t_max must come after t_warmup"),
     ],
 )
 def test_bad_arguments_are_rejected_at_construction(build: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_a_warmup_that_reaches_t_max_only_on_the_clock_is_refused_at_the_first_batch() -> None:
+    """'20ba' and '0.5dur' meet only once max_duration is known: with 30 batches, t_max is 15, inside the warmup,
+    and the last 10 batches would train at alpha_f = 0."""
+    scheduler = LinearWithWarmupScheduler("20ba", t_max="0.5dur")
+    with pytest.raises(ValueError, match=r"t_warmup=20ba = 20, t_max=0.5dur = 15 with max_duration=30ba\): t_max"):
+        scheduler(state(batch=0, max_duration="30ba"))
+    assert scheduler(state(batch=30, max_duration="80ba")) == pytest.approx(1.0 - 10 / 20)
+    assert scheduler(state(batch=5, max_duration="20ba")) == 0.25  # a run that ends with the warmup is fine
+    assert LinearWithWarmupScheduler("20ba")(state(batch=5, max_duration="20ba")) == 0.25
 
 
 def test_milestones_must_be_a_list() -> None:
