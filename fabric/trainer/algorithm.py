@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 class Algorithm(ABC):
     """Base class of training methods (MixUp, LabelSmoothing, EMA, ...)."""
 
-    #: Whether two instances may run in one Trainer (two MixUps would mix twice: usually not).
-    allow_multiple_instances: ClassVar[bool] = False
+    #: Whether two instances may run in one Trainer: yes, as in Composer (each is checkpointed under its own
+    #: name), unless two copies would fight over one thing (two EMAs over the model's weights).
+    allow_multiple_instances: ClassVar[bool] = True
     #: Algorithm classes this one cannot run together with (the class docstring says why).
     incompatible_with: ClassVar[tuple[type[Algorithm], ...]] = ()
     #: Why those cannot run together; part of the error a user sees.

@@ -48,10 +48,24 @@ from enum import Enum
 
 
 class Event(str, Enum):
-    """An event; as in Composer it equals its value, so ``Event.BATCH_END == "batch_end"``, and prints as it."""
+    """An event; as in Composer it equals its value and its name in any case (``Event.BATCH_END == "batch_end"
+    == "BATCH_END"``), and prints as its value."""
 
     def __str__(self) -> str:
         return self.value
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is Event:  # the hot path: the engine compares events with events
+            return self is other
+        if isinstance(other, str):
+            return self.value == other.lower()
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = Enum.__hash__
 
     INIT = "init"
     BEFORE_LOAD = "before_load"

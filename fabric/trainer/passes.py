@@ -49,7 +49,10 @@ def check_compatibility(algorithms: Sequence[Algorithm]) -> None:
     for algorithm in algorithms:
         kind = type(algorithm)
         if kind in seen and not kind.allow_multiple_instances:
-            raise ValueError(f"Two {kind.__name__} instances were given; {kind.__name__} can run only once.")
+            raise ValueError(
+                f"Two {kind.__name__} instances were given; {kind.__name__} can run only once (see its "
+                "allow_multiple_instances)."
+            )
         seen[kind] = algorithm
     for algorithm in algorithms:
         clashes = [other for other in algorithms if isinstance(other, type(algorithm).incompatible_with)]

@@ -42,7 +42,9 @@ class TimeUnit(Enum):
 TValue = TypeVar("TValue", int, float)
 
 _INTEGER_UNITS = "ep|ba|sp|tok"
-_TIMESTRING = re.compile(rf"(?P<count>[0-9]+)(?P<unit>{_INTEGER_UNITS})|(?P<fraction>[0-9]+(?:\.[0-9]+)?)dur")
+_TIMESTRING = re.compile(
+    rf"(?P<count>[0-9]+)(?P<unit>{_INTEGER_UNITS})|(?P<fraction>[0-9]+(?:\.[0-9]+)?)dur", re.IGNORECASE
+)
 _ACCEPTED = (
     "Accepted: an integer followed by ep, ba, sp or tok (e.g. '10ep', '500ba'), "
     "or a number followed by dur (e.g. '0.3dur')."
@@ -105,8 +107,9 @@ class Time(Generic[TValue]):
     def from_timestring(cls, timestring: str) -> Time[Any]:
         """Parse ``"10ep"``, ``"500ba"``, ``"2048sp"``, ``"1000tok"`` or ``"0.3dur"``.
 
-        Surrounding whitespace is ignored; anything else (signs, exponents, ``_``, inner spaces,
-        upper case, a fraction of an integer unit) is a ``ValueError`` that lists the accepted forms.
+        Surrounding whitespace and the unit's case (``"10EP"``, as Composer) are ignored; anything else (signs,
+        exponents, ``_``, inner spaces, a fraction of an integer unit) is a ``ValueError`` that lists the accepted
+        forms.
         """
         if not isinstance(timestring, str):
             raise TypeError(f"Expected a time string such as '10ep', got {type(timestring).__name__}.")
@@ -115,7 +118,7 @@ class Time(Generic[TValue]):
             raise ValueError(f"Time string {timestring!r} is not valid. {_ACCEPTED}")
         if match["fraction"] is not None:
             return Time(float(match["fraction"]), TimeUnit.DURATION)
-        return Time(int(match["count"]), TimeUnit(match["unit"]))
+        return Time(int(match["count"]), TimeUnit(match["unit"].lower()))
 
     @classmethod
     def from_input(
@@ -277,6 +280,25 @@ class Time(Generic[TValue]):
                 raise self._not_whole(expression, self._value / other)
             return Time(cast(Any, whole), self._unit)
         return self._scaled(self._value / other, expression)
+
+    def __mod__(self, other: Time[TValue] | str | int | float) -> Time[TValue]:
+        """The remainder in this unit: ``Time(10, "ba") % 4 == Time(2, "ba")``, or ``% "4ba"``."""
+        time = self._as_time(other)
+        if time is None:
+            return NotImplemented
+        self._same_unit(time, "take the remainder of")
+        if time._value == 0:
+            raise ZeroDivisionError(f"{self} % {time}: the divisor is zero.")
+        return Time(self._value % time._value, self._unit)
+
+    def __pos__(self) -> Time[TValue]:
+        return self
+
+    def __neg__(self) -> Time[TValue]:
+        """Only ``-Time(0, ...)``: a Time cannot be negative (Composer's can); subtract instead, ``a - b``."""
+        if self._value == 0:
+            return self
+        raise ValueError(f"-{self} would be negative; a Time cannot be negative. Subtract instead: a - {self}.")
 
     # --- comparison ---------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import pytest
 from torch import nn
 
 from fabric.trainer.algorithm import Algorithm
+from fabric.trainer.algorithms.ema import EMA
 from fabric.trainer.callback import Callback
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
@@ -22,8 +23,6 @@ def _state(max_duration: str = "10ba") -> State:
 
 class Scale(Algorithm):
     """Multiplies the batch before the forward and divides it back afterwards."""
-
-    allow_multiple_instances = True
 
     def __init__(self, factor: float, log: list[str]) -> None:
         self.factor, self.log = factor, log
@@ -63,6 +62,8 @@ def test_a_custom_pass_reorders_algorithms() -> None:
 
 
 class Once(Algorithm):
+    allow_multiple_instances = False
+
     def match(self, event: Event, state: State) -> bool:
         return False
 
@@ -77,6 +78,18 @@ class Exclusive(Once):
 def test_two_instances_of_a_single_instance_algorithm_are_rejected() -> None:
     with pytest.raises(ValueError, match="Two Once instances were given; Once can run only once"):
         Engine(_state(), None, algorithms=[Once(), Once()])
+    with pytest.raises(ValueError, match="Two EMA instances were given"):
+        Engine(_state(), None, algorithms=[EMA(), EMA(half_life="10ba")])
+
+
+def test_two_instances_of_an_algorithm_class_run_as_in_composer() -> None:
+    """Composer runs both (two Scale settings here); the trainer checkpoints each under its own name."""
+    log: list[str] = []
+    state = _state()
+    state.batch = 1.0
+    engine = Engine(state, None, algorithms=[Scale(2.0, log), Scale(3.0, log)])
+    engine.run_event(Event.BEFORE_FORWARD)
+    assert log == ["2.0:before_forward", "3.0:before_forward"] and state.batch == 6.0
 
 
 def test_incompatible_algorithms_are_rejected_at_construction() -> None:

@@ -29,6 +29,10 @@ def test_opening_and_single_events(event: Event) -> None:
 
 def test_callback_method_names_are_the_event_values() -> None:
     assert Event.BATCH_END.value == "batch_end"
+    assert Event.BATCH_END == "batch_end" == Event.BATCH_END  # its value, as in Composer
+    assert Event.BATCH_END == "BATCH_END" and Event.BATCH_END == "Batch_End"  # its name, in any case
+    assert Event.BATCH_END != "batch_start" and Event.BATCH_END != Event.BATCH_START and Event.BATCH_END != 3
+    assert {Event.BATCH_END: 1}[Event.BATCH_END] == 1
     assert Event.FIT_START.value == "fit_start"
     assert len({event.value for event in Event}) == len(Event)
 

@@ -61,7 +61,6 @@ def test_from_timestring(timestring: str, value: float, unit: TimeUnit) -> None:
         "1e3ba",  # exponents
         "1e-3dur",
         "10 ep",  # inner whitespace
-        "10EP",  # units are lower case
         "1_000ba",
         "0x10ba",
         "10ep10",
@@ -211,7 +210,27 @@ def test_scaling_an_integer_unit_must_give_a_whole_count(operation: Any, message
         operation()
 
 
+def test_unit_case_is_ignored_as_in_composer() -> None:
+    assert Time.from_timestring("10EP") == Time.from_epoch(10)
+    assert Time.from_timestring(" 500Ba ") == Time.from_batch(500)
+    assert Time.from_timestring("0.3DUR") == Time(0.3, "dur")
+    assert Time.from_timestring("64TOK") == Time(64, "tok") and Time.from_epoch(2) == "2EP"
+
+
+def test_remainder_within_one_unit() -> None:
+    assert Time.from_batch(10) % 4 == Time.from_batch(2)
+    assert Time.from_batch(10) % "5ba" == Time.from_batch(0)
+    assert (Time(0.7, "dur") % 0.25).value == pytest.approx(0.2)
+    with pytest.raises(TypeError, match="Cannot take the remainder of 10ba and 3ep"):
+        Time.from_batch(10) % Time.from_epoch(3)
+    with pytest.raises(ZeroDivisionError, match="10ba % 0ba: the divisor is zero"):
+        Time.from_batch(10) % 0
+
+
 def test_times_are_never_negative() -> None:
+    assert +Time.from_batch(3) == Time.from_batch(3) and -Time.from_batch(0) == Time.from_batch(0)
+    with pytest.raises(ValueError, match=re.escape("-3ba would be negative; a Time cannot be negative. Subtract")):
+        -Time.from_batch(3)
     with pytest.raises(ValueError, match=re.escape("1ba - 2ba would be negative; a Time cannot be negative.")):
         Time.from_batch(1) - Time.from_batch(2)
     with pytest.raises(ValueError, match="A Time cannot be negative"):

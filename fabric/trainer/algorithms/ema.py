@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -93,6 +93,9 @@ def _smoothing(half_life: Time[Any] | str | None, smoothing: float | None, inter
 
 class EMA(Algorithm):
     """EMA (see the module docstring)."""
+
+    # Two would each swap their own averaged weights into the one model for evaluation.
+    allow_multiple_instances: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ weights with the trainer's schedule.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -47,6 +47,9 @@ def _whole_batches(dataloader: Iterable[Any]) -> Iterator[tuple[Any]]:
 
 class SWA(Algorithm):
     """SWA (see the module docstring)."""
+
+    # Two would each load their own average into the one model at the end.
+    allow_multiple_instances: ClassVar[bool] = False
 
     def __init__(
         self,
