@@ -23,12 +23,19 @@ from fabric.trainer.loggers.mlflow_logger import MLFlowLogger  # noqa: E402
 
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A local file store (MLflow 3 wants this opt-in for file stores; sqlite:/// URIs work the same way)."""
+    """A local file store (MLflow 3 wants this opt-in for file stores)."""
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     return f"file:{tmp_path / 'mlruns'}"
 
 
-def test_a_trainer_run_reads_back_with_params_metrics_steps_and_tags(store: str) -> None:
+@pytest.fixture(params=["file", "sqlite"])
+def any_store(request: pytest.FixtureRequest, store: str, tmp_path: Path) -> str:
+    """The file store, or the README's ``sqlite:`` store (needs SQLAlchemy and Alembic, in ``[test]``)."""
+    return store if request.param == "file" else f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_a_trainer_run_reads_back_with_params_metrics_steps_and_tags(any_store: str) -> None:
+    store = any_store
     x = torch.randn(12, 4, generator=torch.Generator().manual_seed(0))
     loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4)
     model = Regressor()
