@@ -339,11 +339,10 @@ def resolve(
         device_request = _launcher_devices(layout, device_request, picked["num_nodes"])
     device_list = accelerator_obj.resolve_devices(device_request)
     num_nodes = follow_launcher(layout, picked["strategy"], picked["devices"], len(device_list), picked["num_nodes"])
-    if precision_plugin is None:
-        precision_plugin = PRECISION_REGISTRY.create(
-            picked["precision"] or "32-true", device_type=accelerator_obj.device_type
-        )
     strategy_obj = _build_strategy(picked["strategy"], len(device_list) * num_nodes, layout is not None, interactive)
+    if precision_plugin is None:  # not given: the strategy's own configuration's (a DeepSpeed config's), else 32-true
+        precision_name = picked["precision"] or strategy_obj.default_precision() or "32-true"
+        precision_plugin = PRECISION_REGISTRY.create(precision_name, device_type=accelerator_obj.device_type)
     strategy_obj.connect(
         accelerator=accelerator_obj,
         precision=precision_plugin,

@@ -330,7 +330,8 @@ def test_config_from_a_json_file(tmp_path: Path) -> None:
     ("config", "precision", "message"),
     [
         ({"fp16": {"enabled": True}}, "bf16-mixed", r"enables fp16.*precision is 'bf16-mixed'"),
-        ({"bf16": {"enabled": True}}, None, r"enables bf16.*precision is '32-true'.*precision='bf16-mixed'"),
+        ({"bf16": {"enabled": True}}, "32-true", r"enables bf16.*precision is '32-true'.*precision='bf16-mixed'"),
+        ({"bf16": {"enabled": True}, "fp16": {"enabled": True}}, None, r"enables both fp16 and bf16; enable one"),
         ({"fp16": {"enabled": False}}, "16-mixed", r"disables fp16.*precision is '16-mixed'"),
         ({}, "64-true", r"precision='64-true' is not supported with DeepSpeed.*'bf16-mixed'"),
         ({}, "bf16-true", r"precision='bf16-true' is not supported"),

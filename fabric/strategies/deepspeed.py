@@ -48,6 +48,7 @@ from fabric.strategies.deepspeed_config import (
     ConfigArg,
     check_stage,
     complete_config,
+    precision_from_config,
     read_config,
     with_micro_batch_size,
     zero_stage,
@@ -351,6 +352,11 @@ class DeepSpeedStrategy(ParallelStrategy):
     @property
     def saves_on_every_rank(self) -> bool:
         return True
+
+    def default_precision(self) -> str | None:
+        """The precision the config enables (``fp16`` -> ``"16-mixed"``, ``bf16`` -> ``"bf16-mixed"``), as
+        Composer reads a ``deepspeed_config``'s precision when the Trainer was given none."""
+        return precision_from_config(self._user_config)
 
     def checkpoint_io_refusal(self) -> str | None:
         return (

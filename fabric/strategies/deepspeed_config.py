@@ -198,6 +198,14 @@ def _settle_precision(config: dict[str, Any], precision: str) -> None:
         config.setdefault(wanted, {})["enabled"] = True
 
 
+def precision_from_config(config: dict[str, Any]) -> str | None:
+    """The Fabric precision whose section (``fp16``/``bf16``) the config enables; ``None`` when it enables none."""
+    enabled = [section for section in ("fp16", "bf16") if config.get(section, {}).get("enabled")]
+    if len(enabled) > 1:
+        raise ValueError("The DeepSpeed config enables both fp16 and bf16; enable one of them.")
+    return _precision_for(enabled[0]) if enabled else None
+
+
 def _precision_for(section: str) -> str:
     return next(name for name, enabling in PRECISION_SECTIONS.items() if enabling == section)
 

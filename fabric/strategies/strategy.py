@@ -120,6 +120,11 @@ class Strategy:
                 return f"plugins=[{type(self._checkpoint_io).__name__}(...)]: {refusal}"
         return None
 
+    def default_precision(self) -> str | None:
+        """The precision this strategy's own configuration asks for, used when ``Fabric(precision=...)`` is not
+        given (``None``: Fabric's default, ``"32-true"``)."""
+        return None
+
     def checkpoint_io_refusal(self) -> str | None:
         """Why this strategy's checkpoints cannot go through a user's ``CheckpointIO`` plugin; ``None`` when
         every save and load does. A plugin that would be ignored is refused instead."""

@@ -108,6 +108,23 @@ def test_deepspeed_config_becomes_the_deepspeed_strategy_with_that_config() -> N
     assert isinstance(Fabric(**translate_fabric_choices({"accelerator": "cpu"}, None, {})).strategy, DeepSpeedStrategy)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+@pytest.mark.parametrize(("section", "precision"), [("fp16", "16-mixed"), ("bf16", "bf16-mixed"), (None, "32-true")])
+def test_a_deepspeed_config_sets_the_precision_when_none_is_given(section: str | None, precision: str) -> None:
+    """Seed 003's form: ``deepspeed_config={"train_batch_size": 2048, "fp16": {"enabled": True}}`` and no
+    precision. It was refused because the default precision, 32-true, contradicted the config."""
+    config: dict[str, Any] = {"train_batch_size": 2048}
+    if section is not None:
+        config[section] = {"enabled": True}
+    fabric = Fabric(**translate_fabric_choices({"accelerator": "cpu", "devices": 2}, None, config))
+    assert fabric.precision.name == precision
+    assert fabric.strategy.config.get(section or "fp16", {}).get("enabled", False) is (section is not None)
+    given = translate_fabric_choices({"accelerator": "cpu", "devices": 2, "precision": "32-true"}, None, config)
+    if section is not None:  # a precision given and contradicting the config is still an error naming both
+        with pytest.raises(ValueError, match=f"config enables {section}.*Fabric's precision is '32-true'"):
+            Fabric(**given)
+
+
 def test_deepspeed_config_with_another_strategy_fails_naming_both() -> None:
     with pytest.raises(ValueError, match=r"deepspeed_config= selects the DeepSpeed strategy, but strategy='ddp'"):
         _trainer(deepspeed_config={}, strategy="ddp")
