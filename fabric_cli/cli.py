@@ -101,9 +101,11 @@ def run() -> None:
 @click.option(
     "--world-size",
     "--world_size",
-    type=click.IntRange(min=1),
+    type=int,
+    callback=lambda ctx, param, value: _world_size(value),
     envvar="WORLD_SIZE",
-    help="Processes on all nodes, for uneven nodes. [default: $WORLD_SIZE, else devices x nodes]",
+    help="Processes on all nodes, for uneven nodes; -1 (Composer's default): devices x nodes. "
+    "[default: $WORLD_SIZE, else devices x nodes]",
 )
 @click.option(
     "--base-rank",
@@ -164,7 +166,8 @@ def run_model(**options: Any) -> None:
 
     The options below count anywhere before a `--`; after SCRIPT only in their long form (`--devices 2`),
     since short ones after SCRIPT (`-v`, `-n 2`, `-c cfg.yaml`, `-m`) are the script's. Everything after
-    `--`, and every other argument after SCRIPT, is passed to the script untouched.
+    `--`, and every other argument after SCRIPT, is passed to the script, with `~` and `$VAR` expanded
+    (as Composer's launcher does, for arguments quoted past the shell).
     """
     try:
         plan = _make_plan(options)
@@ -182,6 +185,17 @@ def run_model(**options: Any) -> None:
     except (JoinError, OutputError) as error:
         click.echo(f"fabric: error: {error}", err=True)
         sys.exit(2 if isinstance(error, OutputError) else 1)
+
+
+def _world_size(value: int | None) -> int | None:
+    """``--world_size``: a count, or Composer's ``-1`` for "not given" (devices x nodes)."""
+    if value is None or value == -1:
+        return None
+    if value < 1:
+        raise click.BadParameter(
+            f"{value} is not valid. Accepted: a number of processes >= 1, or -1 (devices x nodes)."
+        )
+    return value
 
 
 def _make_plan(options: dict[str, Any]) -> LaunchPlan:
@@ -209,7 +223,7 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
         passed["num_nodes"] = layout.num_nodes
     plan = LaunchPlan(
         script=options["script"],
-        script_args=tuple(options["script_args"]),
+        script_args=tuple(os.path.expandvars(os.path.expanduser(arg)) for arg in options["script_args"]),
         mode=mode,
         layout=layout,
         main_address=main_address,

@@ -159,11 +159,23 @@ def test_composer_flags_and_environment_defaults_set_the_layout() -> None:
     assert "world size:    5 (2 node(s)); this node: rank 1, global ranks 2..4" in out
     assert "main address:  198.18.0.1:29512" in out and "LOCAL_WORLD_SIZE=3" in out
     bad = _fabric("run", "model", "--dry-run", REPORT, env=_env(WORLD_SIZE="two"))
-    assert (
-        bad.returncode == 2
-        and "'two' is not a valid integer range" in bad.stderr
-        and "(from $WORLD_SIZE)" in bad.stderr
+    assert bad.returncode == 2 and "'two' is not a valid integer" in bad.stderr and "(from $WORLD_SIZE)" in bad.stderr
+
+
+def test_composers_world_size_minus_one_means_devices_times_nodes_and_zero_is_refused() -> None:
+    """``--world_size -1`` is Composer's documented default; it was refused as out of range."""
+    out = _dry_run("run", "model", "-n", "2", "--world_size", "-1", "--accelerator", "cpu", REPORT)
+    assert "world size:    2 (1 node(s)); this node: rank 0, global ranks 0..1" in out
+    bad = _fabric("run", "model", "--dry-run", "--world_size", "0", REPORT)
+    assert bad.returncode == 2 and "0 is not valid. Accepted: a number of processes >= 1, or -1" in bad.stderr
+
+
+def test_script_arguments_get_home_and_variables_expanded_as_composers_launcher_does() -> None:
+    environment = _env(HOME="/home/user", DATA_ROOT="/datasets")
+    out = _dry_run(
+        "run", "model", "--accelerator", "cpu", REPORT, "~/data", "$DATA_ROOT/train", "$NOT_SET", env=environment
     )
+    assert f"{REPORT} /home/user/data /datasets/train '$NOT_SET'" in out  # an unset variable stays as written
 
 
 def test_command_mode_and_output_templates_really_run(tmp_path: Path) -> None:
