@@ -21,7 +21,6 @@ from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks import (
     EarlyStopper,
     LRMonitor,
-    MemoryMonitor,
     NaNMonitor,
     OptimizerMonitor,
     RuntimeEstimator,
@@ -356,44 +355,6 @@ def test_runtime_estimator_counts_batches_within_epochs() -> None:
 def test_runtime_estimator_rejects_negative_skips() -> None:
     with pytest.raises(ValueError, match="skip_batches must be"):
         RuntimeEstimator(skip_batches=-1)
-
-
-# --- MemoryMonitor ----------------------------------------------------------------------------------
-
-
-def test_memory_monitor_logs_cuda_memory_in_gigabytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked: list[torch.device] = []
-
-    def memory_stats(device: torch.device) -> dict[str, int]:
-        asked.append(device)
-        return {
-            "allocated_bytes.all.current": 1_500_000_000,
-            "allocated_bytes.all.peak": 3_000_000_000,
-            "reserved_bytes.all.current": 4_000_000_000,
-            "num_alloc_retries": 0,
-        }
-
-    monkeypatch.setattr(torch.cuda, "memory_stats", memory_stats)
-    rig = Rig(MemoryMonitor())
-    rig.state.fabric = SimpleNamespace(device=torch.device("cuda", 1))
-    rig.engine.run_event(Event.AFTER_TRAIN_BATCH)
-    assert asked == [torch.device("cuda", 1)]
-    assert rig.memory.data["memory/reserved_mem"] == [(1, pytest.approx(4.0))]
-    assert rig.memory.most_recent_values == {
-        "memory/allocated_mem": pytest.approx(1.5),
-        "memory/peak_allocated_mem": pytest.approx(3.0),
-        "memory/reserved_mem": pytest.approx(4.0),
-    }
-
-
-@pytest.mark.parametrize("fabric", [None, SimpleNamespace(device=torch.device("cpu"))])
-def test_memory_monitor_is_silent_on_cpu(fabric: Any) -> None:
-    rig = Rig(MemoryMonitor())
-    rig.state.fabric = fabric
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        rig.engine.run_event(Event.AFTER_TRAIN_BATCH)
-    assert rig.memory.data == {}
 
 
 # --- with the Trainer -------------------------------------------------------------------------------
