@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from fabric.trainer.algorithms.transformer_paths import disable_fused_transformer_paths
 from fabric.trainer.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules
 
 
@@ -159,7 +160,9 @@ def apply_factorization(
         policy[nn.Conv2d] = factorize_conv
     if factorize_linears:
         policy[nn.Linear] = factorize_linear
-    return replace_modules(model, policy, optimizers)
+    replaced = replace_modules(model, policy, optimizers)
+    disable_fused_transformer_paths(model)  # they would read a factorized linear1/linear2's missing weight
+    return replaced
 
 
 class Factorize(SurgeryAlgorithm):

@@ -1,8 +1,10 @@
 """Every algorithm of the registry, pairwise: declared incompatibilities are rejected, every other pair trains together.
 
-Each compatible pair runs through the Trainer for 4 batches on a small residual conv net whose batches are
-dicts holding images, labels and token ids (so image methods and SeqLengthWarmup all find their inputs), with
-the time-based methods set to act from the first batches on.
+Each compatible pair runs through the Trainer for 4 batches on a small residual conv net plus a token branch (an
+embedding, a ``nn.TransformerEncoderLayer`` with dropout, a GroupNorm) whose batches are dicts holding images,
+labels and token ids (so image, attention and sequence methods all find their inputs), from a dataset with a
+torchvision-style ``transform`` (for AugMix and RandAugment), with the time-based methods set to act from the
+first batches on. Pairs with a low-precision norm train under ``bf16-mixed``, where those act.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def _factories(image_task: ModuleType) -> dict[str, Callable[[], Algorithm]]:
     """One way to build each algorithm, with settings that make it act within 4 batches of this task."""
     keys = {"input_key": "inputs", "target_key": "targets"}
     return {
+        "Alibi": lambda: algorithms.Alibi(max_sequence_length=16, train_sequence_length_scaling=1.0),
+        "AugMix": lambda: algorithms.AugMix(severity=3, width=2),
         "BlurPool": lambda: algorithms.BlurPool(min_channels=4),
         "ChannelsLast": lambda: algorithms.ChannelsLast(),
         "ColOut": lambda: algorithms.ColOut(input_key="inputs"),
@@ -42,16 +46,22 @@ def _factories(image_task: ModuleType) -> dict[str, Callable[[], Algorithm]]:
         "CutOut": lambda: algorithms.CutOut(input_key="inputs"),
         "EMA": lambda: algorithms.EMA(half_life="1ba"),
         "Factorize": lambda: algorithms.Factorize(min_channels=4, latent_channels=0.5, min_features=4),
+        "GatedLinearUnits": lambda: algorithms.GatedLinearUnits(act_fn="gelu"),
         "GhostBatchNorm": lambda: algorithms.GhostBatchNorm(ghost_batch_size=4),
         "GradientClipping": lambda: algorithms.GradientClipping("norm", 1.0),
+        "GyroDropout": lambda: algorithms.GyroDropout(p=0.2, sigma=8, tau=2),
         "LabelSmoothing": lambda: algorithms.LabelSmoothing(target_key="targets"),
         "LayerFreezing": lambda: algorithms.LayerFreezing(freeze_start=0.25, freeze_level=0.5, interval="batch"),
+        "LowPrecisionGroupNorm": lambda: algorithms.LowPrecisionGroupNorm(),
+        "LowPrecisionLayerNorm": lambda: algorithms.LowPrecisionLayerNorm(),
         "MixUp": lambda: algorithms.MixUp(**keys),
         "ProgressiveResizing": lambda: algorithms.ProgressiveResizing(delay_fraction=0.0, **keys),
+        "RandAugment": lambda: algorithms.RandAugment(severity=5, depth=2),
         "SAM": lambda: algorithms.SAM(),
         "SWA": lambda: algorithms.SWA(swa_start="1ba", swa_end="3ba", update_interval="1ba", anneal_steps=1),
         "SelectiveBackprop": lambda: algorithms.SelectiveBackprop(start=0.0, end=1.0, interrupt=0, **keys),
         "SeqLengthWarmup": lambda: algorithms.SeqLengthWarmup(duration=0.5, min_seq_length=4, max_seq_length=8),
+        "SqueezeExcite": lambda: algorithms.SqueezeExcite(latent_channels=0.5, min_channels=4),
         "StochasticDepth": lambda: algorithms.StochasticDepth(image_task.ResidualBlock, "branch", drop_rate=0.5),
         "WeightStandardization": lambda: algorithms.WeightStandardization(n_last_layers_ignore=1),
     }
@@ -105,10 +115,19 @@ def _pairs() -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def dict_batch_model(image_task: ModuleType) -> type[torch.nn.Module]:
     class DictBatchResNet(image_task.SmallResNet):  # type: ignore[name-defined, misc]
-        """SmallResNet over ``{"inputs": images, "targets": labels, "input_ids": tokens}`` batches."""
+        """SmallResNet plus a token branch over ``{"inputs": images, "targets": labels, "input_ids": tokens}``."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.tokens = torch.nn.Embedding(50, 8)
+            self.encoder = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True)
+            self.token_norm = torch.nn.GroupNorm(2, 8)
+            self.token_head = torch.nn.Linear(8, 10)
 
         def forward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-            output: torch.Tensor = self.net(batch["inputs"])
+            images: torch.Tensor = self.net(batch["inputs"])
+            tokens = self.token_norm(self.encoder(self.tokens(batch["input_ids"])).mean(dim=1))
+            output: torch.Tensor = images + self.token_head(tokens)
             return output
 
         def loss(self, outputs: torch.Tensor, batch: Mapping[str, Any], reduction: str = "mean") -> torch.Tensor:
@@ -121,12 +140,17 @@ class _Samples(Dataset[dict[str, torch.Tensor]]):
     def __init__(self, image_task: ModuleType, count: int) -> None:
         self.images, self.labels = image_task.synthetic_patterns(count, seed=3).tensors
         self.tokens = torch.randint(0, 50, (count, 16), generator=torch.Generator().manual_seed(3))
+        #: Applied to each image, mapped into [0, 1] and back (the images are roughly standard normal).
+        self.transform: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"inputs": self.images[index], "targets": self.labels[index], "input_ids": self.tokens[index]}
+        image = self.images[index]
+        if self.transform is not None:
+            image = (self.transform((image * 0.25 + 0.5).clamp(0, 1)) - 0.5) * 4
+        return {"inputs": image, "targets": self.labels[index], "input_ids": self.tokens[index]}
 
 
 @pytest.mark.parametrize(("first", "second"), _pairs(), ids=["+".join(pair) for pair in _pairs()])
@@ -153,6 +177,7 @@ def test_each_pair_is_rejected_with_its_reason_or_trains_together(
 
     torch.manual_seed(0)
     model = dict_batch_model(width=4)
+    low_precision = {"LowPrecisionGroupNorm", "LowPrecisionLayerNorm"} & {first, second}
     trainer = Trainer(
         model,
         DataLoader(_Samples(image_task, 32), batch_size=8),
@@ -161,6 +186,7 @@ def test_each_pair_is_rejected_with_its_reason_or_trains_together(
         algorithms=pair,
         accelerator="cpu",
         devices=1,
+        precision="bf16-mixed" if low_precision else "32-true",
         progress_bar=False,
         seed=0,
     )
