@@ -10,29 +10,147 @@
 * ``grad_accum=N``: split every batch into ``N`` microbatches, i.e. ``device_train_microbatch_size`` of the
   train dataloader's ``batch_size / N`` (which must divide); ``grad_accum="auto"`` is
   ``device_train_microbatch_size="auto"``.
+
+Every other Composer ``Trainer`` argument is accepted with Composer's meaning or refused by name with a
+``ValueError`` saying what to use instead (when the Trainer is built), never a bare ``TypeError``:
+
+* ``train_subset_num_batches``: accepted; at most that many batches per epoch (``-1``: all), the epoch ending there
+  as after ``itertools.islice`` (``state.dataloader_len`` is the subset, as in Composer). Also a ``fit()`` argument.
+* ``eval_subset_num_batches``: accepted (as before; also ``fit()`` and ``eval(subset_num_batches=)``).
+* ``spin_dataloaders``: ``True`` (Composer's default) accepted, with nothing to do: a resume restores the epoch's
+  order from the checkpoint and starts at the first unseen batch (by index, without re-reading the seen ones), which
+  is what spinning the dataloader achieves. ``False`` accepted for dataloaders that resume themselves
+  (``state_dict()``/``load_state_dict()``: StreamingDataLoader, StatefulDataLoader), what Composer's ``False`` is
+  for; refused for other dataloaders, whose resumed epoch Composer would restart from its first batch.
+* ``dist_timeout``: accepted; seconds, the strategy's ``timeout`` for the process group and every collective, set
+  before the launch (default: the strategy's 30 minutes; Composer's is 300 s). No effect in one process. Refused
+  together with ``fabric=`` (that Fabric's strategy has its timeout).
+* ``deterministic_mode``: accepted; ``torch.use_deterministic_algorithms(True)``, cuDNN deterministic without
+  benchmarking and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, before the launch, with Composer's warning.
+* ``compile_config``: accepted; ``None`` compiles nothing, a dict (``{}``: the defaults) is ``torch.compile``'s
+  arguments, given to ``fabric.setup(model, compile=...)`` (compiled around the strategy's wrapper).
+* ``log_to_console``, ``console_log_interval``, ``console_stream``: accepted; add a ``ConsoleLogger`` printing the
+  metrics every ``console_log_interval`` (default ``"1ba"``) to ``console_stream`` (``"stderr"``, ``"stdout"`` or a
+  stream), unless one is among the loggers; with the progress bar on, Composer's warning.
+* ``save_ignore_keys``: accepted; Composer's paths and globs (``"state/model/*"``, ``"state/optimizers"``,
+  ``"rng"``) leave those parts out of every checkpoint (:mod:`fabric.trainer.checkpoint.parts`); a function
+  editing the state dict is refused.
+* ``save_metrics``: accepted; checkpoints also hold the train and eval metric objects' states and the latest
+  computed values (``state.metrics``), restored at load. (Metrics are computed and reset every batch or round, so
+  at a checkpoint the objects hold no accumulated values.)
+* ``load_ignore_keys``: accepted; the part names it took before, and Composer's paths of whole parts; paths to
+  single model weights are refused.
+* ``load_weights_only``: accepted (as before).
+* ``load_strict_model_weights``: accepted, Composer's name for ``load_strict``; it defaults to ``True`` here
+  (Composer: ``False``), and ``False`` also lets whole entries be missing.
+* ``load_exclude_algorithms``: accepted; algorithm class names (``"BlurPool"``) whose surgery, recorded in the
+  checkpoint, is not re-applied before it loads.
+* ``algorithm_passes``: accepted; functions ``(algorithms, event) -> list``, or ``(function, index)`` pairs, added to
+  the default passes as Composer's Engine registers them (appended, or inserted at ``index``).
+* ``parallelism_config``: ``{"fsdp": {...}}`` accepted as an ``FSDPStrategy``, each key mapped or refused by name
+  (:mod:`fabric.trainer.parallelism`); ``{"tp": ...}`` refused (``strategy=ModelParallelStrategy(...)``).
+* ``fsdp_config``, ``fsdp_auto_wrap``: refused, Composer's older names for ``parallelism_config={"fsdp": ...}``.
+* ``python_log_level``, ``precision_config``, ``ddp_sync_strategy``, ``load_object_store``,
+  ``accumulate_train_batch_on_tokens``, ``auto_log_hparams``, ``log_traces``, ``train_dataloader_label``: their
+  defaults accepted (they change nothing here); other values refused, naming the alternative (:data:`REFUSED`).
+
+``Trainer.fit()`` takes Composer's per-stage arguments (see :meth:`fabric.trainer.trainer.Trainer.fit` and
+:mod:`fabric.trainer.stages`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TextIO
+
+import torch
+from torch import nn
+
+from fabric.trainer.intervals import IntervalInput, create_interval
+from fabric.trainer.passes import DEFAULT_PASSES, AlgorithmPass
+from fabric.utilities.compile import uncompiled
+from fabric.utilities.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from fabric.fabric import Fabric
+    from fabric.trainer.loggers.console import ConsoleLogger
 
 _DEVICES = ("cpu", "gpu", "mps")
 _GPU_ACCELERATORS = ("gpu", "cuda", "mps")
 
+#: Composer arguments whose listed values change nothing here (accepted), with what to use for any other value.
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "fsdp_config": ((None,), "it is Composer's older name: pass parallelism_config={'fsdp': {...}}"),
+    "fsdp_auto_wrap": ((), "it is Composer's older name: pass parallelism_config={'fsdp': {'auto_wrap': ...}}"),
+    "python_log_level": ((None,), "configure Python's logging yourself, e.g. logging.basicConfig(level='INFO')"),
+    "precision_config": ((None,), "FP8 (TransformerEngine) settings are not supported; precision= sets the precision"),
+    "ddp_sync_strategy": (
+        (None,),
+        "DDP synchronises the gradients in the backward of each batch's last microbatch; configure DDP itself with "
+        "strategy=DDPStrategy(...)",
+    ),
+    "load_object_store": (
+        (None,),
+        "pass an fsspec URL as load_path (s3://bucket/checkpoint.pt), with storage_options= for the endpoint and "
+        "credentials",
+    ),
+    "accumulate_train_batch_on_tokens": (
+        (False,),
+        "microbatch losses are weighted by their share of the batch's samples; count tokens with "
+        "get_num_tokens_in_batch for the clock only",
+    ),
+    "auto_log_hparams": ((False,), "log them yourself: trainer.logger.log_hyperparameters({...})"),
+    "log_traces": ((False,), "algorithm traces are not logged"),
+    "train_dataloader_label": (
+        ("train",),
+        "the train dataloader's label is 'train' (metrics are logged as metrics/train/<name>)",
+    ),
+}
+
+
+def refuse_composer_arguments(choices: dict[str, Any]) -> None:
+    """Take Composer's arguments of :data:`REFUSED` out of ``choices`` (the Trainer's remaining keyword arguments):
+    accepted with a value that changes nothing here, else ``ValueError`` naming what to use instead."""
+    for name in [name for name in choices if name in REFUSED]:
+        value = choices.pop(name)
+        accepted, instead = REFUSED[name]
+        if not any(value is default or (type(value) is type(default) and value == default) for default in accepted):
+            raise ValueError(f"Trainer({name}={value!r}) is not supported: {instead}.")
+
 
 def translate_fabric_choices(
-    choices: Mapping[str, Any], device: str | None, deepspeed_config: Mapping[str, Any] | None
+    choices: Mapping[str, Any],
+    device: str | None,
+    deepspeed_config: Mapping[str, Any] | None,
+    parallelism_config: Any = None,
+    model: nn.Module | None = None,
 ) -> dict[str, Any]:
-    """``choices`` (the Trainer's Fabric arguments) with ``device``, ``precision="amp"`` and ``deepspeed_config``
-    turned into Fabric's ``accelerator``, ``precision`` and ``strategy``."""
+    """``choices`` (the Trainer's Fabric arguments) with ``device``, ``precision="amp"``, ``deepspeed_config`` and
+    ``parallelism_config`` turned into Fabric's ``accelerator``, ``precision`` and ``strategy``."""
     translated = dict(choices)
     if device is not None:
         translated["accelerator"] = _accelerator_for(device, choices.get("accelerator"))
     if translated.get("precision") == "amp":
         translated["precision"] = "16-mixed"
     if deepspeed_config is not None:
+        if parallelism_config is not None:
+            raise ValueError("deepspeed_config= and parallelism_config= each choose the strategy; pass only one.")
         translated["strategy"] = _deepspeed_strategy(deepspeed_config, choices.get("strategy"))
+    if parallelism_config is not None:
+        from fabric.trainer.parallelism import fsdp_strategy_from
+
+        assert model is not None
+        strategy = fsdp_strategy_from(parallelism_config, model)
+        if strategy is not None:
+            if choices.get("strategy") not in (None, "auto", "fsdp"):
+                raise ValueError(
+                    f"parallelism_config={{'fsdp': ...}} selects FSDPStrategy, but strategy={choices['strategy']!r} "
+                    "was given too. Pass only parallelism_config= (or strategy=FSDPStrategy(...))."
+                )
+            translated["strategy"] = strategy
     return translated
 
 
@@ -111,3 +229,183 @@ def microbatch_size_for(grad_accum: int, dataloader: Any) -> int | None:
             f"would differ in size. Use a grad_accum that divides {size}, or device_train_microbatch_size=."
         )
     return None if grad_accum == 1 else size // grad_accum
+
+
+# --- Composer's other Trainer arguments -------------------------------------------------------------
+
+
+def check_subset_num_batches(value: Any, name: str) -> int:
+    """``train_subset_num_batches`` / ``eval_subset_num_batches``: ``-1`` (all) or a positive int."""
+    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+        raise ValueError(f"{name}={value!r} is not valid. Accepted: -1 (every batch) or a positive int.")
+    return value
+
+
+def check_spin_dataloaders(spin: Any, dataloader: Any, keeps_own_position: Callable[[Any], bool]) -> None:
+    """``spin_dataloaders``: ``True`` changes nothing; ``False`` only for a loader that resumes itself."""
+    if not isinstance(spin, bool):
+        raise ValueError(f"spin_dataloaders={spin!r} is not valid. Accepted: True or False.")
+    if spin or dataloader is None or keeps_own_position(dataloader):
+        return
+    raise ValueError(
+        f"spin_dataloaders=False is Composer's setting for dataloaders that resume themselves, and this "
+        f"{type(dataloader).__name__} does not (it has no state_dict()/load_state_dict()): Composer would restart a "
+        "resumed epoch from its first batch, training those samples again. Here a resume continues at the first "
+        "unseen batch of the same order; remove spin_dataloaders=False (True is what happens)."
+    )
+
+
+def apply_dist_timeout(fabric: Fabric, dist_timeout: Any, fabric_given: bool) -> None:
+    """``dist_timeout`` (seconds) as the strategy's process-group and collective timeout, set before the launch."""
+    if dist_timeout is None:
+        return
+    if isinstance(dist_timeout, bool) or not isinstance(dist_timeout, (int, float)) or not dist_timeout > 0:
+        raise ValueError(f"dist_timeout={dist_timeout!r} is not valid. Accepted: a positive number of seconds.")
+    if fabric_given:
+        raise ValueError(
+            "Pass either fabric= or dist_timeout=, not both: that Fabric's strategy already has its timeout "
+            "(DDPStrategy(timeout=...), FSDPStrategy(timeout=...))."
+        )
+    from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+
+    strategy = fabric.strategy
+    if not isinstance(strategy, ParallelStrategy):
+        return  # one process: no process group to wait for
+    timeout = timedelta(seconds=float(dist_timeout))
+    if strategy.timeout not in (DEFAULT_TIMEOUT, timeout):
+        raise ValueError(
+            f"dist_timeout={dist_timeout!r} disagrees with the strategy object's timeout={strategy.timeout}; "
+            "pass only one of them."
+        )
+    # The strategy reads it when it joins the process group, at launch, which comes after this.
+    strategy._timeout = timeout
+
+
+def enable_deterministic_mode(deterministic_mode: Any) -> None:
+    """``deterministic_mode=True``: deterministic kernels only, as Composer's ``configure_deterministic_mode``."""
+    if not isinstance(deterministic_mode, bool):
+        raise ValueError(f"deterministic_mode={deterministic_mode!r} is not valid. Accepted: True or False.")
+    if not deterministic_mode:
+        return
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    # cuBLAS needs a fixed workspace for deterministic results (https://docs.nvidia.com/cuda/cublas/#results-reproducibility)
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    rank_zero_warn("Deterministic mode is activated. This will negatively impact performance.")
+
+
+def check_compile_config(compile_config: Any, model: nn.Module) -> dict[str, Any] | None:
+    """``compile_config``: None (no compile) or ``torch.compile``'s keyword arguments (``{}``: its defaults)."""
+    if compile_config is None:
+        return None
+    if not isinstance(compile_config, Mapping):
+        raise ValueError(
+            f"compile_config={compile_config!r} is not valid. Accepted: None, or a dict of torch.compile arguments "
+            "({} compiles with its defaults)."
+        )
+    if uncompiled(model)[1] is not None:
+        raise ValueError(
+            "compile_config= was given with a model torch.compile already compiled; pass the plain model, or leave "
+            "compile_config out (the compiled model keeps its settings)."
+        )
+    return dict(compile_config)
+
+
+def console_loggers(
+    log_to_console: Any,
+    console_log_interval: IntervalInput,
+    console_stream: Any,
+    loggers: list[Any],
+    progress_bar: bool,
+) -> list[Any]:
+    """``loggers`` with the ``ConsoleLogger`` that ``log_to_console=True`` adds (unless one is among them)."""
+    from fabric.trainer.loggers.console import ConsoleLogger
+
+    if not isinstance(log_to_console, bool):
+        raise ValueError(f"log_to_console={log_to_console!r} is not valid. Accepted: True or False.")
+    create_interval(console_log_interval, name="console_log_interval")  # a bad interval fails here either way
+    stream = _console_stream(console_stream)
+    if not log_to_console or any(isinstance(logger, ConsoleLogger) for logger in loggers):
+        return loggers
+    if progress_bar:
+        rank_zero_warn(
+            "Setting both progress_bar and log_to_console to True is not recommended: both print, and their "
+            "lines interleave. Set one of them to False."
+        )
+    console: ConsoleLogger = ConsoleLogger(log_interval=console_log_interval, stream=stream)
+    return [*loggers, console]
+
+
+def _console_stream(stream: Any) -> TextIO | None:
+    if stream == "stdout":
+        return None  # ConsoleLogger then prints to sys.stdout as it is at the time of printing
+    if stream == "stderr":
+        return sys.stderr
+    if hasattr(stream, "write") and not isinstance(stream, str):
+        return stream  # type: ignore[no-any-return]
+    raise ValueError(f"console_stream={stream!r} is not valid. Accepted: 'stdout', 'stderr' or a text stream.")
+
+
+def strict_model_weights(load_strict: bool, load_strict_model_weights: Any) -> bool:
+    """``load_strict_model_weights`` (Composer's name) or ``load_strict``; both given must agree."""
+    if load_strict_model_weights is None:
+        return load_strict
+    if not isinstance(load_strict_model_weights, bool):
+        raise ValueError(
+            f"load_strict_model_weights={load_strict_model_weights!r} is not valid. Accepted: True or False."
+        )
+    if not load_strict and load_strict_model_weights:
+        raise ValueError(
+            "load_strict=False and load_strict_model_weights=True disagree: load_strict_model_weights is Composer's "
+            "name for load_strict. Pass only one of them."
+        )
+    return load_strict_model_weights
+
+
+def check_exclude_algorithms(names: Any) -> tuple[str, ...]:
+    """``load_exclude_algorithms``: algorithm class names (``"BlurPool"``)."""
+    if names is None:
+        return ()
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise ValueError(
+            f"load_exclude_algorithms={names!r} is not valid. Accepted: a list of algorithm class names, e.g. "
+            "['BlurPool']."
+        )
+    checked = tuple(names)
+    bad = [name for name in checked if not isinstance(name, str) or not name]
+    if bad:
+        raise ValueError(f"load_exclude_algorithms holds {bad}; every entry must be an algorithm class name.")
+    return checked
+
+
+def without_excluded(records: Sequence[Mapping[str, Any]], excluded: Sequence[str]) -> list[Mapping[str, Any]]:
+    """The surgery records of a checkpoint, less those of the algorithm classes named in ``excluded``."""
+    return [record for record in records if str(record["algorithm"]).rpartition(".")[2] not in excluded]
+
+
+def algorithm_passes(passes: Any) -> list[AlgorithmPass]:
+    """The default passes with Composer's ``algorithm_passes`` added: a function is appended, ``(function, index)``
+    inserted at ``index`` (``-1``: appended), in the order given."""
+    merged = list(DEFAULT_PASSES)
+    if passes is None:
+        return merged
+    given = [passes] if callable(passes) or isinstance(passes, tuple) else passes
+    if not isinstance(given, Iterable):
+        raise ValueError(_passes_error(passes))
+    for entry in given:
+        function, index = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, -1)
+        if not callable(function) or isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(_passes_error(entry))
+        if index == -1:
+            merged.append(function)
+        else:
+            merged.insert(index, function)
+    return merged
+
+
+def _passes_error(value: Any) -> str:
+    return (
+        f"algorithm_passes has {value!r}. Accepted: a function (algorithms, event) -> list of algorithms, a "
+        "(function, index) pair, or a list of those."
+    )

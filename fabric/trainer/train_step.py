@@ -85,14 +85,22 @@ class TrainStep:
         self.lr_schedule = lr_schedule
         self.torch_schedulers = tuple(torch_schedulers)
         self.step_schedulers_every_batch = step_schedulers_every_batch
-        self.auto_microbatching = microbatch_size == "auto"
-        state.device_train_microbatch_size = None if self.auto_microbatching else microbatch_size  # type: ignore[assignment]
+        self.set_microbatch_size(microbatch_size)
         self.token_counter = token_counter
         #: How to split and count the train batches; the Trainer sets it with the train dataloader.
         self.data_spec = DataSpec(())
-        self._unscale = self.fabric.strategy.precision.scales_gradients
-        self.closure_step = _check_closure_optimizers(state.optimizers, self.fabric)
+        self.refresh()
         self._update_metrics = True  # False for the repeated evaluations of a closure step
+
+    def refresh(self) -> None:
+        """Follow the state's optimizers and the strategy's precision (after ``fit()`` replaced either)."""
+        self._unscale = self.fabric.strategy.precision.scales_gradients
+        self.closure_step = check_closure_optimizers(self.state.optimizers, self.fabric)
+
+    def set_microbatch_size(self, microbatch_size: int | str | None) -> None:
+        """Train with microbatches of ``microbatch_size`` samples (``"auto"``: halved on out-of-memory errors)."""
+        self.auto_microbatching = microbatch_size == "auto"
+        self.state.device_train_microbatch_size = None if self.auto_microbatching else microbatch_size  # type: ignore[assignment]
 
     def schedule_lr(self) -> None:
         """Set the learning rates of the batch about to run (``timestamp.batch``), before any of its events."""
@@ -270,8 +278,9 @@ def _all_reduce_gradients(fabric: Any, optimizers: Sequence[Optimizer]) -> None:
         offset += grad.numel()
 
 
-def _check_closure_optimizers(optimizers: Sequence[Optimizer], fabric: Any) -> bool:
-    """Whether an optimizer's ``step`` requires a closure (LBFGS); raises where the set-up cannot step with one."""
+def check_closure_optimizers(optimizers: Sequence[Optimizer], fabric: Any, precision: Any = None) -> bool:
+    """Whether an optimizer's ``step`` requires a closure (LBFGS); raises where the set-up (with ``precision``, a
+    precision plugin about to replace the strategy's, if given) cannot step with one."""
     needing = [
         type(inner).__name__ for optimizer in optimizers if _requires_closure(inner := unwrap_optimizer(optimizer))
     ]
@@ -279,7 +288,7 @@ def _check_closure_optimizers(optimizers: Sequence[Optimizer], fabric: Any) -> b
         return False
     if fabric.strategy.engine_handles_gradients:
         cause = "DeepSpeed steps through its engine, which takes no closure"
-    elif fabric.strategy.precision.scales_gradients:
+    elif (precision or fabric.strategy.precision).scales_gradients:
         cause = "precision='16-mixed' steps through a GradScaler, which takes no closure"
     else:
         return True

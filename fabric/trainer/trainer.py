@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -30,13 +30,14 @@ from fabric.fabric import Fabric
 from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.callback import Callback
-from fabric.trainer.checkpoint.checkpointer import TrainerCheckpointer, find_resume_checkpoint, read_surgery_records
+from fabric.trainer.checkpoint.checkpointer import find_resume_checkpoint, read_surgery_records
 from fabric.trainer.checkpoint.dataloader_position import (
     capture_epoch_start,
     capture_loader_state,
     keeps_own_position,
     resume_iterator,
 )
+from fabric.trainer.checkpoint.parts import SelectiveCheckpointer, check_ignore_paths, load_parts
 from fabric.trainer.checkpoint.preemption import PreemptionWatch, TrainingPreempted
 from fabric.trainer.checkpoint.sample_position import (
     EpochPlan,
@@ -63,19 +64,40 @@ from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalFunction, IntervalInput, check_interval, counts_tokens, create_interval
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
 from fabric.trainer.metrics import compute_metrics, model_metrics
+from fabric.trainer.migration import algorithm_passes as merged_passes
 from fabric.trainer.migration import (
+    apply_dist_timeout,
+    check_compile_config,
+    check_exclude_algorithms,
     check_grad_accum,
+    check_spin_dataloaders,
+    check_subset_num_batches,
+    console_loggers,
+    enable_deterministic_mode,
     load_path_from,
     microbatch_size_for,
+    refuse_composer_arguments,
+    strict_model_weights,
     translate_fabric_choices,
+    without_excluded,
 )
+from fabric.trainer.passes import AlgorithmPass
 from fabric.trainer.prediction import run_prediction
 from fabric.trainer.profiler import Profiler
 from fabric.trainer.schedulers import LRSchedule
+from fabric.trainer.stages import (
+    check_schedulers_follow,
+    default_optimizer,
+    precision_for_fit,
+    rebound_schedule,
+    restarted_interval,
+    setup_new_optimizers,
+    switch_precision,
+)
 from fabric.trainer.state import State, loader_length
 from fabric.trainer.surgery import reapply_surgery
-from fabric.trainer.time import Time, TimeUnit
-from fabric.trainer.train_step import TokenCounter, TrainStep, count_tokens
+from fabric.trainer.time import Time, Timestamp, TimeUnit
+from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers, count_tokens
 from fabric.utilities.rank_zero import rank_zero_warn
 
 _FABRIC_CHOICES = ("accelerator", "devices", "strategy", "precision", "num_nodes")
@@ -87,15 +109,18 @@ class Trainer:
     Fabric: pass ``accelerator``/``devices``/``strategy``/``precision``/``num_nodes`` (Fabric's strings;
     precision also takes Composer's ``"fp32"``, ``"amp"``, ``"amp_fp16"``, ``"amp_bf16"``) or a ready ``fabric=``.
     With ``strategy="ddp"`` and no launcher, constructing the Trainer starts the other local ranks.
-    Composer's names ``device``, ``deepspeed_config``, ``load_path_format`` and ``grad_accum`` mean what
-    they mean in Composer (see :mod:`fabric.trainer.migration`).
+    Composer's names (``device``, ``deepspeed_config``, ``parallelism_config``, ``dist_timeout``,
+    ``deterministic_mode``, ``compile_config``, ``load_path_format``, ``grad_accum``, ...) mean what they mean in
+    Composer or are refused by name (see :mod:`fabric.trainer.migration`).
 
     Training: ``max_duration`` (a Time, ``"10ep"``, or an int meaning epochs), ``optimizers`` (one or a
     list; several optimizers all step after the backward, or, when ``loss`` returns one loss per
-    optimizer, loss ``i`` trains optimizer ``i``), ``schedulers`` (``fabric.trainer.schedulers`` or
-    PyTorch ``LRScheduler`` objects, stepped per batch unless ``step_schedulers_every_batch=False``),
-    ``scale_schedule_ratio`` (scales max_duration and the schedules), ``device_train_microbatch_size``
-    (int, or ``"auto"`` to halve on out-of-memory errors).
+    optimizer, loss ``i`` trains optimizer ``i``; none given: Composer's ``DecoupledSGDW(lr=0.1)``),
+    ``schedulers`` (``fabric.trainer.schedulers`` or PyTorch ``LRScheduler`` objects, stepped per batch unless
+    ``step_schedulers_every_batch=False``), ``scale_schedule_ratio`` (scales max_duration and the schedules),
+    ``device_train_microbatch_size`` (int, or ``"auto"`` to halve on out-of-memory errors),
+    ``train_subset_num_batches`` (at most that many batches per epoch). :meth:`fit` takes most of these again
+    for the next stage of training.
 
     Evaluation: ``eval_dataloader`` (a dataloader, an :class:`Evaluator`, a dict ``{label: loader}`` or
     a list), every ``eval_interval`` (Time, int epochs, or ``(state, event) -> bool``; also at the end of
@@ -110,6 +135,8 @@ class Trainer:
     ``{"client_kwargs": {"endpoint_url": "http://minio:9000"}, "key": ..., "secret": ...}``).
     ``save_async=True`` takes a CPU snapshot at each save and writes it in the background while training
     goes on (one save in flight; an error surfaces at the next save or at the end of ``fit()``).
+    ``save_ignore_keys``/``load_ignore_keys`` take Composer's checkpoint paths (``"state/optimizers"``, ``"rng"``),
+    ``save_metrics`` saves the metrics (see :mod:`fabric.trainer.checkpoint.parts`).
     """
 
     def __init__(
@@ -125,11 +152,17 @@ class Trainer:
         eval_dataloader: Any = None,
         eval_interval: IntervalInput = 1,
         eval_subset_num_batches: int = -1,
+        train_subset_num_batches: int = -1,
+        spin_dataloaders: bool = True,
         algorithms: Algorithm | Sequence[Algorithm] = (),
+        algorithm_passes: AlgorithmPass | Sequence[AlgorithmPass | tuple[AlgorithmPass, int]] | None = None,
         callbacks: Callback | Sequence[Callback] = (),
         profiler: Profiler | None = None,
         loggers: LoggerInput | Sequence[LoggerInput] = (),
         progress_bar: bool = True,
+        log_to_console: bool = False,
+        console_log_interval: IntervalInput = "1ba",
+        console_stream: str | TextIO = "stderr",
         device_train_microbatch_size: int | str | None = None,
         seed: int | None = None,
         get_num_tokens_in_batch: TokenCounter | None = None,
@@ -142,19 +175,47 @@ class Trainer:
         save_weights_only: bool = False,
         save_overwrite: bool = False,
         save_async: bool = False,
+        save_ignore_keys: Sequence[str] = (),
+        save_metrics: bool = False,
         load_path: str | None = None,
         load_weights_only: bool = False,
         load_strict: bool = True,
+        load_strict_model_weights: bool | None = None,
         load_ignore_keys: Sequence[str] = (),
+        load_exclude_algorithms: Sequence[str] = (),
         autoresume: bool = False,
         storage_options: dict[str, Any] | None = None,
         fabric: Fabric | None = None,
         device: str | None = None,
         deepspeed_config: dict[str, Any] | None = None,
+        parallelism_config: Mapping[str, Any] | None = None,
+        dist_timeout: float | None = None,
+        deterministic_mode: bool = False,
+        compile_config: Mapping[str, Any] | None = None,
         load_path_format: str | None = None,
         grad_accum: int | str | None = None,
         **fabric_choices: Any,
     ) -> None:
+        refuse_composer_arguments(fabric_choices)
+        enable_deterministic_mode(deterministic_mode)  # before anything runs a kernel, as in Composer
+        self.train_subset_num_batches = check_subset_num_batches(train_subset_num_batches, "train_subset_num_batches")
+        given_loader = None if train_dataloader is None else ensure_data_spec(train_dataloader).dataloader
+        check_spin_dataloaders(spin_dataloaders, given_loader, keeps_own_position)
+        self.spin_dataloaders = spin_dataloaders
+        check_subset_num_batches(eval_subset_num_batches, "eval_subset_num_batches")
+        passes = merged_passes(algorithm_passes)
+        loggers = console_loggers(log_to_console, console_log_interval, console_stream, _as_list(loggers), progress_bar)
+        load_strict = strict_model_weights(load_strict, load_strict_model_weights)
+        check_ignore_paths(save_ignore_keys, "save_ignore_keys")
+        if not isinstance(save_metrics, bool):
+            raise ValueError(f"save_metrics={save_metrics!r} is not valid. Accepted: True or False.")
+        load_parts(load_ignore_keys)
+        excluded_algorithms = check_exclude_algorithms(load_exclude_algorithms)
+        self._compile = check_compile_config(compile_config, model)
+        if parallelism_config is not None and fabric is not None:
+            raise ValueError(
+                "Pass either fabric= or parallelism_config=, not both: that Fabric already has its strategy."
+            )
         saver = _make_saver(
             autoresume,
             run_name,
@@ -169,14 +230,18 @@ class Trainer:
             async_save=save_async,
         )
         self.storage_options = storage_options
-        self.fabric = _make_fabric(fabric, translate_fabric_choices(fabric_choices, device, deepspeed_config))
+        choices = translate_fabric_choices(fabric_choices, device, deepspeed_config, parallelism_config, model)
+        self.fabric = _make_fabric(fabric, choices)
+        apply_dist_timeout(self.fabric, dist_timeout, fabric_given=fabric is not None)
         load_path = load_path_from(load_path, load_path_format)
         microbatch_size = self._setup_batching(grad_accum, device_train_microbatch_size, scale_schedule_ratio)
         self._join_processes(seed, run_name)
+        if optimizers is None and (train_dataloader is not None or _as_list(schedulers)):
+            optimizers = default_optimizer(model)  # Composer's default, for a Trainer that is to train
         self._setup_state(
             model, _as_list(optimizers), _as_list(algorithms), _as_list(callbacks), saver, profiler, max_duration
         )
-        self._setup_loggers(_as_list(loggers), progress_bar)
+        self._setup_loggers(loggers, progress_bar, passes)
         if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
             assert save_folder is not None
             found = self._find_resume_checkpoint(save_folder, save_filename, save_latest_filename, storage_options)
@@ -185,7 +250,7 @@ class Trainer:
         if load_path is not None:  # surgery the checkpoint was saved with, and this run does not do itself
             reapply_surgery(
                 self.state.model,
-                read_surgery_records(load_path, storage_options),
+                without_excluded(read_surgery_records(load_path, storage_options), excluded_algorithms),
                 self.state.optimizers,
                 self.state.algorithms,
             )
@@ -194,7 +259,7 @@ class Trainer:
             _as_list(schedulers), step_schedulers_every_batch, microbatch_size, get_num_tokens_in_batch, model
         )
         self._setup_data(train_dataloader, eval_dataloader, eval_interval, eval_subset_num_batches)
-        self._setup_checkpointing()
+        self._setup_checkpointing(save_ignore_keys, save_metrics)
         if load_path is not None:
             self.load_checkpoint(
                 load_path, weights_only=load_weights_only, strict=load_strict, ignore_keys=load_ignore_keys
@@ -212,8 +277,7 @@ class Trainer:
         microbatch_size = check_grad_accum(grad_accum, microbatch_size)
         self._grad_accum = grad_accum if isinstance(grad_accum, int) else None  # resolved per train dataloader
         _check_microbatch_size(microbatch_size, self.fabric)
-        if scale_schedule_ratio <= 0:
-            raise ValueError(f"scale_schedule_ratio={scale_schedule_ratio} must be positive.")
+        _check_ratio(scale_schedule_ratio)
         self.scale_schedule_ratio = float(scale_schedule_ratio)
         return microbatch_size
 
@@ -247,12 +311,14 @@ class Trainer:
         if max_duration is not None:
             self.state.max_duration = self._scaled_duration(max_duration)
 
-    def _setup_loggers(self, loggers: list[Any], progress_bar: bool) -> None:
-        """The logger facade, the engine that fires the events, and INIT (before set-up, so model surgery
-        happens on the plain model)."""
+    def _setup_loggers(self, loggers: list[Any], progress_bar: bool, passes: Sequence[AlgorithmPass]) -> None:
+        """The logger facade, the engine that fires the events (algorithms ordered by ``passes``), and INIT (before
+        set-up, so model surgery happens on the plain model)."""
         self.logger = connect_loggers(self.state, self.fabric, loggers, progress_bar)
         destinations = self.logger.destinations
-        self.engine = Engine(self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=destinations)
+        self.engine = Engine(
+            self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=destinations, passes=passes
+        )
         self.engine.run_event(Event.INIT)
 
     def _find_resume_checkpoint(
@@ -273,7 +339,9 @@ class Trainer:
         model: nn.Module,
     ) -> None:
         """The schedulers, the train metrics and the :class:`TrainStep` that trains one batch."""
-        lr_schedule, torch_schedulers = self._setup_schedulers(schedulers)
+        lr_schedule, torch_schedulers = self._setup_schedulers(
+            schedulers, self.state.optimizers, self.scale_schedule_ratio
+        )
         self.state.schedulers = [*([lr_schedule] if lr_schedule else []), *torch_schedulers]
         self._torch_schedulers = torch_schedulers
         self.state.train_metrics = model_metrics(self.state.model.module, True, self.fabric)
@@ -311,7 +379,7 @@ class Trainer:
         self._closed = False
         self._reported_failure: BaseException | None = None
 
-    def _setup_checkpointing(self) -> None:
+    def _setup_checkpointing(self, save_ignore_keys: Sequence[str], save_metrics: bool) -> None:
         """The checkpointer, bound to every CheckpointSaver, and the preemption watch that saves on SIGTERM."""
         self._epoch_start: dict[str, Any] | None = None  # what rebuilds the current epoch's batch order
         self._resume_position: DataPosition | None = None
@@ -324,7 +392,14 @@ class Trainer:
             data_position=self._data_position,
             on_load_position=self._set_resume_position,
         )
-        self.checkpointer = TrainerCheckpointer(self.state, trainer_state, self.run_name, self.storage_options)
+        self.checkpointer = SelectiveCheckpointer(
+            self.state,
+            trainer_state,
+            self.run_name,
+            self.storage_options,
+            save_ignore_keys=save_ignore_keys,
+            save_metrics=save_metrics,
+        )
         # save_* options build one saver; CheckpointSaver objects passed in callbacks work the same way.
         savers = [callback for callback in self.state.callbacks if isinstance(callback, CheckpointSaver)]
         for each in savers:
@@ -343,38 +418,69 @@ class Trainer:
                 "(or subclass fabric.trainer.model.TrainerModel)."
             )
         if state.optimizers:
-            model, *optimizers = self.fabric.setup(module, *state.optimizers)
+            model, *optimizers = self.fabric.setup(module, *state.optimizers, compile=self._compile)
         else:  # eval or predict only: setup() then returns the module alone
-            model, optimizers = self.fabric.setup(module), []
+            model, optimizers = self.fabric.setup(module, compile=self._compile), []
         if callable(getattr(module, "eval_forward", None)):
             model.mark_forward_method("eval_forward")
         state.model, state.optimizers = model, optimizers
 
-    def _setup_schedulers(self, schedulers: list[Any]) -> tuple[LRSchedule | None, list[LRScheduler]]:
+    @staticmethod
+    def _setup_schedulers(
+        schedulers: list[Any], optimizers: list[Optimizer], scale_schedule_ratio: float
+    ) -> tuple[LRSchedule | None, list[LRScheduler]]:
         torch_schedulers = [scheduler for scheduler in schedulers if isinstance(scheduler, LRScheduler)]
         ours = [scheduler for scheduler in schedulers if not isinstance(scheduler, LRScheduler)]
         if not ours:
             return None, torch_schedulers
-        if not self.state.optimizers:
+        if not optimizers:
             raise ValueError(f"schedulers={ours} need optimizers to schedule; pass optimizers=... as well.")
-        return LRSchedule(ours, self.state.optimizers, scale_schedule_ratio=self.scale_schedule_ratio), torch_schedulers
+        return LRSchedule(ours, optimizers, scale_schedule_ratio=scale_schedule_ratio), torch_schedulers
+
+    def _install_schedulers(self, lr_schedule: LRSchedule | None, torch_schedulers: list[LRScheduler]) -> None:
+        """Train with these schedulers from now on (the checkpoints save theirs)."""
+        self.state.schedulers = [*([lr_schedule] if lr_schedule else []), *torch_schedulers]
+        self._torch_schedulers = torch_schedulers
+        self._train_step.lr_schedule = lr_schedule
+        self._train_step.torch_schedulers = tuple(torch_schedulers)
+        self.checkpointer.trainer_state.schedulers = list(self.state.schedulers)
 
     def _set_train_dataloader(self, dataloader: Iterable[Any] | DataSpec) -> None:
-        spec = self._train_step.data_spec = ensure_data_spec(dataloader)
+        spec = ensure_data_spec(dataloader)
+        check_spin_dataloaders(self.spin_dataloaders, spec.dataloader, keeps_own_position)
+        self._train_step.data_spec = spec
         loader = self._setup_dataloader(spec)
         self.state.dataloader = loader
         self._batches = None
-        self.state.dataloader_len = loader_length(loader)
+        self.state.dataloader_len = self._epoch_length(loader)
+
+    def _epoch_length(self, loader: Iterable[Any]) -> int | None:
+        """Batches per epoch: the loader's length, or ``train_subset_num_batches`` when that is fewer (or the loader
+        has none)."""
+        length = loader_length(loader)
+        subset = self.train_subset_num_batches
+        if subset == -1:
+            return length
+        return subset if length is None else min(length, subset)
 
     def _set_evaluators(self, eval_dataloader: Any) -> None:
         evaluators = ensure_evaluators(eval_dataloader)
         eval_metrics = model_metrics(self.state.model.module, False, self.fabric) if evaluators else {}
+        # Each evaluator's own subset (None: the Trainer's), so that fit(eval_subset_num_batches=) changes the rest.
+        self._own_eval_subsets = [
+            None if evaluator.subset_num_batches == -1 else evaluator.subset_num_batches for evaluator in evaluators
+        ]
         for evaluator in evaluators:
             evaluator.dataloader = self._setup_dataloader(evaluator.data_spec)
-            if evaluator.subset_num_batches == -1:
-                evaluator.subset_num_batches = self.eval_subset_num_batches
             self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
         self.evaluators = evaluators
+        self._apply_eval_settings()
+
+    def _apply_eval_settings(self) -> None:
+        """The Trainer's ``eval_subset_num_batches`` and ``eval_interval`` for the evaluators without their own."""
+        for evaluator, own in zip(self.evaluators, self._own_eval_subsets, strict=True):
+            evaluator.subset_num_batches = self.eval_subset_num_batches if own is None else own
+        evaluators = self.evaluators
         # One interval per evaluator: an interval fires once per batch, so a shared one would run only the first.
         self._evaluator_intervals = [
             create_interval(self.eval_interval, name="eval_interval")
@@ -390,12 +496,7 @@ class Trainer:
         return self.fabric.setup_dataloaders(spec.dataloader, move_to_device=spec.batch_transforms is None)
 
     def _scaled_duration(self, duration: Time[Any] | str | int) -> Time[Any]:
-        time = Time.from_input(duration, TimeUnit.EPOCH)
-        if time.unit is TimeUnit.DURATION or time.value <= 0:
-            raise ValueError(f"max_duration={duration!r} must be a positive time in ep, ba, sp or tok.")
-        if self.scale_schedule_ratio != 1.0:
-            time = Time(max(1, round(time.value * self.scale_schedule_ratio)), time.unit)
-        return time
+        return _scaled(_positive_time(duration, "max_duration"), self.scale_schedule_ratio)
 
     # --- training -------------------------------------------------------------------------------
 
@@ -403,39 +504,190 @@ class Trainer:
         self,
         *,
         train_dataloader: Iterable[Any] | DataSpec | None = None,
+        train_subset_num_batches: int | None = None,
+        spin_dataloaders: bool | None = None,
         duration: Time[Any] | str | int | None = None,
+        reset_time: bool = False,
+        schedulers: Any = None,
+        scale_schedule_ratio: float = 1.0,
+        step_schedulers_every_batch: bool | None = None,
         eval_dataloader: Any = None,
+        eval_subset_num_batches: int | None = None,
+        eval_interval: IntervalInput | None = None,
+        optimizers: Optimizer | Sequence[Optimizer] | None = None,
+        precision: str | None = None,
+        device_train_microbatch_size: int | str | None = None,
     ) -> None:
-        """Train until ``max_duration``; with ``duration``, train that much longer than the current time.
+        """Train until ``max_duration``. Arguments change the Trainer for this and later fits, as Composer's ``fit``
+        does, so training runs in stages (``fit(duration="2ep")``, then ``fit(train_dataloader=finetune,
+        duration="1ep", reset_time=True, optimizers=new)``):
 
-        New ``train_dataloader``/``eval_dataloader`` replace the ones given before. If it raises, the loggers
-        hear of it first (``log_exception``: trackers mark the run failed).
+        * ``train_dataloader`` replaces the train dataloader; ``train_subset_num_batches``, ``spin_dataloaders`` and
+          ``device_train_microbatch_size`` replace the Trainer's (``"auto"`` allowed).
+        * ``duration``: train that much longer: ``max_duration`` becomes the current time (in ``duration``'s unit)
+          plus ``duration``. ``reset_time=True`` first sets the clock to zero (a new epoch starts), so
+          ``max_duration`` is ``duration``.
+        * ``optimizers`` replace the Trainer's, set up with its Fabric (see :mod:`fabric.trainer.stages`; refused
+          under DeepSpeed). The Trainer's schedule functions then schedule them; PyTorch schedulers of the old
+          optimizers must be replaced with ``schedulers``.
+        * ``schedulers`` replace the Trainer's; ``scale_schedule_ratio`` scales them and the whole ``max_duration``
+          (Composer's rule: it needs ``schedulers``); ``step_schedulers_every_batch`` replaces the Trainer's.
+        * ``eval_dataloader`` replaces the evaluators; ``eval_subset_num_batches`` and ``eval_interval`` replace the
+          Trainer's for the evaluators without their own (also without a new ``eval_dataloader``).
+        * ``precision`` switches between ``"fp32"``, ``"amp_fp16"``/``"amp"`` and ``"amp_bf16"`` (Fabric's
+          ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``) on one device or DDP, for this and later fits.
+
+        Every argument is checked before anything changes. If training raises, the loggers hear of it first
+        (``log_exception``: trackers mark the run failed).
         """
         with self._failures_logged():
-            self._fit(train_dataloader, duration, eval_dataloader)
+            self._start_stage(
+                train_dataloader=train_dataloader,
+                train_subset_num_batches=train_subset_num_batches,
+                spin_dataloaders=spin_dataloaders,
+                duration=duration,
+                reset_time=reset_time,
+                schedulers=schedulers,
+                scale_schedule_ratio=scale_schedule_ratio,
+                step_schedulers_every_batch=step_schedulers_every_batch,
+                eval_dataloader=eval_dataloader,
+                eval_subset_num_batches=eval_subset_num_batches,
+                eval_interval=eval_interval,
+                optimizers=optimizers,
+                precision=precision,
+                device_train_microbatch_size=device_train_microbatch_size,
+            )
+            self._fit()
 
-    def _fit(
+    def _start_stage(
         self,
+        *,
         train_dataloader: Iterable[Any] | DataSpec | None,
+        train_subset_num_batches: int | None,
+        spin_dataloaders: bool | None,
         duration: Time[Any] | str | int | None,
+        reset_time: bool,
+        schedulers: Any,
+        scale_schedule_ratio: float,
+        step_schedulers_every_batch: bool | None,
         eval_dataloader: Any,
+        eval_subset_num_batches: int | None,
+        eval_interval: IntervalInput | None,
+        optimizers: Optimizer | Sequence[Optimizer] | None,
+        precision: str | None,
+        device_train_microbatch_size: int | str | None,
     ) -> None:
+        """Apply ``fit()``'s arguments (see :meth:`fit`): all are checked, and the new objects set up, first."""
         state = self.state
-        if train_dataloader is not None:
-            self._set_train_dataloader(train_dataloader)
+        # 1. Check the values.
+        if not isinstance(reset_time, bool):
+            raise ValueError(f"fit(reset_time={reset_time!r}) is not valid. Accepted: True or False.")
+        new_data = None if train_dataloader is None else ensure_data_spec(train_dataloader)
+        spin = self.spin_dataloaders if spin_dataloaders is None else spin_dataloaders
+        check_spin_dataloaders(spin, state.dataloader if new_data is None else new_data.dataloader, keeps_own_position)
+        if train_subset_num_batches is not None:
+            check_subset_num_batches(train_subset_num_batches, "train_subset_num_batches")
+        extra = None if duration is None else _positive_time(duration, "duration")
+        _check_ratio(scale_schedule_ratio)
+        if scale_schedule_ratio != 1.0 and schedulers is None:
+            raise ValueError(
+                f"fit(scale_schedule_ratio={scale_schedule_ratio}) scales the schedulers given with it (and "
+                "max_duration); pass schedulers= too, as in Composer."
+            )
+        if step_schedulers_every_batch is not None and not isinstance(step_schedulers_every_batch, bool):
+            raise ValueError(f"step_schedulers_every_batch={step_schedulers_every_batch!r} must be True or False.")
+        if eval_subset_num_batches is not None:
+            check_subset_num_batches(eval_subset_num_batches, "eval_subset_num_batches")
+        if eval_interval is not None:
+            create_interval(eval_interval, name="eval_interval")
+        if (eval_interval is not None or eval_subset_num_batches is not None) and not (
+            eval_dataloader is not None or self.evaluators
+        ):
+            raise ValueError(
+                "fit(eval_interval=/eval_subset_num_batches=) set how to evaluate, but there is no eval_dataloader: "
+                "pass eval_dataloader= as well."
+            )
+        if device_train_microbatch_size is not None:
+            _check_microbatch_size(device_train_microbatch_size, self.fabric)
+        new_precision = None if precision is None else precision_for_fit(self.fabric, precision)
+        # 2. Set up the new objects (nothing of the Trainer changes yet).
+        new_optimizers = None if optimizers is None else setup_new_optimizers(self.fabric, state.model, optimizers)
+        training = state.optimizers if new_optimizers is None else new_optimizers
+        lr_schedule, torch_schedulers = self._train_step.lr_schedule, self._torch_schedulers
+        if schedulers is not None:
+            lr_schedule, torch_schedulers = self._setup_schedulers(_as_list(schedulers), training, scale_schedule_ratio)
+        elif new_optimizers is not None:
+            lr_schedule = rebound_schedule(lr_schedule, new_optimizers)
+        if new_optimizers is not None:
+            check_schedulers_follow(torch_schedulers, new_optimizers)
+        if new_optimizers is not None or new_precision is not None:
+            check_closure_optimizers(training, self.fabric, new_precision)
+        # 3. Change the Trainer: first the train dataloader, whose set-up may still fail.
+        if spin_dataloaders is not None:
+            self.spin_dataloaders = spin_dataloaders
+        if train_subset_num_batches is not None:
+            self.train_subset_num_batches = train_subset_num_batches
+        if new_data is not None:
+            self._set_train_dataloader(new_data)
+        elif train_subset_num_batches is not None and state.dataloader is not None:
+            state.dataloader_len = self._epoch_length(state.dataloader)
+        if reset_time:
+            self._restart_clock()
+        if extra is not None:
+            state.max_duration = Time(int(state.timestamp.get(extra.unit)) + int(extra.value), extra.unit)
+        if scale_schedule_ratio != 1.0 and state.max_duration is not None:
+            state.max_duration = _scaled(state.max_duration, scale_schedule_ratio)
+        if new_optimizers is not None:
+            state.optimizers = new_optimizers
+        if schedulers is not None or new_optimizers is not None:
+            self._install_schedulers(lr_schedule, torch_schedulers)
+        if step_schedulers_every_batch is not None:
+            self.step_schedulers_every_batch = step_schedulers_every_batch
+            self._train_step.step_schedulers_every_batch = step_schedulers_every_batch
+        self._start_evaluation_stage(eval_dataloader, eval_subset_num_batches, eval_interval)
+        if device_train_microbatch_size is not None:
+            self._grad_accum = None  # an explicit microbatch size replaces grad_accum's
+            self._train_step.set_microbatch_size(device_train_microbatch_size)
+        if new_precision is not None:
+            switch_precision(self.fabric, new_precision)
+        if new_optimizers is not None or new_precision is not None:
+            self._train_step.refresh()
+
+    def _start_evaluation_stage(
+        self, eval_dataloader: Any, subset_num_batches: int | None, eval_interval: IntervalInput | None
+    ) -> None:
+        if subset_num_batches is not None:
+            self.eval_subset_num_batches = subset_num_batches
+        if eval_interval is not None:
+            self.eval_interval = eval_interval
         if eval_dataloader is not None:
             self._set_evaluators(eval_dataloader)
-        if duration is not None:
-            extra = self._scaled_duration(duration)
-            state.max_duration = Time(int(state.timestamp.get(extra.unit)) + int(extra.value), extra.unit)
+        elif subset_num_batches is not None or eval_interval is not None:
+            self._apply_eval_settings()
+
+    def _restart_clock(self) -> None:
+        """``reset_time``: the clock starts at zero; the epoch in progress (and a checkpoint's position in it) is
+        dropped, and the intervals of evaluation and saving start afresh."""
+        self.state.timestamp = Timestamp()
+        self._batches = None
+        self._resume_position = None
+        self._epoch_start = None
+        self._epoch_plan = None
+        self._epoch_ends_with_loader = False
+        self._apply_eval_settings()  # new interval objects
+        for saver in self.state.callbacks:
+            if isinstance(saver, CheckpointSaver):
+                saver.interval = restarted_interval(saver.interval)
+                saver.last_saved_batch = -1
+
+    def _fit(self) -> None:
+        state = self.state
         if state.max_duration is None:
             raise ValueError("fit() needs a duration: pass max_duration= to the Trainer or duration= to fit().")
         if state.dataloader is None:
             raise ValueError("fit() needs a train_dataloader: pass it to the Trainer or to fit().")
         if not state.optimizers:
-            raise ValueError(
-                "fit() needs optimizers: pass optimizers=torch.optim.AdamW(model.parameters()) or similar."
-            )
+            self._use_default_optimizer()
         self._apply_grad_accum()
         self._check_clock()
         run_event = self.engine.run_event
@@ -448,6 +700,19 @@ class Trainer:
             run_event(Event.ITERATION_END)
             run_event(Event.ITERATION_CHECKPOINT)
             run_event(Event.FIT_END)
+
+    def _use_default_optimizer(self) -> None:
+        """A Trainer built without a train dataloader or optimizers trains with Composer's default optimizer."""
+        if self.fabric.strategy.engine_handles_gradients:
+            raise ValueError(
+                "fit() needs optimizers, and DeepSpeed takes the optimizer when its engine is built: pass "
+                "optimizers= (or train_dataloader=, for the default DecoupledSGDW) to the Trainer."
+            )
+        optimizer = default_optimizer(self.state.model)
+        if optimizer is None:
+            raise ValueError("fit() needs optimizers, and the model has no parameters to build the default one from.")
+        self.state.optimizers = setup_new_optimizers(self.fabric, self.state.model, optimizer)
+        self._train_step.refresh()
 
     def _apply_grad_accum(self) -> None:
         """``grad_accum=N``: microbatches of the train dataloader's batch size divided by N."""
@@ -485,8 +750,9 @@ class Trainer:
             self._batches = self._start_epoch(state.dataloader)
         batches = self._batches
         # A loader resumed from its own position may have another share per rank than the batches counted so
-        # far suggest (another world size): that epoch ends when the loader does.
-        length = None if self._epoch_ends_with_loader else state.dataloader_len
+        # far suggest (another world size): that epoch ends when the loader does (or at the subset).
+        subset = self.train_subset_num_batches
+        length = (None if subset == -1 else subset) if self._epoch_ends_with_loader else state.dataloader_len
         while length is None or int(state.timestamp.batch_in_epoch) < length:
             self._train_step.schedule_lr()
             run_event(Event.BEFORE_DATALOADER)
@@ -505,9 +771,10 @@ class Trainer:
                 return False
         if int(state.timestamp.batch_in_epoch) == 0:
             raise RuntimeError("The train dataloader yielded no batch in this epoch; training cannot progress.")
-        if length is not None:
+        if length is not None and length == loader_length(state.dataloader):
             # Run the iterator to its end as a plain ``for`` loop would: samplers draw from their generator
-            # there, so the next epoch's shuffle matches a plain PyTorch loop's.
+            # there, so the next epoch's shuffle matches a plain PyTorch loop's. An epoch cut short by
+            # train_subset_num_batches stops where ``itertools.islice`` would, without fetching another batch.
             next(batches, None)
         self._batches = None
         self._epoch_ends_with_loader = False
@@ -630,7 +897,9 @@ class Trainer:
         """Restore the Trainer from ``path``; a checkpoint that cannot be loaded changes nothing.
 
         ``ignore_keys`` skips parts: ``"optimizers"``, ``"rng"``, ``"timestamp"``, ``"schedulers"``,
-        ``"algorithms"``, ``"callbacks"``, ``"dataloader"``, ``"microbatch_size"`` (e.g. to fine-tune).
+        ``"algorithms"``, ``"callbacks"``, ``"dataloader"``, ``"microbatch_size"``, ``"model"`` and the metrics
+        (e.g. to fine-tune), also by Composer's paths (``"state/optimizers"``, ``"rng"``; see
+        :mod:`fabric.trainer.checkpoint.parts`). Parts the checkpoint was saved without are skipped too.
         """
         self.engine.run_event(Event.BEFORE_LOAD)
         self.checkpointer.load(path, weights_only=weights_only, strict=strict, ignore_keys=ignore_keys)
@@ -802,6 +1071,24 @@ def _bound_profiler(profiler: Profiler | None, run_name: str) -> list[Profiler]:
         raise TypeError(f"profiler must be a fabric.trainer.profiler.Profiler, got {type(profiler).__name__}.")
     profiler.bind(run_name)
     return [profiler]
+
+
+def _positive_time(duration: Time[Any] | str | int, name: str) -> Time[Any]:
+    """``duration`` as a Time (an int means epochs); it must be positive and not in ``dur``."""
+    time = Time.from_input(duration, TimeUnit.EPOCH)
+    if time.unit is TimeUnit.DURATION or time.value <= 0:
+        raise ValueError(f"{name}={duration!r} must be a positive time in ep, ba, sp or tok.")
+    return time
+
+
+def _scaled(time: Time[Any], ratio: float) -> Time[Any]:
+    """``time`` scaled by a scale schedule ratio (at least 1 of its unit)."""
+    return time if ratio == 1.0 else Time(max(1, round(time.value * ratio)), time.unit)
+
+
+def _check_ratio(ratio: Any) -> None:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+        raise ValueError(f"scale_schedule_ratio={ratio!r} must be positive.")
 
 
 def _check_microbatch_size(size: int | str | None, fabric: Fabric) -> None:

@@ -254,7 +254,7 @@ def test_restarts_with_many_intervals_is_fast() -> None:
 
 # --- construction errors ------------------------------------------------------------------------
 
-BAD_STRINGS = ["10", "10 ba", "1.5ba", "-1ba", "10BA", "ba", "0.3 dur", ""]
+BAD_STRINGS = ["10", "10 ba", "1.5ba", "-1ba", "10bb", "ba", "0.3 dur", ""]
 
 
 @pytest.mark.parametrize("bad", BAD_STRINGS)

@@ -1,0 +1,322 @@
+"""Composer's ``parallelism_config={"fsdp": {...}}`` as this project's :class:`~fabric.strategies.fsdp.FSDPStrategy`.
+
+Each key of Composer's FSDP section (``FSDPConfig``) is mapped onto an ``FSDPStrategy`` argument, accepted where it
+changes nothing here, or refused with a ``ValueError`` naming the key, its value and what to use instead:
+
+=====================================  ==========================================================================
+Composer ``fsdp`` key                  FSDPStrategy
+=====================================  ==========================================================================
+``sharding_strategy``                  ``sharding_strategy`` (``FULL_SHARD``, ``SHARD_GRAD_OP``, ``HYBRID_SHARD``,
+                                       ``_HYBRID_SHARD_ZERO2``, ``NO_SHARD``)
+``state_dict_type``                    ``"full"`` (Composer's default, also here when the key is absent) or
+                                       ``"sharded"``; ``"local"`` refused
+``auto_wrap`` (default ``True``)       ``shard_modules``: the modules whose ``_fsdp_wrap`` attribute is true, else
+                                       those the model's (or a top-level child's) ``fsdp_wrap_fn(module)`` picks;
+                                       ``False``: the root is the only unit. A ``fsdp_wrap_fn`` returning a dict of
+                                       per-module FSDP arguments is refused.
+``activation_checkpointing``           ``activation_checkpointing``: the classes of the modules whose
+                                       ``_activation_checkpointing`` attribute is true, else those the model's
+                                       ``activation_checkpointing_fn(module)`` picks; refused when it picks only
+                                       some instances of a class (FSDPStrategy recomputes whole classes)
+``activation_checkpointing_reentrant`` accepted: the recomputation here is non-reentrant (the same gradients)
+``cpu_offload``                        ``cpu_offload``
+``mixed_precision``                    ``"FULL"`` or a dict of ``param_dtype``/``reduce_dtype`` (``"fp32"``,
+                                       ``"bf16"``, ``"fp16"``, ...) -> ``MixedPrecisionPolicy``; ``"DEFAULT"``,
+                                       ``"PURE"`` and ``buffer_dtype`` refused (FSDP2 does not cast buffers)
+``sync_module_states``                 ``sync_module_states``
+``reshard_after_forward``              ``reshard_after_forward`` (Composer's FSDP2 key)
+``use_orig_params``, ``limit_all_...`` ``True`` accepted (always so in FSDP2); ``False`` refused
+``verbose``                            accepted: ``True`` prints the strategy built
+``backward_prefetch``                  ``"BACKWARD_PRE"`` accepted (FSDP2 prefetches so); others refused
+``forward_prefetch``, ``*_limit``,     their defaults accepted (``False``, ``1``, ``-1``/``None``, ``False``,
+``data_parallel_*_degree``,            ``None``, ``"ep{epoch}-ba{batch}"``); anything else refused, naming the
+``keep_low_precision_grads``,          equivalent where one exists (``HYBRID_SHARD`` for the degrees)
+``activation_cpu_offload``, ``te_*``,
+``load_monolith_rank0_only``,
+``ignored_modules``, ``process_group``,
+``*_planner``, ``sharded_ckpt_...``
+=====================================  ==========================================================================
+
+A ``"tp"`` section is refused: tensor parallelism is ``strategy=ModelParallelStrategy(parallelize_fn)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from fabric.utilities.rank_zero import rank_zero_info
+
+if TYPE_CHECKING:
+    from fabric.strategies.fsdp import FSDPStrategy
+
+#: Composer dtype names (``get_torch_dtype``'s) for ``mixed_precision={...}``.
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "amp_fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "amp_bf16": torch.bfloat16,
+}
+
+#: Keys whose Composer default changes nothing here: accepted with that value, refused with another.
+_DEFAULT_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
+    "forward_prefetch": (
+        (False,),
+        "FSDP2 has no such flag; after setup call unit.set_modules_to_forward_prefetch([...]) on the sharded layers",
+    ),
+    "backward_prefetch": (
+        ("BACKWARD_PRE", "backward_pre"),
+        "FSDP2 always prefetches the next unit's all-gather in the backward as BACKWARD_PRE does",
+    ),
+    "backward_prefetch_limit": ((1,), "FSDP2 prefetches one unit ahead"),
+    "forward_prefetch_limit": ((1,), "FSDP2 prefetches one unit ahead"),
+    "data_parallel_shard_degree": (
+        (-1, None),
+        "the shard degree follows the world size; to shard within a node and replicate across nodes use "
+        "sharding_strategy='HYBRID_SHARD' with Trainer(num_nodes=...)",
+    ),
+    "data_parallel_replicate_degree": (
+        (None, 1),
+        "to replicate across nodes and shard within each use sharding_strategy='HYBRID_SHARD' with "
+        "Trainer(num_nodes=...)",
+    ),
+    "keep_low_precision_grads": (
+        (False,),
+        "FSDP2 gives gradients the sharded parameters' dtype; train in low precision throughout with "
+        "precision='bf16-true'",
+    ),
+    "activation_cpu_offload": ((False,), "activations cannot be offloaded to the CPU here"),
+    "te_checkpoint_wrapper": ((False,), "TransformerEngine layers are not supported"),
+    "te_shard_fp8_weight": ((False,), "TransformerEngine layers are not supported"),
+    "load_monolith_rank0_only": (
+        (False,),
+        "every rank reads a full checkpoint here; use state_dict_type='sharded' to read only this rank's shards",
+    ),
+    "load_planner": ((None,), "torch.distributed.checkpoint planners are not exposed; the default planner is used"),
+    "save_planner": ((None,), "torch.distributed.checkpoint planners are not exposed; the default planner is used"),
+    "sharded_ckpt_prefix_dir": (
+        ("ep{epoch}-ba{batch}",),
+        "a sharded checkpoint is a directory named by save_filename",
+    ),
+    "ignored_modules": (
+        (None,),
+        "every parameter of the model is sharded; keep such modules out of the model given to the Trainer",
+    ),
+    "process_group": (
+        (None,),
+        "the process groups come from the device mesh built at launch; choose its layout with "
+        "sharding_strategy='HYBRID_SHARD'",
+    ),
+    "device_mesh": (
+        (None,),
+        "the device mesh is built at launch (1-D, or 2-D with sharding_strategy='HYBRID_SHARD')",
+    ),
+}
+
+_BOOLEAN_KEYS = (
+    "auto_wrap",
+    "activation_checkpointing",
+    "activation_checkpointing_reentrant",
+    "cpu_offload",
+    "sync_module_states",
+    "reshard_after_forward",
+    "use_orig_params",
+    "limit_all_gathers",
+    "verbose",
+)
+ACCEPTED = ("sharding_strategy", "state_dict_type", "mixed_precision", *_BOOLEAN_KEYS, *_DEFAULT_ONLY)
+
+
+def fsdp_strategy_from(parallelism_config: Any, model: nn.Module) -> FSDPStrategy | None:
+    """The FSDPStrategy Composer's ``parallelism_config`` describes for ``model``, or None without an fsdp section."""
+    if parallelism_config is None:
+        return None
+    if not isinstance(parallelism_config, Mapping):
+        raise ValueError(
+            f"parallelism_config={parallelism_config!r} is not valid. Accepted: a dict {{'fsdp': {{...}}}} "
+            "(Composer's FSDP config keys) or None."
+        )
+    unknown = sorted(set(parallelism_config) - {"fsdp", "tp"})
+    if unknown:
+        raise ValueError(f"parallelism_config has {unknown}; accepted sections: 'fsdp' (and 'tp', which is refused).")
+    if parallelism_config.get("tp") is not None:
+        raise ValueError(
+            "parallelism_config={'tp': ...} is not supported: tensor parallelism here is "
+            "strategy=ModelParallelStrategy(parallelize_fn), which applies your tensor-parallel plan and FSDP2."
+        )
+    fsdp = parallelism_config.get("fsdp")
+    if fsdp is None:
+        return None
+    if not isinstance(fsdp, Mapping):
+        raise ValueError(f"parallelism_config['fsdp']={fsdp!r} is not valid. Accepted: a dict of FSDP config keys.")
+    return _build(dict(fsdp), model)
+
+
+def _build(config: dict[str, Any], model: nn.Module) -> FSDPStrategy:
+    from fabric.strategies.fsdp import FSDPStrategy
+
+    unknown = sorted(set(config) - set(ACCEPTED))
+    if unknown:
+        raise ValueError(
+            f"parallelism_config['fsdp'] has {unknown}, which FSDPStrategy cannot take. "
+            f"Accepted keys: {list(ACCEPTED)}."
+        )
+    for key in _BOOLEAN_KEYS:
+        if key in config and not isinstance(config[key], bool):
+            raise ValueError(
+                f"parallelism_config['fsdp']['{key}']={config[key]!r} is not valid. Accepted: True or False."
+            )
+    for key, (accepted, instead) in _DEFAULT_ONLY.items():
+        if key in config and config[key] not in accepted:
+            raise ValueError(
+                f"parallelism_config['fsdp']['{key}']={config[key]!r} is not supported: {instead}. "
+                f"Accepted: {' or '.join(map(repr, accepted))} (or leave it out)."
+            )
+    for key in ("use_orig_params", "limit_all_gathers"):
+        if config.get(key) is False:
+            raise ValueError(
+                f"parallelism_config['fsdp']['{key}']=False is not possible: FSDP2 always behaves as {key}=True. "
+                "Remove it."
+            )
+    options: dict[str, Any] = {"state_dict_type": _state_dict_type(config.get("state_dict_type", "full"))}
+    if "sharding_strategy" in config:
+        options["sharding_strategy"] = config["sharding_strategy"]
+    if config.get("auto_wrap", True):
+        options["shard_modules"] = _wrap_predicate(model)  # None when nothing in the model asks for units
+    if config.get("activation_checkpointing", False):
+        options["activation_checkpointing"] = _checkpointed_classes(model)
+    for key in ("cpu_offload", "sync_module_states", "reshard_after_forward"):
+        if key in config:
+            options[key] = config[key]
+    if "mixed_precision" in config:
+        options["mixed_precision"] = _mixed_precision(config["mixed_precision"])
+    try:
+        strategy = FSDPStrategy(**options)
+    except ValueError as error:
+        raise ValueError(f"parallelism_config['fsdp']: {error}") from None
+    if config.get("verbose", False):
+        rank_zero_info(f"parallelism_config['fsdp'] -> {strategy!r}")
+    return strategy
+
+
+def _state_dict_type(value: Any) -> str:
+    if value in ("full", "sharded"):
+        return str(value)
+    if value == "local":
+        raise ValueError(
+            "parallelism_config['fsdp']['state_dict_type']='local' is not supported: FSDP2 has no local (flat "
+            "parameter) state dict. Use 'sharded' (a directory of per-rank shards, any world size loads it)."
+        )
+    raise ValueError(
+        f"parallelism_config['fsdp']['state_dict_type']={value!r} is not valid. Accepted: 'full', 'sharded'."
+    )
+
+
+def _owners(model: nn.Module, method: str) -> list[tuple[Callable[[nn.Module], Any], set[int]]]:
+    """The model's ``method`` and its top-level children's, each with the ids of the modules it decides for."""
+    found = []
+    for owner in (model, *model.children()):
+        function = getattr(owner, method, None)
+        if callable(function):
+            found.append((function, {id(module) for module in owner.modules()}))
+    return found
+
+
+def _choice(module: nn.Module, attribute: str, owners: list[tuple[Callable[[nn.Module], Any], set[int]]]) -> Any:
+    """Composer's decision for ``module``: its own ``attribute`` first, else the first owner's function."""
+    if hasattr(module, attribute):
+        return bool(getattr(module, attribute))
+    for function, decides_for in owners:
+        if id(module) in decides_for:
+            return function(module)
+    return False
+
+
+def _wrap_predicate(model: nn.Module) -> Callable[[nn.Module], bool] | None:
+    """``auto_wrap=True``: a module is its own FSDP unit if ``_fsdp_wrap`` or ``fsdp_wrap_fn`` says so (None when
+    the model has neither: the root is the only unit, as in Composer)."""
+    owners = _owners(model, "fsdp_wrap_fn")
+    if not owners and not any(hasattr(module, "_fsdp_wrap") for module in model.modules()):
+        return None
+
+    def wraps(module: nn.Module) -> bool:
+        decision = _choice(module, "_fsdp_wrap", owners)
+        if isinstance(decision, Mapping):
+            raise ValueError(
+                f"fsdp_wrap_fn returned FSDP arguments {dict(decision)} for a {type(module).__name__}: per-module FSDP "
+                "arguments are not supported. Return True or False; the strategy's settings apply to every unit."
+            )
+        return bool(decision)
+
+    for module in model.modules():  # a refused decision fails when the Trainer is built, not at set-up
+        wraps(module)
+    return wraps
+
+
+def _checkpointed_classes(model: nn.Module) -> set[type[nn.Module]]:
+    """``activation_checkpointing=True``: the classes of the modules Composer would checkpoint, which must be every
+    module of those classes (FSDPStrategy checkpoints whole classes)."""
+    owners = _owners(model, "activation_checkpointing_fn")
+    chosen = [module for module in model.modules() if _choice(module, "_activation_checkpointing", owners)]
+    classes = {type(module) for module in chosen}
+    chosen_ids = {id(module) for module in chosen}
+    left_out = [m for m in model.modules() if isinstance(m, tuple(classes)) and id(m) not in chosen_ids]
+    if left_out:
+        raise ValueError(
+            f"parallelism_config['fsdp']['activation_checkpointing']=True: the model's choice checkpoints some "
+            f"{type(left_out[0]).__name__} modules but not all, and FSDPStrategy recomputes whole layer classes. "
+            "Choose every module of a class (activation_checkpointing_fn / _activation_checkpointing), or pass "
+            "strategy=FSDPStrategy(activation_checkpointing={...classes}) instead of parallelism_config."
+        )
+    return classes
+
+
+def _mixed_precision(value: Any) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if value == "FULL":
+        return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    if value in ("DEFAULT", "PURE"):
+        raise ValueError(
+            f"parallelism_config['fsdp']['mixed_precision']={value!r} is not supported: it casts buffers to the "
+            "precision's dtype, which FSDP2 does not do (buffers keep their dtype). Spell the dtypes out instead, "
+            "e.g. {'param_dtype': 'bf16', 'reduce_dtype': 'fp32'}, or leave mixed_precision out to take the "
+            "Trainer's precision (low-precision parameters in the forward, float32 gradient reduction)."
+        )
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"parallelism_config['fsdp']['mixed_precision']={value!r} is not valid. Accepted: 'FULL' or a dict "
+            "with param_dtype / reduce_dtype."
+        )
+    unknown = sorted(set(value) - {"param_dtype", "reduce_dtype", "buffer_dtype"})
+    if unknown:
+        raise ValueError(
+            f"parallelism_config['fsdp']['mixed_precision'] has {unknown}; accepted: param_dtype, reduce_dtype."
+        )
+    if value.get("buffer_dtype") is not None:
+        raise ValueError(
+            f"parallelism_config['fsdp']['mixed_precision']['buffer_dtype']={value['buffer_dtype']!r} cannot be "
+            "honoured: FSDP2 does not cast buffers, they keep their own dtype. Leave buffer_dtype out."
+        )
+    return MixedPrecisionPolicy(
+        param_dtype=_dtype("param_dtype", value.get("param_dtype")),
+        reduce_dtype=_dtype("reduce_dtype", value.get("reduce_dtype")),
+    )
+
+
+def _dtype(key: str, name: Any) -> torch.dtype | None:
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise ValueError(
+            f"parallelism_config['fsdp']['mixed_precision']['{key}']={name!r} is not valid. Accepted: {list(DTYPES)}."
+        )
+    return DTYPES[name]
