@@ -200,7 +200,9 @@ def _settle_precision(config: dict[str, Any], precision: str) -> None:
 
 def precision_from_config(config: dict[str, Any]) -> str | None:
     """The Fabric precision whose section (``fp16``/``bf16``) the config enables; ``None`` when it enables none."""
-    enabled = [section for section in ("fp16", "bf16") if config.get(section, {}).get("enabled")]
+    sections = {section: config.get(section) for section in ("fp16", "bf16")}
+    # A section of the wrong type is left to complete_config, whose error names the key and the expected type.
+    enabled = [section for section, value in sections.items() if isinstance(value, dict) and value.get("enabled")]
     if len(enabled) > 1:
         raise ValueError("The DeepSpeed config enables both fp16 and bf16; enable one of them.")
     return _precision_for(enabled[0]) if enabled else None
