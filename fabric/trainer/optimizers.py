@@ -19,7 +19,18 @@ from torch.optim import SGD, Adam
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
 
-class DecoupledSGDW(SGD):
+class _DecoupledStep(torch.optim.Optimizer):
+    """The step both optimizers share: the schedule-scaled decay, then the torch optimizer's own step."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = _evaluate(closure)
+        _decay_weights(self)
+        super().step()
+        return loss
+
+
+class DecoupledSGDW(_DecoupledStep, SGD):
     """SGD (with momentum, dampening, Nesterov as ``torch.optim.SGD``) and decoupled, schedule-scaled weight decay."""
 
     def __init__(
@@ -37,15 +48,8 @@ class DecoupledSGDW(SGD):
         )
         _decouple_weight_decay(self)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = _evaluate(closure)
-        _decay_weights(self)
-        super().step()
-        return loss
 
-
-class DecoupledAdamW(Adam):
+class DecoupledAdamW(_DecoupledStep, Adam):
     """Adam (``torch.optim.Adam``'s step, ``amsgrad`` included) and decoupled, schedule-scaled weight decay.
 
     Composer's defaults: ``lr=1e-3``, ``betas=(0.9, 0.95)``, ``eps=1e-8``, ``weight_decay=1e-5``.
@@ -63,13 +67,6 @@ class DecoupledAdamW(Adam):
         _check_non_negative(type(self).__name__, lr=lr, eps=eps, weight_decay=weight_decay)
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         _decouple_weight_decay(self)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = _evaluate(closure)
-        _decay_weights(self)
-        super().step()
-        return loss
 
 
 def _check_non_negative(owner: str, **values: float) -> None:

@@ -82,6 +82,19 @@ def uses_clock(template: str) -> bool:
     return bool(used - {"run_name", "rank"})
 
 
+def check_local_files(owner: str, remote_file_name: str | None, overwrite: Any) -> bool:
+    """Composer's ``remote_file_name`` (an upload) must be None: these callbacks write to their folder only.
+    Returns ``overwrite``, checked to be a bool."""
+    if remote_file_name is not None:
+        raise ValueError(
+            f"remote_file_name={remote_file_name!r} is not supported: {owner} writes its files to folder only; pass "
+            "remote_file_name=None and copy them from there (or point folder at a mounted bucket)."
+        )
+    if not isinstance(overwrite, bool):
+        raise ValueError(f"overwrite must be True or False; got {overwrite!r}.")
+    return overwrite
+
+
 def check_count(value: Any, what: str, minimum: int) -> int:
     """``value`` if it is a whole number (not a bool) of at least ``minimum``; else a ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -14,6 +14,7 @@ from fabric.trainer.callbacks._utils import (
     check_count,
     check_file_name,
     check_interval,
+    check_local_files,
     check_name,
     format_name,
     training_device,
@@ -54,13 +55,7 @@ class MemorySnapshot(Callback):
         remote_file_name: str | None = None,
         overwrite: bool = False,
     ) -> None:
-        if remote_file_name is not None:
-            raise ValueError(
-                f"remote_file_name={remote_file_name!r} is not supported: MemorySnapshot writes its files to folder "
-                "only; pass remote_file_name=None and copy them from there (or point folder at a mounted bucket)."
-            )
-        if not isinstance(overwrite, bool):
-            raise ValueError(f"overwrite must be True or False; got {overwrite!r}.")
+        overwrite = check_local_files("MemorySnapshot", remote_file_name, overwrite)
         self.skip_batches = check_count(skip_batches, "skip_batches", 0)
         self.interval = check_interval(interval, "interval")
         self.max_entries = check_count(max_entries, "max_entries", 1)

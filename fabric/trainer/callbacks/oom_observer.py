@@ -13,6 +13,7 @@ from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import (
     check_count,
     check_file_name,
+    check_local_files,
     check_name,
     format_name,
     training_device,
@@ -57,13 +58,7 @@ class OOMObserver(Callback):
         remote_file_name: str | None = None,
         overwrite: bool = False,
     ) -> None:
-        if remote_file_name is not None:
-            raise ValueError(
-                f"remote_file_name={remote_file_name!r} is not supported: OOMObserver writes its files to folder "
-                "only; pass remote_file_name=None and copy them from there (or point folder at a mounted bucket)."
-            )
-        if not isinstance(overwrite, bool):
-            raise ValueError(f"overwrite must be True or False; got {overwrite!r}.")
+        overwrite = check_local_files("OOMObserver", remote_file_name, overwrite)
         self.max_entries = check_count(max_entries, "max_entries", 1)
         self.folder = check_name(folder, "folder", ("run_name", "rank"))
         self.filename = check_file_name(filename, "filename")
