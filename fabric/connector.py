@@ -254,7 +254,10 @@ def follow_launcher(
                 "or start one process."
             )
         return num_nodes
-    if layout.local_world_size is None:
+    if layout.num_nodes is not None and layout.local_world_size == num_devices:
+        if num_nodes in (1, layout.num_nodes):  # nodes may differ in size: the launcher's count is the truth
+            return layout.num_nodes
+    elif layout.local_world_size is None:
         if num_nodes == 1 and layout.world_size % num_devices == 0:
             return layout.world_size // num_devices
         if num_devices * num_nodes == layout.world_size:

@@ -219,8 +219,6 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
     passed = {name: options[name] for name in CLI_SETTINGS if options.get(name) is not None}
     if options["devices"] is not None:
         passed["devices"] = str(processes) if accelerator == "cpu" else options["devices"]
-    if layout.num_nodes > 1:
-        passed["num_nodes"] = layout.num_nodes
     plan = LaunchPlan(
         script=options["script"],
         script_args=tuple(os.path.expandvars(os.path.expanduser(arg)) for arg in options["script_args"]),
@@ -234,7 +232,7 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
         fabric_settings={CLI_SETTINGS[name]: str(value) for name, value in passed.items()},
         term_timeout=options["term_timeout"],
         join_timeout=options["join_timeout"],
-        network_interface=interface_for(main_address, main_port) if layout.num_nodes > 1 else None,
+        network_interface=interface_for(main_address, main_port) if layout.several_nodes else None,
         verbose=options["verbose"],
     )
     plan.check_log_files()
@@ -272,10 +270,10 @@ def _mode(options: dict[str, Any]) -> str:
 
 
 def _main_port(given: int | None, layout: Layout) -> int:
-    if given is None and layout.num_nodes == 1:
+    if given is None and not layout.several_nodes:
         return find_free_port()
     port = given if given is not None else DEFAULT_MULTI_NODE_PORT
-    if layout.base_rank == 0 and port_in_use(port):  # this node hosts the rendezvous store on that port
+    if layout.hosts_join and port_in_use(port):  # this node hosts the rendezvous store on that port
         raise PlanError(f"port {port} is already in use on this machine: pick a free one with --main-port.")
     return port
 

@@ -3,6 +3,10 @@
 Users give any subset (Lightning's ``--num-nodes``/``--node-rank``, Composer's ``--world_size``/
 ``--base_rank``); the rest is inferred where only one answer exists, and any layout that cannot add
 up is refused here, at parse time, instead of leaving the rendezvous to wait for ranks that never come.
+
+Composer's form names no node count (``--world_size 3 --base_rank 2`` on a node of one process, two on the
+first): the nodes may differ in size, so the count and each node's rank are left open here and decided when
+the nodes join node 0 (:mod:`fabric_cli.join`), by which ranks each one starts.
 """
 
 from __future__ import annotations
@@ -18,13 +22,30 @@ class LayoutError(ValueError):
 class Layout:
     processes: int
     world_size: int
-    num_nodes: int
-    node_rank: int
+    #: ``None`` until the nodes join, when neither ``--num-nodes`` nor ``--node-rank`` was given.
+    num_nodes: int | None
+    #: ``None`` until the nodes join, on a node other than the first in that case.
+    node_rank: int | None
     base_rank: int
 
     @property
     def ranks(self) -> range:
         return range(self.base_rank, self.base_rank + self.processes)
+
+    @property
+    def several_nodes(self) -> bool:
+        return self.world_size > self.processes
+
+    @property
+    def hosts_join(self) -> bool:
+        """Node 0 (the node that starts rank 0) hosts the join and, afterwards, the rendezvous."""
+        return self.base_rank == 0
+
+    def describe_nodes(self) -> str:
+        """``2 node(s)); this node: rank 1`` with the parts not yet known said to be decided at join."""
+        nodes = "node count decided when the nodes join" if self.num_nodes is None else f"{self.num_nodes} node(s)"
+        rank = "decided when the nodes join" if self.node_rank is None else str(self.node_rank)
+        return f"{nodes}); this node: rank {rank}"
 
 
 def resolve_layout(
@@ -39,6 +60,10 @@ def resolve_layout(
     world = world_size if world_size is not None else processes * (num_nodes or 1)
     if world < processes:
         raise LayoutError(f"--world-size={world} is smaller than the {processes} processes this node starts.")
+    if num_nodes is None and node_rank is None and world > processes:
+        base = 0 if base_rank is None else base_rank
+        _check_in_world(base, processes, world)
+        return Layout(processes, world, None, 0 if base == 0 else None, base)
     nodes = num_nodes if num_nodes is not None else _infer_num_nodes(processes, world)
     if nodes == 1 and world != processes:
         raise LayoutError(
@@ -56,7 +81,7 @@ def resolve_layout(
     if not 0 <= node < nodes:
         raise LayoutError(f"--node-rank={node} is outside [0, {nodes}) for {nodes} node(s).")
     base = base_rank if base_rank is not None else _infer_base_rank(processes, world, nodes, node)
-    _check_base_rank(Layout(processes, world, nodes, node, base))
+    _check_base_rank(processes, world, nodes, node, base)
     return Layout(processes, world, nodes, node, base)
 
 
@@ -92,10 +117,9 @@ def _infer_base_rank(processes: int, world: int, nodes: int, node: int) -> int:
     )
 
 
-def _check_base_rank(layout: Layout) -> None:
-    base, world, node, nodes = layout.base_rank, layout.world_size, layout.node_rank, layout.num_nodes
-    _check_in_world(base, layout.processes, world)
-    last = base + layout.processes - 1
+def _check_base_rank(processes: int, world: int, nodes: int, node: int, base: int) -> None:
+    _check_in_world(base, processes, world)
+    last = base + processes - 1
     if node == 0 and base != 0:
         raise LayoutError(f"--base-rank={base} on node 0: node 0 runs rank 0 (it hosts the rendezvous), so 0.")
     if node > 0 and base < node:

@@ -75,11 +75,13 @@ class LaunchPlan:
         variables = {
             CLI_MARKER: "1",
             **self.fabric_settings,
+            **self._node_count_setting(),
             RUN_DIRECTORY_VARIABLE: str(self.run_dir.absolute()),
             **rank_variables(
                 main_address=self.main_address,
                 main_port=self.main_port,
                 node_rank=layout.node_rank,
+                num_nodes=layout.num_nodes,
                 world_size=layout.world_size,
                 local_world_size=layout.processes,
                 local_rank=local_rank,
@@ -92,6 +94,11 @@ class LaunchPlan:
         variables.update({name: value for name, value in defaults.items() if name not in os.environ})
         variables.update(thread_defaults(layout.processes))
         return variables
+
+    def _node_count_setting(self) -> dict[str, str]:
+        """``Fabric(num_nodes=)`` for a job of several nodes, once the count is known (after the join)."""
+        nodes = self.layout.num_nodes
+        return {CLI_SETTINGS["num_nodes"]: str(nodes)} if nodes is not None and nodes > 1 else {}
 
     def log_files(self, local_rank: int) -> tuple[Path, Path]:
         """Where a rank other than local rank 0 (which keeps the terminal) writes stdout and stderr."""
@@ -116,7 +123,14 @@ class LaunchPlan:
         )
 
     def check_log_files(self) -> None:
-        """Refuse templates that would make two ranks write one file (their output would interleave)."""
+        """Refuse templates that would make two ranks write one file (their output would interleave), or that
+        name the node rank while it is still open (it is decided when the nodes join, after the files open)."""
+        for option, template in (("--stdout", self.stdout_template), ("--stderr", self.stderr_template)):
+            if self.layout.node_rank is None and template is not None and "{node_rank}" in template:
+                raise PlanError(
+                    f"{option}={template!r} uses {{node_rank}}, which is decided when the nodes join (no --num-nodes "
+                    "or --node-rank given): use {rank}, or pass --num-nodes and --node-rank."
+                )
         for option, index in (("--stdout", 0), ("--stderr", 1)):
             seen: dict[Path, int] = {}
             for local_rank in range(1, self.processes):
@@ -137,8 +151,8 @@ class LaunchPlan:
         lines = [
             f"command:       {shlex.join(self.command())}",
             *(f"{name + ':':<15}{value}" for name, value in settings.items()),
-            f"world size:    {layout.world_size} ({layout.num_nodes} node(s)); this node: rank {layout.node_rank}, "
-            f"global ranks {layout.ranks[0]}..{layout.ranks[-1]}",
+            f"world size:    {layout.world_size} ({layout.describe_nodes()}, global ranks "
+            f"{layout.ranks[0]}..{layout.ranks[-1]}",
             f"main address:  {self.main_address}:{self.main_port}",
             f"run dir:       {self.run_dir}",
         ]

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -58,7 +59,8 @@ def run(plan: LaunchPlan) -> int:
     try:
         try:
             outputs = _open_outputs(plan, log_files)  # before anything starts: a path that cannot be written stops it
-            join(plan.layout, plan.main_address, plan.main_port, plan.join_timeout)
+            layout = join(plan.layout, plan.main_address, plan.main_port, plan.join_timeout)
+            plan = dataclasses.replace(plan, layout=layout)  # the node count and node rank, if they were open
             _say(plan, _start_line(plan))
             oom_kills_before = oom_kill_count()  # tells a SIGKILL by the OOM killer from others
             for local_rank in range(plan.processes):

@@ -268,6 +268,20 @@ def test_devices_the_script_disagrees_with_fail_fast_instead_of_hanging(tmp_path
     assert "Fabric(devices=3) conflicts with the CLI's --devices=2 (FABRIC_DEVICES)" in conflicting.stderr
 
 
+def test_nodes_without_a_node_count_leave_it_and_the_node_rank_to_the_join() -> None:
+    common = ["run", "model", "--world_size", "3", "--base_rank", "2", "--main-address", "10.0.0.1"]
+    result = _fabric(*common, "--dry-run", REPORT)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "world size:    3 (node count decided when the nodes join); this node: rank decided when the nodes join, "
+        "global ranks 2..2"
+    ) in result.stdout
+    assert "NODE_RANK" not in result.stdout and "FABRIC_NUM_NODES" not in result.stdout  # both come with the join
+    named = _fabric(*common, "--stdout", "node{node_rank}.log", "--devices", "2", "--base_rank", "1", REPORT)
+    assert named.returncode == 2
+    assert "uses {node_rank}, which is decided when the nodes join" in named.stderr
+
+
 def test_uneven_nodes_take_world_size_and_base_rank() -> None:
     result = _fabric(
         "run", "model", "--devices", "3", "--num-nodes", "2", "--node-rank", "1", "--main-address", "10.0.0.1",

@@ -60,7 +60,7 @@ def test_a_node_that_never_joins_fails_every_waiting_node_naming_it() -> None:
     ("nodes", "expected"),
     [
         ([["--num-nodes", "2", "--node-rank", "0"], ["--num-nodes", "3", "--node-rank", "1"]],
-         "node 1 has --world-size=3 --num-nodes=3, node 0 has --world-size=2 --num-nodes=2"),
+         "node 1 (ranks 1..1) has --world-size=3 --num-nodes=3, node 0 has --world-size=2 --num-nodes=2"),
         ([["--num-nodes", "3", "--node-rank", str(rank)] for rank in (0, 1, 1)], "two nodes call themselves node 1"),
         ([["--num-nodes", "3", "--world-size", "6", "--node-rank", str(rank), *extra]
           for rank, extra in enumerate([[], ["--base-rank", "1"], ["--devices", "2"]])],
@@ -73,6 +73,47 @@ def test_nodes_that_disagree_all_fail_before_starting_ranks(nodes: list[list[str
     results = _nodes([[*FABRIC, *common, *node, REPORT, "/"] for node in nodes])
     for result in results:
         assert result.returncode == 1 and expected in result.stderr, result.stderr
+
+
+def test_uneven_nodes_in_composers_form_number_themselves_when_they_join(tmp_path: Path) -> None:
+    """Composer's launcher form names no node count: `--world_size 3` on a node of two processes and
+    `--world_size 3 --base_rank 2` on a node of one. Node 0 refused it ("not a multiple"), and node 1 took itself
+    for one of three nodes; Fabric on the smaller node then refused a layout it could not tell from an even one."""
+    port = str(find_free_port())
+    common = ["--main-address", "127.0.0.1", "--main-port", port, "--join-timeout", "60"]
+    nodes = _nodes([
+        [*FABRIC, "--devices", "2", "--world_size", "3", *common, "--run-dir", str(tmp_path / "run0"), REPORT,
+         str(tmp_path)],
+        [*FABRIC, "--devices", "1", "--world_size", "3", "--base_rank", "2", *common, "--run-dir",
+         str(tmp_path / "run1"), REPORT, str(tmp_path)],
+    ])  # fmt: skip
+    assert [node.returncode for node in nodes] == [0, 0], [node.stderr[-2000:] for node in nodes]
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(3)]
+    assert [(r["rank"], r["local_rank"], r["node_rank"], r["world_size"], r["num_nodes"]) for r in reports] == [
+        (0, 0, 0, 3, 2),
+        (1, 1, 0, 3, 2),
+        (2, 0, 1, 3, 2),
+    ]
+    assert [r["sum"] for r in reports] == [6, 6, 6]  # one world of three ranks
+
+
+def test_nodes_without_a_node_count_fail_naming_the_ranks_no_node_started(tmp_path: Path) -> None:
+    port = str(find_free_port())
+    common = ["--world_size", "4", "--main-address", "127.0.0.1", "--main-port", port]
+    node0, node1 = _nodes([
+        [*FABRIC, "--devices", "2", *common, "--join-timeout", "1.5", REPORT, "/"],
+        [*FABRIC, "--devices", "1", "--base_rank", "3", *common, "--join-timeout", "60", REPORT, "/"],
+    ])  # fmt: skip
+    missing = "no node with ranks 2 of --world-size=4 joined within --join-timeout=1.5 s (joined: node 0 (ranks 0..1)"
+    assert node0.returncode == 1 and missing in node0.stderr, node0.stderr
+    assert node1.returncode == 1 and missing in node1.stderr, node1.stderr
+    overlapping = _nodes([
+        [*FABRIC, "--devices", "2", "--world_size", "3", *common[2:], "--join-timeout", "30", REPORT, "/"],
+        [*FABRIC, "--devices", "2", "--world_size", "3", "--base_rank", "1", *common[2:], REPORT, "/"],
+    ])  # fmt: skip
+    for result in overlapping:
+        assert result.returncode == 1
+        assert "the node of ranks 1..2 and node 0 (ranks 0..1) overlap: fix --base-rank or --devices" in result.stderr
 
 
 @pytest.fixture

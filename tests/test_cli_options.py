@@ -206,7 +206,10 @@ def test_command_mode_and_output_templates_really_run(tmp_path: Path) -> None:
     [
         (2, {}, Layout(2, 2, 1, 0, 0)),
         (2, {"world_size": 4, "node_rank": 1}, Layout(2, 4, 2, 1, 2)),
-        (2, {"world_size": 4, "base_rank": 2}, Layout(2, 4, 2, 1, 2)),
+        # Composer's form names no node count: nodes may differ in size, so count and node rank are decided at join
+        (2, {"world_size": 4, "base_rank": 2}, Layout(2, 4, None, None, 2)),
+        (2, {"world_size": 3}, Layout(2, 3, None, 0, 0)),
+        (1, {"world_size": 3, "base_rank": 2}, Layout(1, 3, None, None, 2)),
         (3, {"world_size": 5, "num_nodes": 2, "node_rank": 1}, Layout(3, 5, 2, 1, 2)),  # the last node: 5 - 3
         (1, {"world_size": 4, "num_nodes": 3, "node_rank": 1, "base_rank": 2}, Layout(1, 4, 3, 1, 2)),
         (2, {"num_nodes": 3, "node_rank": 2}, Layout(2, 6, 3, 2, 4)),
@@ -223,7 +226,8 @@ def test_layouts_that_add_up_are_completed(processes: int, given: dict[str, int]
         (2, {"world_size": 1}, "--world-size=1 is smaller than the 2 processes"),
         (2, {"base_rank": 5}, "--base-rank=5 puts this node's 2 processes at ranks 5..6, outside the world of 2"),
         (2, {"world_size": 3, "num_nodes": 3}, "--world-size=3 is too small for 3 nodes"),
-        (2, {"world_size": 5}, "--world-size=5 is not a multiple of the 2 processes"),
+        (2, {"world_size": 5, "node_rank": 0}, "--world-size=5 is not a multiple of the 2 processes"),
+        (2, {"world_size": 5, "base_rank": 4}, "--base-rank=4 puts this node's 2 processes at ranks 4..5, outside"),
         (2, {"world_size": 4, "num_nodes": 2, "node_rank": 0, "base_rank": 2}, "node 0 runs rank 0"),
         (2, {"world_size": 5, "num_nodes": 2, "node_rank": 1, "base_rank": 2}, "leaves ranks 4..4 of --world-size=5"),
         (2, {"world_size": 7, "num_nodes": 3, "node_rank": 1}, "node 1's first rank is unknown: pass --base-rank"),

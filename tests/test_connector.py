@@ -216,6 +216,29 @@ def test_default_fabric_joins_the_world_its_launcher_started(
     assert (resolved.strategy.world_size, resolved.strategy.global_rank) == (devices * num_nodes, rank)
 
 
+# The smaller node of uneven jobs (2 + 1 ranks): `fabric run` in Composer's form, and `srun -n 3 -N 2`.
+CLI_UNEVEN = {"LOCAL_RANK": "0", "RANK": "2", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "1",
+              "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+              "FABRIC_CLI_LAUNCHED": "1"}  # fmt: skip
+SRUN_UNEVEN = {**SRUN_2, "SLURM_NTASKS": "3", "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+               "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_NODELIST": "node[1-2]"}  # fmt: skip
+
+
+@pytest.mark.parametrize("environ", [CLI_UNEVEN, SRUN_UNEVEN], ids=["fabric-run", "srun"])
+@pytest.mark.parametrize("num_nodes", [1, 2])
+def test_the_smaller_node_of_an_uneven_job_follows_the_launchers_node_count(
+    environ: dict[str, str], num_nodes: int
+) -> None:
+    """The node of one rank took the job for three nodes of one (world 3 / 1 process) and refused num_nodes=2."""
+    resolved = resolve(num_nodes=num_nodes, environ=environ)
+    assert (len(resolved.devices), resolved.num_nodes) == (1, 2)
+    assert (resolved.strategy.world_size, resolved.strategy.global_rank) == (3, 2)
+    with pytest.raises(ValueError, match=r"started 3 processes on 2 nodes, 1 on this node, but Fabric\(devices=2"):
+        resolve(devices=2, environ=environ)
+    with pytest.raises(ValueError, match=r"on 2 nodes, 1 on this node, but Fabric\(devices='auto', num_nodes=3\)"):
+        resolve(num_nodes=3, environ=environ)
+
+
 def test_arguments_that_agree_with_the_launcher_are_fine() -> None:
     resolved = resolve(devices=2, num_nodes=2, strategy="ddp", environ=TORCHRUN_2x2)
     assert resolved.num_processes == 4

@@ -174,7 +174,7 @@ def test_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env.main_address == "gpu007"
     assert env.main_port == 10000 + 4567
     assert _ranks(env) == (8, 6, 2, 1)
-    assert env.launched_layout() == LaunchedLayout("SLURM's srun", world_size=8, local_world_size=4)
+    assert env.launched_layout() == LaunchedLayout("SLURM's srun", world_size=8, local_world_size=4, num_nodes=2)
 
 
 def test_an_sbatch_script_without_srun_is_not_a_slurm_step(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ report = {
     "local_rank": fabric.local_rank,
     "node_rank": fabric.node_rank,
     "world_size": fabric.world_size,
+    "num_nodes": getattr(fabric.strategy, "num_nodes", 1),
     "strategy": type(fabric.strategy).__name__,
     "precision": fabric.precision.name,
     "args": sys.argv[2:],

@@ -22,11 +22,14 @@ class LaunchedLayout:
     world_size: int
     #: ``None`` when the launcher does not say how many processes it started on this node.
     local_world_size: int | None
+    #: How many nodes the launcher started processes on; ``None`` when it does not say. Nodes may differ in size.
+    num_nodes: int | None = None
 
     def describe(self) -> str:
         on_this_node = "" if self.local_world_size is None else f", {self.local_world_size} on this node"
+        on_nodes = f" on {self.num_nodes} nodes" if self.num_nodes is not None and self.num_nodes > 1 else ""
         processes = "process" if self.world_size == 1 else "processes"
-        return f"{self.launcher} started {self.world_size} {processes}{on_this_node}"
+        return f"{self.launcher} started {self.world_size} {processes}{on_nodes}{on_this_node}"
 
 
 class ClusterEnvironment(ABC):
@@ -102,13 +105,17 @@ class ClusterEnvironment(ABC):
         """How many processes the launcher started on this node; ``None`` when it does not say."""
         return None
 
+    def launched_num_nodes(self) -> int | None:
+        """How many nodes the launcher started processes on; ``None`` when it does not say."""
+        return None
+
     def launched_layout(self) -> LaunchedLayout | None:
         """What the launcher started, when one did (:attr:`creates_processes_externally`); ``None`` when Fabric
         starts the processes itself. Fabric follows it when ``devices``/``num_nodes`` are not given, and refuses
         arguments that disagree with it (the connector), so no process silently runs as a world of its own."""
         if not self.creates_processes_externally:
             return None
-        return LaunchedLayout(self.launcher_name, self.world_size(), self.local_world_size())
+        return LaunchedLayout(self.launcher_name, self.world_size(), self.local_world_size(), self.launched_num_nodes())
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Check what only this environment can about ``devices`` and ``num_nodes`` (e.g. the rendezvous

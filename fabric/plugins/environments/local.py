@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment, LaunchedLayout
 from fabric.utilities.cli_contract import CLI_MARKER
 from fabric.utilities.ports import find_free_port
@@ -88,7 +90,14 @@ class LocalEnvironment(ClusterEnvironment):
         if not (self.creates_processes_externally and "WORLD_SIZE" in self._environ):
             return None
         launcher = "`fabric run`" if self._environ.get(CLI_MARKER) == "1" else self.launcher_name
-        return LaunchedLayout(launcher, self.world_size(), self.local_world_size())
+        return LaunchedLayout(launcher, self.world_size(), self.local_world_size(), self.launched_num_nodes())
+
+    @override
+    def launched_num_nodes(self) -> int | None:
+        """``GROUP_WORLD_SIZE`` (torchrun's name, which ``fabric run`` sets too) in a process a launcher started."""
+        if self.creates_processes_externally and "GROUP_WORLD_SIZE" in self._environ:
+            return self._int("GROUP_WORLD_SIZE")
+        return None
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Several nodes that Fabric starts itself need the rendezvous address and port of node 0, or node 0

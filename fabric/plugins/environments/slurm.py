@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 
 #: ``SLURM_JOB_NAME`` of ``srun --pty bash``: an interactive shell in a one-task step, where the user's script
@@ -149,11 +151,20 @@ class SLURMEnvironment(ClusterEnvironment):
 
     def local_world_size(self) -> int | None:
         """This node's entry of the step's tasks per node (``SLURM_STEP_TASKS_PER_NODE``, else the job's)."""
-        counts = self._environ.get("SLURM_STEP_TASKS_PER_NODE") or self._environ.get("SLURM_TASKS_PER_NODE")
-        if not counts:
+        per_node = self._tasks_per_node()
+        if per_node is None:
             return None
-        per_node = expand_tasks_per_node(counts)
         node = self.node_rank()
         if node >= len(per_node):
-            raise ValueError(f"SLURM_NODEID={node}, but the tasks-per-node list {counts!r} has {len(per_node)} nodes.")
+            raise ValueError(f"SLURM_NODEID={node}, but the tasks-per-node list {per_node} has {len(per_node)} nodes.")
         return per_node[node]
+
+    @override
+    def launched_num_nodes(self) -> int | None:
+        """The nodes of the step's tasks-per-node list, which may differ in size (``srun -n 3 -N 2``)."""
+        per_node = self._tasks_per_node()
+        return None if per_node is None else len(per_node)
+
+    def _tasks_per_node(self) -> list[int] | None:
+        counts = self._environ.get("SLURM_STEP_TASKS_PER_NODE") or self._environ.get("SLURM_TASKS_PER_NODE")
+        return expand_tasks_per_node(counts) if counts else None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 
 _DETECT_VARIABLES = ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -46,3 +48,8 @@ class TorchElasticEnvironment(ClusterEnvironment):
 
     def local_world_size(self) -> int | None:
         return self._int("LOCAL_WORLD_SIZE")
+
+    @override
+    def launched_num_nodes(self) -> int | None:
+        """``GROUP_WORLD_SIZE``: the nodes (agents) of this round of the rendezvous."""
+        return self._int("GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in self._environ else None

@@ -16,12 +16,17 @@ def rank_variables(
     local_rank: int,
     global_rank: int,
     node_rank: int | None = None,
+    num_nodes: int | None = None,
 ) -> dict[str, str]:
     """``MASTER_ADDR``/``MASTER_PORT``, ``WORLD_SIZE``/``LOCAL_WORLD_SIZE``, ``LOCAL_RANK``/``RANK`` and, when
-    given, ``NODE_RANK``: what ``Fabric()`` in a started rank joins the job with instead of launching again."""
+    given, ``NODE_RANK`` and the node count ``GROUP_WORLD_SIZE`` (torchrun's name): what ``Fabric()`` in a
+    started rank joins the job with instead of launching again. The node count is the one fact an uneven job
+    (nodes of different sizes) cannot be told by the other variables."""
     variables = {"MASTER_ADDR": main_address, "MASTER_PORT": str(main_port)}
     if node_rank is not None:
         variables["NODE_RANK"] = str(node_rank)
+    if num_nodes is not None:
+        variables["GROUP_WORLD_SIZE"] = str(num_nodes)
     variables.update(
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(local_world_size),
