@@ -6,6 +6,13 @@ EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END; the metrics are compute
 ranks), stored in ``state.metrics["metrics/<label>/<name>"]`` and logged; EVAL_END. Then
 EVAL_AFTER_ALL (``Trainer.eval()`` fires EVAL_STANDALONE_START/END in their place). The model runs in
 eval mode without gradients and returns to train mode afterwards.
+
+``Evaluator(device_eval_microbatch_size=m)`` runs each batch as forwards of at most ``m`` samples (Composer's
+option, for eval batches that do not fit at once): EVAL_BEFORE_FORWARD/EVAL_AFTER_FORWARD fire per
+microbatch with ``state.batch`` the microbatch, the metrics see every microbatch, and at EVAL_BATCH_END
+``state.batch`` is the whole batch again and ``state.outputs`` the microbatches' outputs joined (concatenated
+tensors, else a list). ``"auto"`` starts at the whole batch and halves on out-of-memory errors, agreed over
+the ranks; the metrics are updated only once the whole batch went through, so a retry counts nothing twice.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalInput
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.metrics import compute_metrics, update_metric
+from fabric.trainer.microbatch import is_out_of_memory
 from fabric.trainer.state import State, loader_length
 from fabric.trainer.time import Timestamp
 
@@ -34,7 +42,8 @@ class Evaluator:
     ``dataloader`` may be a :class:`~fabric.trainer.data_spec.DataSpec`: it then becomes
     ``data_spec`` and its loader ``dataloader``. ``metric_names`` picks some of the model's eval
     metrics (default: all); ``eval_interval`` overrides the Trainer's; ``subset_num_batches`` limits
-    the batches per round (-1: all).
+    the batches per round (-1: all); ``device_eval_microbatch_size`` splits each batch into forwards of
+    at most that many samples (``"auto"``: halve on out-of-memory; ``None``: the whole batch at once).
     """
 
     label: str
@@ -42,7 +51,10 @@ class Evaluator:
     metric_names: Sequence[str] | None = None
     eval_interval: IntervalInput | None = None
     subset_num_batches: int = -1
+    device_eval_microbatch_size: int | str | None = None
     data_spec: DataSpec = field(init=False)
+    #: With ``device_eval_microbatch_size="auto"``: the size that fitted last, where the next batch starts.
+    auto_microbatch_size: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.data_spec = ensure_data_spec(self.dataloader)
@@ -51,6 +63,12 @@ class Evaluator:
             raise ValueError(f"An Evaluator needs a non-empty string label, got {self.label!r}.")
         if self.subset_num_batches == 0 or self.subset_num_batches < -1:
             raise ValueError(f"subset_num_batches={self.subset_num_batches} must be -1 (all) or positive.")
+        size = self.device_eval_microbatch_size
+        if not (size is None or size == "auto" or (type(size) is int and size >= 1)):
+            raise ValueError(
+                f"Evaluator {self.label!r}: device_eval_microbatch_size={size!r} must be a positive int, 'auto' or "
+                "None."
+            )
 
 
 def ensure_evaluators(eval_dataloader: Any) -> list[Evaluator]:
@@ -147,19 +165,30 @@ def _run_evaluator(
     state.eval_batches = batches_in(evaluator)
     state.eval_timestamp = Timestamp()
     run_event(Event.EVAL_START)
-    spec = evaluator.data_spec
+    spec, fabric = evaluator.data_spec, state.fabric
+    microbatch_size = evaluator.device_eval_microbatch_size
+    in_use = evaluator.auto_microbatch_size if microbatch_size == "auto" else microbatch_size
+    state.device_eval_microbatch_size = in_use  # type: ignore[assignment]
     for index, batch in enumerate(evaluator.dataloader):
         if index == evaluator.subset_num_batches:
             break
-        state.batch = spec.prepare(batch, state.fabric.to_device) if spec.transforms else batch
+        state.batch = full_batch = spec.prepare(batch, fabric.to_device) if spec.transforms else batch
         run_event(Event.EVAL_BATCH_START)
-        run_event(Event.EVAL_BEFORE_FORWARD)
-        state.outputs = eval_forward(state.batch) if eval_forward is not None else model(state.batch)
-        run_event(Event.EVAL_AFTER_FORWARD)
-        samples = spec.get_num_samples_in_batch(state.batch)
-        for metric in metrics.values():
-            update_metric(model.module, state.batch, state.outputs, metric, samples)
-        state.eval_timestamp = state.eval_timestamp.to_next_batch(samples * state.fabric.world_size)
+        samples = spec.get_num_samples_in_batch(full_batch)
+        if microbatch_size is None:
+            forwards = [_forward(state, run_event, eval_forward, full_batch)]
+        elif microbatch_size == "auto":
+            forwards = _forward_auto(state, run_event, eval_forward, evaluator, samples)
+        else:
+            parts = spec.split_batch(full_batch, microbatch_size)  # type: ignore[arg-type]
+            forwards = [_forward(state, run_event, eval_forward, part) for part in parts]
+        if len(forwards) > 1:
+            state.batch, state.outputs = full_batch, _joined([outputs for _, outputs in forwards])
+        for part, outputs in forwards:
+            part_samples = samples if len(forwards) == 1 else spec.get_num_samples_in_batch(part)
+            for metric in metrics.values():
+                update_metric(model.module, part, outputs, metric, part_samples)
+        state.eval_timestamp = state.eval_timestamp.to_next_batch(samples * fabric.world_size)
         run_event(Event.EVAL_BATCH_END)
         if stop_requested():
             raise EvaluationInterrupted(f"evaluation {evaluator.label!r} stopped after {index + 1} batch(es)")
@@ -167,6 +196,54 @@ def _run_evaluator(
     state.metrics.update(values)
     logger.log_metrics(values)
     run_event(Event.EVAL_END)
+
+
+def _forward(state: State, run_event: Callable[[Event], None], eval_forward: Any, batch: Any) -> tuple[Any, Any]:
+    """One forward with its events; returns ``(batch, outputs)`` for the metrics."""
+    state.batch = batch
+    run_event(Event.EVAL_BEFORE_FORWARD)
+    state.outputs = eval_forward(batch) if eval_forward is not None else state.model(batch)
+    run_event(Event.EVAL_AFTER_FORWARD)
+    return batch, state.outputs
+
+
+def _forward_auto(
+    state: State, run_event: Callable[[Event], None], eval_forward: Any, evaluator: Evaluator, samples: int
+) -> list[tuple[Any, Any]]:
+    """The batch's forwards at the evaluator's current microbatch size (first the whole batch), halved after an
+    out-of-memory error on any rank until every rank's forwards fit; the size found is kept for the next batch."""
+    fabric, batch = state.fabric, state.batch
+    size = evaluator.auto_microbatch_size or samples
+    while True:
+        failure: BaseException | None = None
+        forwards: list[tuple[Any, Any]] = []
+        try:
+            for part in evaluator.data_spec.split_batch(batch, size):
+                forwards.append(_forward(state, run_event, eval_forward, part))
+        except BaseException as error:
+            if not is_out_of_memory(error):
+                raise
+            failure, forwards = error, []
+        any_failed = failure is not None
+        if fabric.world_size > 1:
+            flag = torch.tensor(float(any_failed), device=fabric.device)
+            any_failed = bool(fabric.all_reduce(flag, reduce_op="max").item())
+        if not any_failed:
+            evaluator.auto_microbatch_size = state.device_eval_microbatch_size = size
+            return forwards
+        if size == 1:
+            raise RuntimeError(
+                f"Out of memory with device_eval_microbatch_size=1 in evaluator {evaluator.label!r}: even one sample "
+                "does not fit."
+            ) from failure
+        size = max(1, size // 2)
+
+
+def _joined(outputs: list[Any]) -> Any:
+    """The microbatches' outputs as one: concatenated when all are tensors, else the list."""
+    if all(isinstance(output, torch.Tensor) and output.dim() > 0 for output in outputs):
+        return torch.cat(outputs)
+    return outputs
 
 
 def batches_in(evaluator: Evaluator) -> int | None:

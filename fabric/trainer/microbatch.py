@@ -38,6 +38,14 @@ def loss_weight(microbatch: Any, total_samples: int) -> float:
     return batch_size(microbatch) / total_samples
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a device or host allocation failure (what auto microbatching recovers from)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    message = str(error)
+    return isinstance(error, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+
+
 def _slice(value: Any, start: int, stop: int) -> Any:
     if isinstance(value, torch.Tensor):
         return value[start:stop]

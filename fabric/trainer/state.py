@@ -55,6 +55,8 @@ class State:
     run_name: str | None = None
     #: Samples per forward/backward pass; None trains each batch in one pass.
     device_train_microbatch_size: int | None = None
+    #: Samples per eval forward of the evaluator running now; None runs each batch in one forward.
+    device_eval_microbatch_size: int | None = None
     #: Metric objects by name (torchmetrics ``Metric`` or callables), updated during training.
     train_metrics: dict[str, Any] = field(default_factory=dict)
     #: Metric objects per evaluator label (``"eval"``), then by name.

@@ -42,6 +42,7 @@ from fabric.trainer.data_spec import DataSpec
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
 from fabric.trainer.metrics import update_metric
+from fabric.trainer.microbatch import is_out_of_memory
 from fabric.trainer.schedulers import LRSchedule
 from fabric.trainer.state import State
 from fabric.wrappers import unwrap_optimizer
@@ -56,14 +57,6 @@ def count_tokens(batch: Any) -> int:
         if isinstance(input_ids, torch.Tensor):
             return int(input_ids.numel())
     return 0
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is a device or host allocation failure (what auto microbatching recovers from)."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    message = str(error)
-    return isinstance(error, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
 
 
 class TrainStep:

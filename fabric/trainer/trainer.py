@@ -471,6 +471,7 @@ class Trainer:
             None if evaluator.subset_num_batches == -1 else evaluator.subset_num_batches for evaluator in evaluators
         ]
         for evaluator in evaluators:
+            _check_microbatch_size(evaluator.device_eval_microbatch_size, self.fabric, "device_eval_microbatch_size")
             evaluator.dataloader = self._setup_dataloader(evaluator.data_spec)
             self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
         self.evaluators = evaluators
@@ -1091,12 +1092,15 @@ def _check_ratio(ratio: Any) -> None:
         raise ValueError(f"scale_schedule_ratio={ratio!r} must be positive.")
 
 
-def _check_microbatch_size(size: int | str | None, fabric: Fabric) -> None:
+def _check_microbatch_size(
+    size: int | str | None, fabric: Fabric, option: str = "device_train_microbatch_size"
+) -> None:
+    """``"auto"`` retries a batch on the ranks that fitted too, which only a replicating strategy (DDP) survives:
+    a sharded model's collectives would pair up wrongly."""
     if size is None or size == "auto":
         if size == "auto" and fabric.world_size > 1 and not fabric.strategy.replicates_gradients:
             raise ValueError(
-                f"device_train_microbatch_size='auto' on several ranks needs strategy='ddp', got "
-                f"{type(fabric.strategy).__name__}."
+                f"{option}='auto' on several ranks needs strategy='ddp', got {type(fabric.strategy).__name__}."
             )
         return
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:

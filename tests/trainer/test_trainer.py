@@ -415,6 +415,51 @@ def test_evaluator_subset_and_metric_names() -> None:
         _trainer(eval_dataloader=Evaluator("val", DataLoader(_data()), metric_names=["f1"]))
 
 
+class ForwardSizes(Callback):
+    """Records the batch size at every eval forward, and the batch and outputs each eval batch ends with."""
+
+    def __init__(self) -> None:
+        self.forwards: list[int] = []
+        self.batch_ends: list[tuple[int, tuple[int, ...]]] = []
+
+    def eval_after_forward(self, state: State, logger: Any) -> None:
+        self.forwards.append(len(state.batch[0]))
+
+    def eval_batch_end(self, state: State, logger: Any) -> None:
+        self.batch_ends.append((len(state.batch[0]), tuple(state.outputs.shape)))
+
+
+@pytest.mark.parametrize(
+    ("size", "tried", "forwards"),
+    [(3, [3, 3, 2, 3, 3, 2, 3, 1], [3, 3, 2, 3, 3, 2, 3, 1]), ("auto", [8, 4, *[2] * 10], [2] * 10)],
+)
+def test_eval_microbatches_give_the_whole_batch_metrics(size: int | str, tried: list[int], forwards: list[int]) -> None:
+    """Composer's Evaluator(device_eval_microbatch_size=) was a TypeError. With "auto" the model fails above 3
+    samples: the batch of 8 is retried at 4, then 2, and no half-finished try is counted in the metric."""
+    model = OutOfMemoryAbove(limit=3 if size == "auto" else 100)
+    data = _data(20, seed=3)
+    sizes = ForwardSizes()
+    loader = DataLoader(data, batch_size=8)
+    trainer = _trainer(
+        model, callbacks=[sizes], eval_dataloader=Evaluator("val", loader, device_eval_microbatch_size=size)
+    )
+    metrics = trainer.eval()
+    with torch.no_grad():
+        expected = (Classifier.forward(model, data.tensors).argmax(-1) == data.tensors[1]).float().mean().item()
+    assert metrics == {"metrics/val/accuracy": pytest.approx(expected)}
+    assert (model.sizes, sizes.forwards) == (tried, forwards)
+    assert sizes.batch_ends == [(8, (8, 3)), (8, (8, 3)), (4, (4, 3))]  # the whole batch and its joined outputs
+    assert trainer.state.device_eval_microbatch_size == (2 if size == "auto" else 3)
+
+
+@pytest.mark.parametrize("size", [0, -2, 1.5, "half", True])
+def test_an_eval_microbatch_size_that_is_no_size_is_refused_naming_it(size: Any) -> None:
+    with pytest.raises(
+        ValueError, match=rf"device_eval_microbatch_size={re.escape(repr(size))} must be a positive int"
+    ):
+        Evaluator("val", DataLoader(_data()), device_eval_microbatch_size=size)
+
+
 def test_predict_returns_outputs_or_streams_them_to_a_callback() -> None:
     model = Classifier()
     data = _data(20)
