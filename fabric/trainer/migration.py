@@ -51,8 +51,9 @@ Every other Composer ``Trainer`` argument is accepted with Composer's meaning or
   (:mod:`fabric.trainer.parallelism`); ``{"tp": ...}`` refused (``strategy=ModelParallelStrategy(...)``).
 * ``fsdp_config``, ``fsdp_auto_wrap``: refused, Composer's older names for ``parallelism_config={"fsdp": ...}``.
 * ``python_log_level``, ``precision_config``, ``ddp_sync_strategy``, ``load_object_store``,
-  ``accumulate_train_batch_on_tokens``, ``auto_log_hparams``, ``log_traces``, ``train_dataloader_label``: their
-  defaults accepted (they change nothing here); other values refused, naming the alternative (:data:`REFUSED`).
+  ``accumulate_train_batch_on_tokens``, ``auto_log_hparams``, ``log_traces``, ``train_dataloader_label`` (also a
+  ``fit()`` argument): their defaults accepted (they change nothing here); other values refused, naming the
+  alternative (:data:`REFUSED`). ``load_progress_bar``: either value accepted; no download progress bar is shown.
 
 ``Trainer.fit()`` takes Composer's per-stage arguments (see :meth:`fabric.trainer.trainer.Trainer.fit` and
 :mod:`fabric.trainer.stages`).
@@ -103,6 +104,7 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
         "get_num_tokens_in_batch for the clock only",
     ),
     "auto_log_hparams": ((False,), "log them yourself: trainer.logger.log_hyperparameters({...})"),
+    "load_progress_bar": ((True, False), "no download progress bar is shown"),
     "log_traces": ((False,), "algorithm traces are not logged"),
     "train_dataloader_label": (
         ("train",),

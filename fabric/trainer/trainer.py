@@ -505,6 +505,7 @@ class Trainer:
         self,
         *,
         train_dataloader: Iterable[Any] | DataSpec | None = None,
+        train_dataloader_label: str = "train",
         train_subset_num_batches: int | None = None,
         spin_dataloaders: bool | None = None,
         duration: Time[Any] | str | int | None = None,
@@ -538,9 +539,11 @@ class Trainer:
         * ``precision`` switches between ``"fp32"``, ``"amp_fp16"``/``"amp"`` and ``"amp_bf16"`` (Fabric's
           ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``) on one device or DDP, for this and later fits.
 
-        Every argument is checked before anything changes. If training raises, the loggers hear of it first
-        (``log_exception``: trackers mark the run failed).
+        ``train_dataloader_label`` is Composer's; only its default ``"train"`` is accepted. Every argument is checked
+        before anything changes. If training raises, the loggers hear of it first (``log_exception``: trackers mark
+        the run failed).
         """
+        refuse_composer_arguments({"train_dataloader_label": train_dataloader_label})
         with self._failures_logged():
             self._start_stage(
                 train_dataloader=train_dataloader,

@@ -4,6 +4,7 @@ to use instead (a ``ValueError`` when the Trainer is built), never a bare ``Type
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import itertools
 import os
@@ -23,7 +24,7 @@ from fabric import Fabric
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
 from fabric.trainer.loggers.console import ConsoleLogger
-from fabric.trainer.migration import apply_dist_timeout, translate_fabric_choices
+from fabric.trainer.migration import REFUSED, apply_dist_timeout, translate_fabric_choices
 from fabric.trainer.passes import sort_to_front
 from fabric.trainer.state import State
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules
@@ -31,6 +32,7 @@ from fabric.trainer.trainer import Trainer
 from fabric.utilities.exceptions import CheckpointError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+DOCS = Path(__file__).parents[2] / "docs"
 
 
 class Regressor(nn.Module):
@@ -111,7 +113,103 @@ COMPOSER_DEFAULTS: dict[str, Any] = {
     "auto_log_hparams": False,
     "log_traces": False,
     "train_dataloader_label": "train",
+    "load_progress_bar": True,
 }
+
+#: Composer's ``Trainer.__init__`` and ``Trainer.fit`` parameters, in its order (composer/trainer/trainer.py).
+COMPOSER_INIT = [
+    "model",
+    "train_dataloader",
+    "train_dataloader_label",
+    "train_subset_num_batches",
+    "spin_dataloaders",
+    "max_duration",
+    "algorithms",
+    "algorithm_passes",
+    "optimizers",
+    "schedulers",
+    "scale_schedule_ratio",
+    "step_schedulers_every_batch",
+    "eval_dataloader",
+    "eval_interval",
+    "eval_subset_num_batches",
+    "callbacks",
+    "loggers",
+    "run_name",
+    "progress_bar",
+    "log_to_console",
+    "console_stream",
+    "console_log_interval",
+    "log_traces",
+    "auto_log_hparams",
+    "load_path",
+    "load_object_store",
+    "load_weights_only",
+    "load_strict_model_weights",
+    "load_progress_bar",
+    "load_ignore_keys",
+    "load_exclude_algorithms",
+    "save_folder",
+    "save_filename",
+    "save_latest_filename",
+    "save_overwrite",
+    "save_interval",
+    "save_weights_only",
+    "save_ignore_keys",
+    "save_num_checkpoints_to_keep",
+    "save_metrics",
+    "autoresume",
+    "parallelism_config",
+    "device",
+    "precision",
+    "precision_config",
+    "device_train_microbatch_size",
+    "accumulate_train_batch_on_tokens",
+    "seed",
+    "deterministic_mode",
+    "dist_timeout",
+    "ddp_sync_strategy",
+    "profiler",
+    "python_log_level",
+    "compile_config",
+]
+COMPOSER_FIT = [
+    "train_dataloader",
+    "train_dataloader_label",
+    "train_subset_num_batches",
+    "spin_dataloaders",
+    "duration",
+    "reset_time",
+    "schedulers",
+    "scale_schedule_ratio",
+    "step_schedulers_every_batch",
+    "eval_dataloader",
+    "eval_subset_num_batches",
+    "eval_interval",
+    "device_train_microbatch_size",
+    "precision",
+]
+
+
+def test_every_composer_trainer_and_fit_parameter_has_a_place_here() -> None:
+    """Each is a parameter of ours, a Fabric choice (``precision``), or one :data:`REFUSED` names."""
+    taken = set(inspect.signature(Trainer.__init__).parameters) | set(REFUSED) | {"precision"}
+    assert [name for name in COMPOSER_INIT if name not in taken] == []
+    assert [name for name in COMPOSER_FIT if name not in inspect.signature(Trainer.fit).parameters] == []
+
+
+def test_the_migration_table_names_every_composer_trainer_and_fit_parameter() -> None:
+    table = [line for line in (DOCS / "coming-from-composer.md").read_text().splitlines() if line.startswith("|")]
+    fit_row = next(row for row in table if row.startswith("| `fit(...)`"))
+    assert [name for name in COMPOSER_INIT if not any(f"`{name}`" in row for row in table)] == []
+    assert [name for name in COMPOSER_FIT if f"`{name}`" not in fit_row] == []
+
+
+def test_fit_refuses_another_train_dataloader_label_naming_it() -> None:
+    trainer = _trainer()
+    with pytest.raises(ValueError, match=r"train_dataloader_label='finetune'\) is not supported: the train"):
+        trainer.fit(train_dataloader_label="finetune", duration="1ba")
+    assert int(trainer.state.timestamp.batch) == 0
 
 
 @pytest.mark.parametrize(("name", "value"), COMPOSER_DEFAULTS.items())
