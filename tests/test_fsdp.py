@@ -93,6 +93,7 @@ def test_a_failed_load_raises_and_changes_nothing(job: Path) -> None:
 def test_meta_device_init_gives_finite_reset_weights_and_guards_uninitialised_ones(job: Path) -> None:
     for report in _reports(job, "train", 2):
         assert report["meta_before_setup"] and report["meta_finite"] and report["meta_within_init_bounds"]
+        assert report["meta_equals_seeded_init"] and report["meta_setup_warnings"] == []
         assert "(scale)" in report["uninitialised_forward"] and "fabric.load()" in report["uninitialised_forward"]
         assert report["after_load_forward_equal"]
 

@@ -30,7 +30,7 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import Optimizer
 
 from fabric.accelerators.accelerator import Accelerator
@@ -304,7 +304,10 @@ class FSDPStrategy(ParallelStrategy):
             for prefix, submodule in module.named_modules():
                 reset = getattr(submodule, "reset_parameters", None)
                 if callable(reset):
-                    reset()
+                    if self.root_device.type == "cpu":
+                        _reset_on_full_tensors(submodule, reset)
+                    else:
+                        reset()  # DTensor's RNG tracker draws each shard as its part of the full tensor
                     local = [*submodule.named_parameters(recurse=False), *submodule.named_buffers(recurse=False)]
                     initialised.update(f"{prefix}.{name}" if prefix else name for name, _ in local)
         tensors = [*module.named_parameters(), *module.named_buffers()]
@@ -448,6 +451,34 @@ class FSDPStrategy(ParallelStrategy):
             f"FSDPStrategy(devices={len(self._parallel_devices or [])}, state_dict_type={self.state_dict_type!r}, "
             f"cpu_offload={self.cpu_offload}, hybrid_shard={self.hybrid_shard}, replicate_only={self.replicate_only})"
         )
+
+
+def _reset_on_full_tensors(module: nn.Module, reset: Any) -> None:
+    """Run ``reset`` on full-size copies of ``module``'s own sharded tensors, and keep this rank's slice of each.
+
+    DTensor's random operators follow the shards only on CUDA-like meshes. On a CPU mesh each rank drew its shard
+    from its own generator, and with the same seed every rank drew the same numbers: ``Linear(4, 8)`` over 2 ranks
+    came out with rows 4..7 equal to rows 0..3 (torch only warned, "DTensor random operators may not have complete
+    support on cpu device mesh"). Drawing the whole tensor on every rank (same seed) and slicing it gives each rank
+    its part of one tensor, as one process would have drawn it; only one module's tensors are full at a time.
+    """
+    slots = [("_parameters", name) for name, value in module._parameters.items() if isinstance(value, DTensor)]
+    slots += [("_buffers", name) for name, value in module._buffers.items() if isinstance(value, DTensor)]
+    sharded: dict[tuple[str, str], DTensor] = {}
+    for table, name in slots:
+        tensor = getattr(module, table)[name]
+        sharded[(table, name)] = tensor
+        full = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.to_local().device)
+        getattr(module, table)[name] = nn.Parameter(full, tensor.requires_grad) if table == "_parameters" else full
+    try:
+        reset()
+        drawn = {slot: getattr(module, slot[0])[slot[1]] for slot in sharded}
+    finally:
+        for (table, name), tensor in sharded.items():
+            getattr(module, table)[name] = tensor
+    for slot, tensor in sharded.items():
+        mine = distribute_tensor(drawn[slot].detach(), tensor.device_mesh, tensor.placements, src_data_rank=None)
+        tensor.to_local().copy_(mine.to_local())
 
 
 def _has_meta_tensors(module: nn.Module) -> bool:

@@ -9,6 +9,7 @@ rank 0 also writes full tensors to ``OUT_DIR/<mode>.pt``.
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -122,11 +123,21 @@ if mode == "train":
     )
     report["failed_load_optimizer_empty"] = len(wide_optimizer.state) == 0
 
-    # Meta-device init: nothing allocated until setup, then shards materialised by reset_parameters().
+    # Meta-device init: nothing allocated until setup, then shards materialised by reset_parameters(), each rank's
+    # shard its part of the tensor one process draws with the same seed (on CPU every rank drew the same shard).
+    torch.manual_seed(11)
+    seeded = make_model()
+    torch.manual_seed(11)
     with fabric.init_module(empty_init=True):
         meta_model = make_model()
     report["meta_before_setup"] = all(p.is_meta for p in meta_model.parameters())
-    meta_model = fabric.setup(meta_model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        meta_model = fabric.setup(meta_model)
+    report["meta_setup_warnings"] = [str(warning.message) for warning in caught]
+    report["meta_equals_seeded_init"] = all(
+        torch.equal(full(a), b) for a, b in zip(meta_model.parameters(), seeded.parameters(), strict=True)
+    )
     linears = [m for m in meta_model.modules() if isinstance(m, nn.Linear)]
     report["meta_finite"] = all(torch.isfinite(full(p)).all().item() for p in meta_model.parameters())
     report["meta_within_init_bounds"] = all(
