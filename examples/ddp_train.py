@@ -1,11 +1,13 @@
 """One training script, three ways to start it on 2 CPU processes (gloo):
 
     python examples/ddp_train.py --devices 2                                   # Fabric starts rank 1 itself
+    python examples/ddp_train.py --devices 2 --strategy ddp_spawn              # ... by spawning it
     torchrun --nproc_per_node=2 examples/ddp_train.py --devices 2              # torchrun starts both ranks
     srun --ntasks-per-node=2 python examples/ddp_train.py --devices 2          # on a SLURM cluster
 
-The script is the same in every case: ``fabric.launch()`` starts the other ranks only when no launcher
-did. Rank 0 prints the loss (averaged over ranks) and checks the replicas stayed identical.
+The script is the same in every case: ``fabric.launch(train, args)`` starts the other ranks only when no
+launcher did, and runs ``train`` in each (a spawned rank runs only that function, so the training lives in
+one). Rank 0 prints the loss (averaged over ranks) and checks the replicas stayed identical.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--strategy", default="ddp")
     args = parser.parse_args()
-
     fabric = Fabric(accelerator="cpu", strategy=args.strategy, devices=args.devices)
-    fabric.launch()
+    fabric.launch(train, args)
+
+
+def train(fabric: Fabric, args: argparse.Namespace) -> None:
     fabric.seed_everything(7)
 
     generator = torch.Generator().manual_seed(0)

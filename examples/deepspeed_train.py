@@ -5,7 +5,8 @@
 
 ``--stage 3`` builds the model already partitioned (``fabric.init_module()`` -> ``deepspeed.zero.Init``).
 Rank 0 prints the loss (averaged over ranks); at the end the job saves a sharded checkpoint, loads it back
-and, on rank 0, consolidates it into one file of full weights. Needs ``pip install 'torch-fabric[deepspeed]'``.
+and, on rank 0, consolidates it into one file of full weights. Needs ``pip install -e ".[deepspeed]"`` (from the
+checkout).
 """
 
 from __future__ import annotations

@@ -173,6 +173,13 @@ class Fabric:
             return function(self, *args, **kwargs) if function is not None else None
         launcher = self._strategy.launcher
         assert launcher is not None, "a strategy that needs a launch has a launcher"
+        if function is None and launcher.runs_only_the_function:
+            raise TypeError(
+                f"fabric.launch() needs a function here: {type(self._strategy).__name__} spawns or forks its "
+                "processes (strategy='ddp_spawn', 'ddp_fork', 'ddp_notebook', ...), and they run only the function "
+                "given to launch(), not the rest of the script. Call fabric.launch(train), where train(fabric, *args) "
+                "holds the training code, or use strategy='ddp', which runs the whole script in every process."
+            )
         if is_interactive() and not launcher.is_interactive_compatible:
             raise RuntimeError(
                 f"strategy={type(self._strategy).__name__} re-runs your script in new processes, which a notebook, "

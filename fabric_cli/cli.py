@@ -285,6 +285,9 @@ def main() -> None:
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except click.UsageError as error:
+        if error.ctx is not None and error.format_message() == error.ctx.get_help():
+            click.echo(error.format_message())  # `fabric` or `fabric run` alone (click >= 8.2): help, not an error
+            sys.exit(0)
         click.echo(f"fabric: error: {error.format_message()}{_environment_source(error)}", err=True)
         sys.exit(2)
     except click.Abort:

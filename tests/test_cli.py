@@ -46,6 +46,13 @@ def test_help_and_version_answer_without_importing_torch() -> None:
     assert _fabric("--version").stdout.strip() == "fabric, version 0.1.0"
 
 
+@pytest.mark.parametrize(("args", "usage"), [([], "fabric [OPTIONS] COMMAND"), (["run"], "fabric run [OPTIONS]")])
+def test_fabric_alone_prints_its_help_not_an_error(args: list[str], usage: str) -> None:
+    result = _fabric(*args)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith(f"Usage: {usage}") and "Commands:" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fabric import Fabric
 from fabric.plugins.environments import find_free_port
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -70,6 +71,16 @@ def test_launch_function_returns_rank_zeros_result_with_tensors(strategy: str) -
     result = _run([sys.executable, str(SCRIPTS / "spawn_return.py"), strategy])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "rank=0 world=2 total=21.0 type=Tensor"
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
+def test_launch_without_a_function_under_spawn_or_fork_fails_at_once_naming_launch_fn(strategy: str) -> None:
+    """The processes run only launch()'s function; without one the script went on in the parent alone and crashed
+    with "Default process group has not been initialized"."""
+    fabric = Fabric(accelerator="cpu", strategy=strategy, devices=2)
+    with pytest.raises(TypeError, match=r"needs a function here.*Call fabric\.launch\(train\)"):
+        fabric.launch()
+    assert not fabric.launched
 
 
 def test_launch_function_returns_a_result_larger_than_a_pipe_holds() -> None:

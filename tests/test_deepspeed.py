@@ -27,7 +27,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 STRATEGIES = [f"deepspeed_stage_{name}" for name in ("1", "2", "3", "2_offload", "3_offload")]
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
-    reason="deepspeed is not installed (pip install 'torch-fabric[deepspeed]')",
+    reason='deepspeed is not installed (pip install -e ".[deepspeed]")',
 )
 
 

@@ -15,6 +15,7 @@ import torch
 from lightning_utilities.core.imports import RequirementCache
 
 from fabric.loggers.logger import Logger, next_version, params_to_dict, prepare_metrics, version_dir_name
+from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_only
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class TensorBoardLogger(Logger):
         if self._summary_writer is None:
             if not _TENSORBOARD_AVAILABLE:
                 raise ModuleNotFoundError(
-                    "TensorBoardLogger needs the `tensorboard` package: pip install 'torch-fabric[tensorboard]'"
+                    f"TensorBoardLogger needs the `tensorboard` package: {install_hint('tensorboard', 'tensorboard')}"
                 )
             from torch.utils.tensorboard import SummaryWriter
 

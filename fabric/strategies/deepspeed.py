@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -60,6 +61,7 @@ from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT,
 from fabric.strategies.strategy import CheckpointFilter, entries_to_load, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful
 from fabric.utilities.exceptions import CheckpointError
+from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
@@ -495,6 +497,9 @@ def convert_zero_checkpoint_to_fp32(checkpoint_dir: PathType, output_file: PathT
     checkpoints.consolidate(checkpoint_dir, Path(output_file), weights_only)
 
 
+_DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+
+
 def _import_deepspeed(device_type: str | None) -> Any:
     """Import ``deepspeed`` on first use, with a clear message when it is missing or too old.
 
@@ -502,11 +507,14 @@ def _import_deepspeed(device_type: str | None) -> Any:
     """
     if device_type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # otherwise DeepSpeed picks CUDA on a GPU machine
+    # ZeRO calls collectives that torch deprecates; the FutureWarning is DeepSpeed's to act on and came once per
+    # call site on every rank (194 lines from examples/deepspeed_train.py --stage 3), burying the job's output.
+    warnings.filterwarnings("ignore", message=_DEPRECATED_COLLECTIVES, category=FutureWarning)
     try:
         import deepspeed
     except ImportError as error:
         raise ImportError(
-            "strategy='deepspeed*' needs the deepspeed package: pip install 'torch-fabric[deepspeed]'."
+            f"strategy='deepspeed*' needs the deepspeed package: {install_hint('deepspeed', 'deepspeed')}."
         ) from error
     version = tuple(int(part) for part in deepspeed.__version__.split("+")[0].split(".")[:3])
     if version < MIN_DEEPSPEED_VERSION:

@@ -1,6 +1,6 @@
 """``HuggingFaceModel``: train a ``transformers`` ``PreTrainedModel`` whose forward returns a loss with the Trainer.
 
-Needs the ``transformers`` extra (``pip install "torch-fabric[transformers]"``); it is imported only
+Needs the ``transformers`` extra (``pip install -e ".[transformers]"`` from the checkout); it is imported only
 when a ``HuggingFaceModel`` is made. Batches are mappings of the model's inputs (``input_ids``,
 ``attention_mask``, ``labels``, ...), as a ``transformers`` data collator makes them::
 
@@ -40,11 +40,12 @@ import torch
 
 from fabric.plugins.io.temporaries import owned_temporary, remove_abandoned, remove_temporary, temporary_sibling
 from fabric.trainer.model import TrainerModel
+from fabric.utilities.lazy import install_hint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-_INSTALL = 'HuggingFaceModel needs transformers: pip install "torch-fabric[transformers]"'
+_INSTALL = f"HuggingFaceModel needs transformers: {install_hint('transformers', 'transformers')}"
 
 
 def _transformers() -> Any:

@@ -15,6 +15,7 @@ The model is any ``nn.Module`` with ``forward(batch)`` and ``loss(outputs, batch
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -883,6 +884,8 @@ class Trainer:
         preempted = TrainingPreempted(path)
         self._report_failure(preempted)  # before close(): trackers end the run KILLED / code 75, not finished
         self.close()
+        if self.fabric.is_global_zero:  # SystemExit prints nothing: say why the job ends with 75, once
+            print(preempted, file=sys.stderr, flush=True)
         raise preempted
 
     def _saved_this_batch(self) -> bool:

@@ -19,3 +19,9 @@ def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
         return value
 
     return __getattr__
+
+
+def install_hint(extra: str, packages: str) -> str:
+    """How to install an optional extra: the packages themselves, or the extra from a checkout of this project
+    (it is not on a package index, so ``pip install "torch-fabric[extra]"`` cannot work)."""
+    return f'pip install {packages} (or, from a checkout of this project, pip install -e ".[{extra}]")'

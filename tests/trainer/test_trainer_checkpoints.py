@@ -366,6 +366,8 @@ def test_sigterm_saves_at_the_next_batch_and_exits_with_the_preemption_code(tmp_
     assert job.returncode == PREEMPTED_EXIT_CODE, stderr
     saved = [name for name in os.listdir(tmp_path / "job") if name.startswith("ep")]
     assert len(saved) == 1 and os.readlink(tmp_path / "job" / "latest-rank0.pt") == saved[0]
+    said = f"Training stopped on SIGTERM (checkpoint saved to {tmp_path / 'job' / saved[0]}); exit code 75."
+    assert stderr.splitlines().count(said) == 1, stderr
     resumed = _resume_job(tmp_path, int(saved[0].split("-ba")[1].split("-")[0]) + 3)
     stdout, stderr = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, stderr

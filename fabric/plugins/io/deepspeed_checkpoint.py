@@ -32,6 +32,7 @@ from fabric.plugins.io.deepspeed_safe_load import safe_loading
 from fabric.plugins.io.storage import filesystem, is_remote
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.utilities.exceptions import CheckpointError
+from fabric.utilities.lazy import install_hint
 
 LATEST = "latest"
 TAG_PREFIX = "fabric-"
@@ -217,7 +218,7 @@ def _gather_fp32(directory: Path, tag: str) -> dict[str, torch.Tensor]:
     except ImportError as error:
         raise ImportError(
             f"{os.fspath(directory)!r} is a DeepSpeed checkpoint; reading it needs DeepSpeed: "
-            "pip install 'torch-fabric[deepspeed]'."
+            f"{install_hint('deepspeed', 'deepspeed')}."
         ) from error
     with contextlib.redirect_stdout(io.StringIO()):  # it prints its progress
         state_dict: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(os.fspath(directory), tag=tag)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
+from typing_extensions import override
 
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
@@ -49,6 +50,11 @@ class MultiProcessLauncher(Launcher):
     @property
     def is_interactive_compatible(self) -> bool:
         return self.start_method == "fork"  # spawn must re-import the function from a file
+
+    @property
+    @override
+    def runs_only_the_function(self) -> bool:
+        return True
 
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.start_method == "fork" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]

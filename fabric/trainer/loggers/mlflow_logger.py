@@ -1,6 +1,6 @@
 """``MLFlowLogger``: the Trainer's metrics, hyperparameters and tags in an MLflow experiment run.
 
-Needs the ``mlflow`` extra (``pip install "torch-fabric[mlflow]"``, which brings ``mlflow-skinny``
+Needs the ``mlflow`` extra (``pip install -e ".[mlflow]"`` from the checkout, which brings ``mlflow-skinny``
 with SQLAlchemy and Alembic for ``sqlite:`` tracking URIs); ``mlflow`` is imported when the first
 value is logged, not before. Only global rank 0 logs::
 
@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fabric.trainer.loggers.destination import LoggerDestination
+from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class MLFlowLogger(LoggerDestination):
             try:
                 from mlflow.tracking import MlflowClient
             except ImportError as error:
-                raise ImportError('MLFlowLogger needs mlflow: pip install "torch-fabric[mlflow]"') from error
+                raise ImportError(f"MLFlowLogger needs mlflow: {install_hint('mlflow', 'mlflow-skinny')}") from error
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
         if not self._running:
             experiment = self._client.get_experiment_by_name(self.experiment_name)

@@ -1,6 +1,6 @@
 """``WandBLogger``: the Trainer's metrics, configuration and (when asked) checkpoints in a Weights & Biases run.
 
-Needs the ``wandb`` extra (``pip install "torch-fabric[wandb]"``); ``wandb`` is imported when the run
+Needs the ``wandb`` extra (``pip install -e ".[wandb]"`` from the checkout); ``wandb`` is imported when the run
 starts (the first value logged), not before. Only global rank 0 logs::
 
     logger = WandBLogger(project="mnist", log_artifacts=True, init_kwargs={"mode": "offline"})
@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fabric.trainer.loggers.destination import LoggerDestination
+from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class WandBLogger(LoggerDestination):
             try:
                 import wandb
             except ImportError as error:
-                raise ImportError('WandBLogger needs wandb: pip install "torch-fabric[wandb]"') from error
+                raise ImportError(f"WandBLogger needs wandb: {install_hint('wandb', 'wandb')}") from error
             self.run = wandb.init(**{key: value for key, value in self.init_kwargs.items() if value is not None})
         return self.run
 
