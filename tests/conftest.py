@@ -1,5 +1,6 @@
 """Shared test fixtures: every test starts with no CLI variables set and global rank 0; the ``isolated`` marker;
-``s3_server``/``s3_bucket`` (a real S3 API, see ``object_store.py``)."""
+the ``cuda`` marker (real-GPU tests, skipped without a CUDA GPU); ``s3_server``/``s3_bucket`` (a real S3 API, see
+``object_store.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import torch
 from isolation import pytest_configure, pytest_pyfunc_call  # noqa: F401 - hooks: the ``isolated`` marker
 from object_store import s3_bucket, s3_server  # noqa: F401 - fixtures: a real S3 API (moto's server)
 
@@ -16,6 +18,18 @@ from fabric.utilities.rank_zero import set_global_rank
 #: What a distributed Fabric exports in its process (the rank variables, the socket interface).
 EXPORTED_BY_FABRIC = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
                       "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # fmt: skip
+
+
+#: Why a test marked ``cuda`` (``tests/gpu/``) is skipped on a machine without a CUDA GPU.
+NO_CUDA_REASON = "needs a CUDA GPU (run scripts/gpu_check.sh on a GPU machine)"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked ``cuda`` where ``torch.cuda.is_available()`` is False (asked only if one was collected)."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if marked and not torch.cuda.is_available():
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=NO_CUDA_REASON))
 
 
 @pytest.fixture(autouse=True)

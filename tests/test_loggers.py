@@ -302,7 +302,7 @@ def test_tensorboard_logger_creates_writer_lazily_and_pickles_without_it(tmp_pat
 def test_tensorboard_logger_without_tensorboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tensorboard_module, "_TENSORBOARD_AVAILABLE", False)
     logger = TensorBoardLogger(tmp_path)
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'torch-fabric\[tensorboard\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r'pip install -e "\.\[tensorboard\]"'):
         logger.log_metrics({"loss": 1.0})
 
 

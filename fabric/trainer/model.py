@@ -5,14 +5,19 @@ when present, ``eval_forward(batch, outputs=None)``, ``get_metrics(is_train)`` a
 ``update_metric(batch, outputs, metric)``; :class:`TrainerModel` supplies all three, so a subclass
 only writes ``forward`` and ``loss``. ``loss`` may return one tensor, a dict with a ``"total"`` entry
 (or whose values are summed), or one loss per optimizer (see ``Trainer``).
+
+:class:`ComposerModel` is this base class under Composer's name (``from composer.models import ComposerModel``
+becomes ``from fabric.trainer import ComposerModel``), a subclass that also forgives a missing ``super().__init__()``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import nn
+
+_Model = TypeVar("_Model", bound="ComposerModel")
 
 
 class TrainerModel(nn.Module):
@@ -32,6 +37,22 @@ class TrainerModel(nn.Module):
     def update_metric(self, batch: Any, outputs: Any, metric: Any) -> None:
         """Feed one batch to ``metric``; the default passes ``(outputs, targets)``, targets being ``batch[1]``."""
         metric.update(outputs, batch_targets(batch))
+
+
+class ComposerModel(TrainerModel):
+    """Composer's name for :class:`TrainerModel`: subclass it and write ``forward(batch)`` and ``loss(outputs, batch)``.
+
+    One addition, for code written from Composer's documentation: the ``nn.Module`` machinery is set up when the
+    object is created, so a subclass whose ``__init__`` leaves out ``super().__init__()`` (as the ResNet-18 example
+    of Composer's Trainer guide does) still works, instead of failing with ``cannot assign module before
+    Module.__init__() call`` at its first submodule. A subclass that calls ``super().__init__()`` first, as usual,
+    is unaffected (nothing was assigned yet when it runs again).
+    """
+
+    def __new__(cls: type[_Model], *args: Any, **kwargs: Any) -> _Model:
+        model = super().__new__(cls)
+        nn.Module.__init__(model)
+        return model
 
 
 def batch_targets(batch: Any) -> Any:

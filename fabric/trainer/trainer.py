@@ -117,8 +117,9 @@ class Trainer:
     Training: ``max_duration`` (a Time, ``"10ep"``, or an int meaning epochs), ``optimizers`` (one or a
     list; several optimizers all step after the backward, or, when ``loss`` returns one loss per
     optimizer, loss ``i`` trains optimizer ``i``; none given: Composer's ``DecoupledSGDW(lr=0.1)``),
-    ``schedulers`` (``fabric.trainer.schedulers`` or PyTorch ``LRScheduler`` objects, stepped per batch unless
-    ``step_schedulers_every_batch=False``), ``scale_schedule_ratio`` (scales max_duration and the schedules),
+    ``schedulers`` (``fabric.trainer.schedulers``, which follow the clock every batch, or PyTorch ``LRScheduler``
+    objects, stepped every epoch, as in Composer, unless ``step_schedulers_every_batch=True``),
+    ``scale_schedule_ratio`` (scales max_duration and the schedules),
     ``device_train_microbatch_size`` (int, or ``"auto"`` to halve on out-of-memory errors),
     ``train_subset_num_batches`` (at most that many batches per epoch). :meth:`fit` takes most of these again
     for the next stage of training.
@@ -149,7 +150,7 @@ class Trainer:
         optimizers: Optimizer | Sequence[Optimizer] | None = None,
         schedulers: Any = None,
         scale_schedule_ratio: float = 1.0,
-        step_schedulers_every_batch: bool = True,
+        step_schedulers_every_batch: bool | None = None,
         eval_dataloader: Any = None,
         eval_interval: IntervalInput = 1,
         eval_subset_num_batches: int = -1,
@@ -334,7 +335,7 @@ class Trainer:
     def _setup_train_step(
         self,
         schedulers: list[Any],
-        step_schedulers_every_batch: bool,
+        step_schedulers_every_batch: bool | None,
         microbatch_size: int | str | None,
         get_num_tokens_in_batch: TokenCounter | None,
         model: nn.Module,
@@ -346,16 +347,17 @@ class Trainer:
         self.state.schedulers = [*([lr_schedule] if lr_schedule else []), *torch_schedulers]
         self._torch_schedulers = torch_schedulers
         self.state.train_metrics = model_metrics(self.state.model.module, True, self.fabric)
+        self._scheduler_stepping_given = step_schedulers_every_batch
         self._train_step = TrainStep(
             self.state,
             self.engine,
             lr_schedule=lr_schedule,
             torch_schedulers=torch_schedulers,
-            step_schedulers_every_batch=step_schedulers_every_batch,
+            step_schedulers_every_batch=True,
             microbatch_size=microbatch_size,
             token_counter=_token_counter(get_num_tokens_in_batch, model),
         )
-        self.step_schedulers_every_batch = step_schedulers_every_batch
+        self._set_scheduler_stepping()
 
     def _setup_data(
         self,
@@ -445,6 +447,15 @@ class Trainer:
         self._train_step.lr_schedule = lr_schedule
         self._train_step.torch_schedulers = tuple(torch_schedulers)
         self.checkpointer.trainer_state.schedulers = list(self.state.schedulers)
+        self._set_scheduler_stepping()
+
+    def _set_scheduler_stepping(self) -> None:
+        """Step the PyTorch schedulers every batch or every epoch: as given, else Composer's default (every epoch
+        when a PyTorch scheduler is among them, as its ``LinearLR(total_iters=5)`` counts epochs; Composer's own
+        schedules always follow the clock every batch)."""
+        given = self._scheduler_stepping_given
+        every_batch = given if given is not None else not self._torch_schedulers
+        self.step_schedulers_every_batch = self._train_step.step_schedulers_every_batch = every_batch
 
     def _set_train_dataloader(self, dataloader: Iterable[Any] | DataSpec) -> None:
         spec = ensure_data_spec(dataloader)
@@ -647,8 +658,8 @@ class Trainer:
         if schedulers is not None or new_optimizers is not None:
             self._install_schedulers(lr_schedule, torch_schedulers)
         if step_schedulers_every_batch is not None:
-            self.step_schedulers_every_batch = step_schedulers_every_batch
-            self._train_step.step_schedulers_every_batch = step_schedulers_every_batch
+            self._scheduler_stepping_given = step_schedulers_every_batch
+            self._set_scheduler_stepping()
         self._start_evaluation_stage(eval_dataloader, eval_subset_num_batches, eval_interval)
         if device_train_microbatch_size is not None:
             self._grad_accum = None  # an explicit microbatch size replaces grad_accum's

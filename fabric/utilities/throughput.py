@@ -17,6 +17,33 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import nn
 
+#: Peak dense (no sparsity) tensor-core FLOP/s per dtype of data-centre GPUs, from NVIDIA's datasheets, by a
+#: lower-case fragment of ``torch.cuda.get_device_name()``. The first fragment found in the name wins, so the
+#: more specific ones come first ("gh200" before "h200", "l40s" before "l40" before "l4").
+PEAK_FLOPS: tuple[tuple[str, dict[torch.dtype, float]], ...] = (
+    ("b200", {torch.bfloat16: 2250e12, torch.float16: 2250e12}),
+    ("gh200", {torch.bfloat16: 989.5e12, torch.float16: 989.5e12, torch.float32: 67e12}),
+    ("h200 nvl", {torch.bfloat16: 835.5e12, torch.float16: 835.5e12, torch.float32: 60e12}),
+    ("h200", {torch.bfloat16: 989.5e12, torch.float16: 989.5e12, torch.float32: 67e12}),
+    ("h100 nvl", {torch.bfloat16: 835.5e12, torch.float16: 835.5e12, torch.float32: 60e12}),
+    ("h100 pcie", {torch.bfloat16: 756e12, torch.float16: 756e12, torch.float32: 51e12}),
+    ("h100", {torch.bfloat16: 989.5e12, torch.float16: 989.5e12, torch.float32: 67e12}),  # SXM: "H100 80GB HBM3"
+    ("a100", {torch.bfloat16: 312e12, torch.float16: 312e12, torch.float32: 19.5e12}),
+    ("l40s", {torch.bfloat16: 362.05e12, torch.float16: 362.05e12, torch.float32: 91.6e12}),
+    ("l40", {torch.bfloat16: 181.05e12, torch.float16: 181.05e12, torch.float32: 90.5e12}),
+    ("l4", {torch.bfloat16: 121e12, torch.float16: 121e12, torch.float32: 30.3e12}),
+)
+
+
+def device_peak_flops(device_name: str, dtype: torch.dtype) -> float | None:
+    """The peak FLOP/s of the GPU called ``device_name`` (``torch.cuda.get_device_name()``) in ``dtype``, or None
+    when the table does not know it: what ``Throughput(available_flops=)`` and ``SpeedMonitor`` take for MFU."""
+    name = device_name.lower()
+    for fragment, peaks in PEAK_FLOPS:
+        if fragment in name:
+            return peaks.get(dtype)
+    return None
+
 
 def measure_flops(
     model: nn.Module,

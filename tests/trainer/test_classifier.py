@@ -39,6 +39,7 @@ def _fit(model: TrainerClassifier, **kwargs: Any) -> tuple[Trainer, InMemoryLogg
         max_duration="4ep",
         optimizers=optimizer,
         schedulers=LinearLR(optimizer),
+        step_schedulers_every_batch=True,  # a warm-up over 5 batches, not 5 of the 4 epochs
         loggers=memory,
         progress_bar=False,
         accelerator="cpu",

@@ -282,3 +282,41 @@ def test_events_equal_their_names_and_the_clock_compares_with_ints() -> None:
     assert comparisons.early == [True, True, False, False]
     assert Event.BATCH_END == "batch_end" and Event("batch_end") is Event.BATCH_END  # type: ignore[comparison-overlap]
     assert Event.BATCH_END != "batch_start"  # type: ignore[comparison-overlap]
+
+
+class _LinearModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(2, 1)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.net(batch[0])
+
+    def loss(self, outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+        return F.mse_loss(outputs, batch[1])
+
+
+# The LR at each epoch's end: one LinearLR step per epoch (the default) or one per batch (3 per epoch).
+@pytest.mark.parametrize(("every_batch", "expected"), [(None, [0.075, 0.1, 0.1]), (True, [0.1, 0.1, 0.1])])
+def test_pytorch_schedulers_step_every_epoch_by_default_as_in_composer(
+    every_batch: bool | None, expected: list[float]
+) -> None:
+    """`LinearLR(total_iters=2)` warmed up over 2 batches here and over 2 epochs in Composer: a Composer user's
+    schedule ran up to the number of batches per epoch times too fast, silently."""
+    model = _LinearModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: list[float] = []
+
+    class EpochEndLR(Callback):
+        def epoch_end(self, state: State, logger: Any) -> None:
+            seen.append(optimizer.param_groups[0]["lr"])
+
+    data = TensorDataset(torch.randn(6, 2), torch.randn(6, 1))
+    trainer = Trainer(
+        model=model, train_dataloader=DataLoader(data, batch_size=2), max_duration="3ep", optimizers=optimizer,
+        schedulers=torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.5, total_iters=2),
+        step_schedulers_every_batch=every_batch, callbacks=[EpochEndLR()], progress_bar=False, accelerator="cpu",
+    )  # fmt: skip
+    trainer.fit()
+    assert trainer.step_schedulers_every_batch is (every_batch is True)
+    assert seen == pytest.approx(expected)

@@ -189,7 +189,7 @@ def test_new_optimizers_take_over_the_schedule_functions_and_stale_pytorch_sched
         trainer.fit(duration="1ba", optimizers=torch.optim.SGD(model.parameters(), lr=0.1))
     replacement = torch.optim.SGD(model.parameters(), lr=0.2)
     steplr = torch.optim.lr_scheduler.StepLR(replacement, step_size=1, gamma=0.5)
-    trainer.fit(duration="2ba", optimizers=replacement, schedulers=steplr)
+    trainer.fit(duration="2ba", optimizers=replacement, schedulers=steplr, step_schedulers_every_batch=True)
     assert replacement.param_groups[0]["lr"] == pytest.approx(0.2 * 0.5**2)
     assert trainer.state.schedulers == [steplr]
     assert trainer.checkpointer.trainer_state.schedulers == [steplr]  # the checkpoints save the new one

@@ -30,9 +30,9 @@ def test_a_missing_package_names_the_extra_that_brings_it(monkeypatch: pytest.Mo
 
     for name in ("wandb", "mlflow", "mlflow.tracking", "transformers"):
         monkeypatch.setitem(sys.modules, name, None)  # what an environment without the package looks like
-    with pytest.raises(ImportError, match=r'pip install "torch-fabric\[wandb\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[wandb\]"'):
         WandBLogger().log_metrics({"loss": 1.0}, step=1)
-    with pytest.raises(ImportError, match=r'pip install "torch-fabric\[mlflow\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[mlflow\]"'):
         MLFlowLogger().log_hyperparameters({"lr": 0.1})
-    with pytest.raises(ImportError, match=r'pip install "torch-fabric\[transformers\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[transformers\]"'):
         HuggingFaceModel(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
