@@ -9,11 +9,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fabric.utilities.lazy import lazy_exports
+from fabric.utilities.name_clash import DISTRIBUTION, refuse_mixed_install
 
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
     from fabric.utilities.seed import seed_everything
 
 __version__ = "0.1.0"
+#: Tells this package from others imported as ``fabric`` (the SSH library Fabric): see fabric.utilities.name_clash.
+__distribution__ = DISTRIBUTION
 __all__ = ["Fabric", "__version__", "seed_everything"]
 __getattr__ = lazy_exports(__name__, {"Fabric": "fabric.fabric", "seed_everything": "fabric.utilities.seed"})
+
+refuse_mixed_install(__path__[0])

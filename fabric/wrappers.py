@@ -131,11 +131,17 @@ class FabricModule(SetUpByFabric, nn.Module):
         return result
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)  # our own submodules/parameters (``_forward_module``)
-        except AttributeError:
-            pass
-        original = super().__getattr__("_original_module")
+        # Our own submodules (``_forward_module``, ``_original_module``; the wrapper has no parameters or buffers).
+        # Looked up without ``nn.Module.__getattr__``, whose AttributeError for every user attribute (``model.loss``
+        # each step) costs more than the rest of the lookup.
+        own = self.__dict__.get("_modules")
+        if own is None:  # during ``nn.Module.__init__``
+            return super().__getattr__(name)
+        if name in own:
+            return own[name]
+        original = own.get("_original_module")
+        if original is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (it is not set up yet)")
         attribute = getattr(original, name)
         if name in self.__dict__.get("_forward_methods", ()):
             return functools.wraps(attribute)(lambda *args, **kwargs: self._call_marked(name, args, kwargs))

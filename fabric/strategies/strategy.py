@@ -283,10 +283,11 @@ class Strategy:
     # --- the step -----------------------------------------------------------------------------------
 
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        tensor = self.precision.pre_backward(tensor, module)
+        precision = self.precision
+        tensor = precision.pre_backward(tensor, module)
         self.backward_in_progress = True
         try:
-            self.precision.backward(tensor, module, *args, **kwargs)
+            precision.backward(tensor, module, *args, **kwargs)
         finally:
             self.backward_in_progress = False
 

@@ -64,6 +64,9 @@ def _slice(value: Any, start: int, stop: int) -> Any:
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
+    elif type(value) is tuple or type(value) is list:  # the common batch, ahead of the slower ABC check
+        for item in value:
+            yield from _tensors(item)
     elif isinstance(value, Mapping):
         for item in value.values():
             yield from _tensors(item)

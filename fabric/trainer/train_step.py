@@ -52,7 +52,7 @@ TokenCounter = Callable[[Any], int]
 
 def count_tokens(batch: Any) -> int:
     """Tokens in a batch: the elements of ``batch["input_ids"]`` for mapping batches, else 0."""
-    if isinstance(batch, Mapping):
+    if type(batch) is not tuple and isinstance(batch, Mapping):  # a tuple, the common batch, skips the ABC check
         input_ids = batch.get("input_ids")
         if isinstance(input_ids, torch.Tensor):
             return int(input_ids.numel())

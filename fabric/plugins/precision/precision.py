@@ -67,7 +67,7 @@ class Precision:
         tensor.backward(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
-        return _call_optimizer_step(optimizer, closure)
+        return optimizer.step() if closure is None else optimizer.step(closure)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Bring gradients to their true scale before they are inspected or clipped."""
@@ -81,10 +81,6 @@ class Precision:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
-
-
-def _call_optimizer_step(optimizer: Optimizer, closure: Callable[[], Any] | None) -> Any:
-    return optimizer.step() if closure is None else optimizer.step(closure)
 
 
 @contextlib.contextmanager
