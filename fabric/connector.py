@@ -25,7 +25,12 @@ from typing import Any
 import torch
 
 from fabric.accelerators.accelerator import Accelerator
-from fabric.accelerators.registry import ACCELERATOR_REGISTRY, SPECIAL_ACCELERATORS, accelerator_choices
+from fabric.accelerators.registry import (
+    ACCELERATOR_REGISTRY,
+    GPU_ACCELERATORS,
+    SPECIAL_ACCELERATORS,
+    accelerator_choices,
+)
 from fabric.plugins.environments import ClusterEnvironment, detect_environment
 from fabric.plugins.environments.cluster_environment import LaunchedLayout
 from fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -37,21 +42,19 @@ from fabric.strategies.strategy import Strategy
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS
 from fabric.utilities.device_parser import AUTO, DeviceRequest, DevicesArg, parse_devices
 from fabric.utilities.rank_zero import rank_zero_warn
+from fabric.utilities.registry import unknown_choice
 
 AcceleratorArg = str | Accelerator
 StrategyArg = str | Strategy
 PrecisionArg = str | int | None
 Plugin = Precision | CheckpointIO | ClusterEnvironment
 
-_GPU_ACCELERATORS = ("cuda", "mps")
-
 
 def _parse_accelerator(value: AcceleratorArg) -> AcceleratorArg:
     if isinstance(value, Accelerator) or value in SPECIAL_ACCELERATORS:
         return value
     if not isinstance(value, str) or value not in ACCELERATOR_REGISTRY:
-        accepted = ", ".join(map(repr, accelerator_choices()))
-        raise ValueError(f"Unknown accelerator {value!r}. Accepted values: {accepted}.")
+        raise unknown_choice("accelerator", value, accelerator_choices())
     return ACCELERATOR_REGISTRY.canonical_name(value)
 
 
@@ -59,8 +62,7 @@ def _parse_strategy(value: StrategyArg) -> StrategyArg:
     if isinstance(value, Strategy) or value == "auto":
         return value
     if not isinstance(value, str) or value not in STRATEGY_REGISTRY:
-        accepted = ", ".join(map(repr, strategy_choices()))
-        raise ValueError(f"Unknown strategy {value!r}. Accepted values: {accepted}.")
+        raise unknown_choice("strategy", value, strategy_choices())
     return STRATEGY_REGISTRY.canonical_name(value)
 
 
@@ -189,7 +191,7 @@ def _is_available(accelerator_name: str) -> bool:
 def _build_accelerator(choice: AcceleratorArg) -> Accelerator:
     if isinstance(choice, Accelerator):
         return choice
-    candidates = {"auto": ACCELERATOR_REGISTRY.names(), "gpu": list(_GPU_ACCELERATORS)}.get(choice, [choice])
+    candidates = {"auto": ACCELERATOR_REGISTRY.names(), "gpu": list(GPU_ACCELERATORS)}.get(choice, [choice])
     for name in candidates:
         if _is_available(name):
             return ACCELERATOR_REGISTRY.create(name)

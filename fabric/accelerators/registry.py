@@ -22,6 +22,9 @@ ACCELERATOR_REGISTRY.register(
 #: Accelerator names the connector resolves itself, on top of the registered ones.
 SPECIAL_ACCELERATORS = ("auto", "gpu")
 
+#: What ``accelerator="gpu"`` means: the first available of these.
+GPU_ACCELERATORS = ("cuda", "mps")
+
 
 def accelerator_choices() -> list[str]:
     """Every accelerator string a user may type."""

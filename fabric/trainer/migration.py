@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 from torch import nn
 
+from fabric.accelerators.registry import GPU_ACCELERATORS
 from fabric.trainer.intervals import IntervalInput, create_interval
 from fabric.trainer.passes import DEFAULT_PASSES, AlgorithmPass
 from fabric.utilities.compile import uncompiled
@@ -80,7 +81,6 @@ if TYPE_CHECKING:
     from fabric.trainer.loggers.console import ConsoleLogger
 
 _DEVICES = ("cpu", "gpu", "mps")
-_GPU_ACCELERATORS = ("gpu", "cuda", "mps")
 
 #: Composer arguments whose listed values change nothing here (accepted), with what to use for any other value.
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -164,7 +164,7 @@ def _accelerator_for(device: str, accelerator: Any) -> Any:
         )
     if accelerator is None or accelerator == device:
         return device
-    if device == "gpu" and accelerator in _GPU_ACCELERATORS:
+    if device == "gpu" and accelerator in ("gpu", *GPU_ACCELERATORS):
         return accelerator  # the more precise of two names that agree
     raise ValueError(
         f"device={device!r} and accelerator={accelerator!r} disagree: device is Composer's name for accelerator. "

@@ -99,9 +99,8 @@ from fabric.trainer.state import State, loader_length
 from fabric.trainer.surgery import reapply_surgery
 from fabric.trainer.time import Time, Timestamp, TimeUnit
 from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers, count_tokens
+from fabric.utilities.cli_contract import FABRIC_CHOICES
 from fabric.utilities.rank_zero import rank_zero_warn
-
-_FABRIC_CHOICES = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 
 
 class Trainer:
@@ -1032,9 +1031,9 @@ def _make_saver(
 
 
 def _make_fabric(fabric: Fabric | None, choices: dict[str, Any]) -> Fabric:
-    unknown = sorted(set(choices) - set(_FABRIC_CHOICES))
+    unknown = sorted(set(choices) - set(FABRIC_CHOICES))
     if unknown:
-        raise TypeError(f"Trainer() got unexpected arguments {unknown}; Fabric choices are {list(_FABRIC_CHOICES)}.")
+        raise TypeError(f"Trainer() got unexpected arguments {unknown}; Fabric choices are {list(FABRIC_CHOICES)}.")
     if fabric is None:
         return Fabric(**choices)
     if choices:

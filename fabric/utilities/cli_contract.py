@@ -1,4 +1,4 @@
-"""The environment-variable contract between ``fabric run model`` and ``Fabric()``.
+"""The Fabric choices, and the environment-variable contract between ``fabric run model`` and ``Fabric()``.
 
 The CLI sets :data:`CLI_MARKER` and one variable per option the user actually passed; ``Fabric()``
 reads them only when the marker is present, so a stale ``FABRIC_*`` variable left in a shell never
@@ -10,14 +10,12 @@ from __future__ import annotations
 #: Set to ``"1"`` in every process the CLI starts.
 CLI_MARKER = "FABRIC_CLI_LAUNCHED"
 
-#: ``Fabric(...)`` argument name -> environment variable the CLI sets for it.
-CLI_SETTINGS: dict[str, str] = {
-    "accelerator": "FABRIC_ACCELERATOR",
-    "strategy": "FABRIC_STRATEGY",
-    "devices": "FABRIC_DEVICES",
-    "num_nodes": "FABRIC_NUM_NODES",
-    "precision": "FABRIC_PRECISION",
-}
+#: The Fabric choices, in ``Fabric(...)``'s argument order: the one list of them. The connector resolves these, the
+#: Trainer passes these on to Fabric, and the CLI has an option for each (``tests/test_choices.py`` holds them to it).
+FABRIC_CHOICES: tuple[str, ...] = ("accelerator", "strategy", "devices", "num_nodes", "precision")
+
+#: ``Fabric(...)`` argument name -> environment variable the CLI sets for it (``FABRIC_ACCELERATOR``, ...).
+CLI_SETTINGS: dict[str, str] = {name: f"FABRIC_{name.upper()}" for name in FABRIC_CHOICES}
 
 #: The run directory (``--run-dir``), absolute, in every process the CLI starts: where ranks may put artifacts.
 RUN_DIRECTORY_VARIABLE = "FABRIC_RUN_DIRECTORY"

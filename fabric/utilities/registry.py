@@ -7,11 +7,16 @@ backed by a heavy optional package (FSDP, DeepSpeed) costs nothing until it is c
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def unknown_choice(kind: str, value: object, accepted: Iterable[str]) -> ValueError:
+    """The error for a ``kind`` value outside ``accepted``: one wording for every choice, naming all accepted values."""
+    return ValueError(f"Unknown {kind} {value!r}. Accepted values: {', '.join(map(repr, accepted))}.")
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class Registry(Generic[T]):
             return name
         if name in self._aliases:
             return self._aliases[name]
-        raise ValueError(f"Unknown {self.kind} {name!r}. Accepted values: {', '.join(map(repr, self.choices()))}.")
+        raise unknown_choice(self.kind, name, self.choices())
 
     def get(self, name: str) -> RegistryEntry[T]:
         return self._entries[self.canonical_name(name)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fabric.utilities.registry import Registry
+from fabric.utilities.registry import Registry, unknown_choice
 
 if TYPE_CHECKING:
     from fabric.plugins.precision.precision import Precision
@@ -41,7 +41,5 @@ PRECISION_REGISTRY.register("bf16-true", _HALF, description="bfloat16 parameters
 def parse_precision(precision: str | int) -> str:
     """The canonical name (``"bf16-mixed"``, ...) for any accepted spelling, including ints like ``16``."""
     if isinstance(precision, bool) or not isinstance(precision, (str, int)):
-        raise ValueError(
-            f"Unknown precision {precision!r}. Accepted values: {', '.join(map(repr, PRECISION_REGISTRY.choices()))}."
-        )
+        raise unknown_choice("precision", precision, PRECISION_REGISTRY.choices())
     return PRECISION_REGISTRY.canonical_name(str(precision))
