@@ -285,7 +285,7 @@ def test_a_single_process_strategy_in_a_launched_world_is_refused(strategy: obje
 def test_a_strategy_object_that_agrees_with_the_clis_choice_is_kept_with_its_settings() -> None:
     configured = DDPStrategy(timeout=timedelta(seconds=7), stall_threshold=0)
     resolved = resolve(strategy=configured, environ={**CLI, "FABRIC_STRATEGY": "ddp", "FABRIC_DEVICES": "2"})
-    assert resolved.strategy is configured and configured._timeout == timedelta(seconds=7)
+    assert resolved.strategy is configured and configured.timeout == timedelta(seconds=7)
     full = FSDPStrategy(state_dict_type="full")
     assert resolve(strategy=full, environ={**CLI, "FABRIC_STRATEGY": "fsdp"}).strategy is full
     offloading = FSDPStrategy(cpu_offload=True)
@@ -321,7 +321,7 @@ _CONFIGURED_STRATEGY = textwrap.dedent(
     fabric = Fabric(strategy=DDPStrategy(timeout=timedelta(seconds=123), stall_threshold=0))
     fabric.launch()
     strategy = fabric.strategy
-    report = [fabric.world_size, strategy._timeout.total_seconds(), strategy._stall_threshold]
+    report = [fabric.world_size, strategy.timeout.total_seconds(), strategy.stall_threshold]
     Path(sys.argv[1], f"rank{fabric.global_rank}.json").write_text(json.dumps(report))
     """
 )

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from contextlib import AbstractContextManager
-from datetime import timedelta
 from typing import Any, Literal
 
-import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from fabric.accelerators.accelerator import Accelerator
-from fabric.plugins.environments import ClusterEnvironment
-from fabric.plugins.io.checkpoint_io import CheckpointIO
-from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.multiprocessing import MultiProcessLauncher
-from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.parallel import ParallelStrategy, split_common_arguments
 
 StartMethod = Literal["popen", "spawn", "fork"]
 START_METHODS: tuple[StartMethod, ...] = ("popen", "spawn", "fork")
@@ -31,8 +24,10 @@ class DDPStrategy(ParallelStrategy):
         start_method: how ``fabric.launch()`` starts the local processes: ``"popen"`` re-runs the script
             (``strategy="ddp"``), ``"spawn"``/``"fork"`` run a function in new processes
             (``"ddp_spawn"``, ``"ddp_fork"``, ``"ddp_notebook"``).
-        find_unused_parameters, static_graph, gradient_as_bucket_view, **ddp_kwargs: passed to
-            ``DistributedDataParallel``.
+        find_unused_parameters, static_graph, gradient_as_bucket_view: passed to ``DistributedDataParallel``.
+        **kwargs: the common arguments of every parallel strategy
+            (:class:`~fabric.strategies.parallel.ParallelArgs`: ``timeout``, ``process_group_backend``, ...);
+            any other goes to ``DistributedDataParallel`` (``bucket_cap_mb``, ``broadcast_buffers``, ...).
     """
 
     def __init__(
@@ -42,28 +37,12 @@ class DDPStrategy(ParallelStrategy):
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta = DEFAULT_TIMEOUT,
-        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
-        **ddp_kwargs: Any,
+        **kwargs: Any,
     ) -> None:
         if start_method not in START_METHODS:
             raise ValueError(f"start_method={start_method!r} is not supported. Accepted values: {list(START_METHODS)}.")
-        super().__init__(
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            cluster_environment=cluster_environment,
-            parallel_devices=parallel_devices,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            stall_threshold=stall_threshold,
-        )
+        common, ddp_kwargs = split_common_arguments(kwargs)
+        super().__init__(**common)
         self.start_method = start_method
         self._ddp_kwargs = {
             "find_unused_parameters": find_unused_parameters,
@@ -74,13 +53,9 @@ class DDPStrategy(ParallelStrategy):
 
     @property
     def launcher(self) -> Launcher | None:
-        if self._launcher is None:
-            self._launcher = (
-                SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
-                if self.start_method == "popen"
-                else MultiProcessLauncher(self.num_processes, self.cluster_environment, self.start_method)
-            )
-        return self._launcher
+        if self._launcher is None and self.start_method != "popen":
+            self._launcher = MultiProcessLauncher(self.num_processes, self.cluster_environment, self.start_method)
+        return super().launcher  # "popen": the script is re-run
 
     @property
     def launch_needs_function(self) -> bool:

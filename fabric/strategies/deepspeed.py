@@ -26,7 +26,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,15 +35,13 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
+from typing_extensions import Unpack
 
-from fabric.accelerators.accelerator import Accelerator
-from fabric.plugins.environments import ClusterEnvironment
 from fabric.plugins.io import deepspeed_checkpoint as checkpoints
 from fabric.plugins.io.background_saves import finished
-from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
+from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.deepspeed_safe_load import safe_loading
 from fabric.plugins.io.storage import is_remote
-from fabric.plugins.precision.precision import Precision
 from fabric.strategies.deepspeed_config import (
     ConfigArg,
     check_stage,
@@ -55,9 +52,7 @@ from fabric.strategies.deepspeed_config import (
     zero_stage,
 )
 from fabric.strategies.deepspeed_precision import DeepSpeedPrecision
-from fabric.strategies.launchers.launcher import Launcher
-from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.parallel import ParallelArgs, ParallelStrategy
 from fabric.strategies.strategy import CheckpointFilter, entries_to_load, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful
 from fabric.utilities.exceptions import CheckpointError
@@ -80,6 +75,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         stage: the ZeRO stage (0-3); ``None`` takes it from the config, else 2.
         offload_optimizer: keep optimizer state (and the optimizer step) on the CPU (stage 2 or 3).
         offload_parameters: keep parameters on the CPU between uses (stage 3).
+        **common: the arguments of every parallel strategy (:class:`~fabric.strategies.parallel.ParallelArgs`);
+            a ``checkpoint_io`` is refused when Fabric is built, as DeepSpeed saves through its engine.
     """
 
     def __init__(
@@ -89,24 +86,10 @@ class DeepSpeedStrategy(ParallelStrategy):
         stage: int | None = None,
         offload_optimizer: bool = False,
         offload_parameters: bool = False,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta = DEFAULT_TIMEOUT,
-        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
+        **common: Unpack[ParallelArgs],
     ) -> None:
         check_stage(stage)
-        super().__init__(
-            accelerator=accelerator,
-            precision=precision,
-            cluster_environment=cluster_environment,
-            parallel_devices=parallel_devices,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            stall_threshold=stall_threshold,
-        )
+        super().__init__(**common)
         self._user_config = read_config(config)
         self.stage = stage
         self.offload_optimizer = offload_optimizer
@@ -117,25 +100,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         # Engines that step a scheduler from setup(): its step count after the engine's last step.
         self._scheduler_epochs: dict[DeepSpeedEngine, int] = {}
 
-    def connect(
-        self,
-        *,
-        accelerator: Accelerator,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        devices: list[torch.device],
-        num_nodes: int,
-        cluster_environment: ClusterEnvironment | None = None,
-    ) -> None:
-        """Also settle the config against Fabric's precision and world size, so a conflict fails now."""
-        super().connect(
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            devices=devices,
-            num_nodes=num_nodes,
-            cluster_environment=cluster_environment,
-        )
+    def _connected(self) -> None:
+        """Settle the config against Fabric's precision and world size, so a conflict fails now."""
         self._config = complete_config(
             self._user_config,
             stage=self.stage,
@@ -160,12 +126,6 @@ class DeepSpeedStrategy(ParallelStrategy):
     @property
     def engine_handles_gradients(self) -> bool:
         return True
-
-    @property
-    def launcher(self) -> Launcher | None:
-        if self._launcher is None:
-            self._launcher = SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
-        return self._launcher
 
     def setup_environment(self) -> None:
         """Join the process group, then hand it to DeepSpeed's communication layer.

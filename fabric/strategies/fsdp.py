@@ -14,7 +14,6 @@ import weakref
 from collections.abc import Generator, Iterable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack
-from datetime import timedelta
 from typing import Any, Literal, get_args
 
 import torch
@@ -33,17 +32,12 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import Optimizer
 
-from fabric.accelerators.accelerator import Accelerator
-from fabric.plugins.environments import ClusterEnvironment
-from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
+from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.formats import CheckpointFormat, recognise
 from fabric.plugins.precision.dtypes import mixed_dtype
-from fabric.plugins.precision.precision import Precision
 from fabric.strategies import fsdp_checkpoint as checkpoints
 from fabric.strategies.fsdp_options import ShardPolicy, UnitsLikeFsdp1, resolve_settings, shard_units
-from fabric.strategies.launchers.launcher import Launcher
-from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
-from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.parallel import ParallelStrategy, split_common_arguments
 from fabric.strategies.strategy import CheckpointFilter
 
 StateDictType = Literal["sharded", "full"]
@@ -102,7 +96,9 @@ class FSDPStrategy(ParallelStrategy):
             ``buffer_dtype``), used instead of the one the precision plugin implies.
         sync_module_states: broadcast every parameter and buffer from rank 0 before sharding, so ranks
             that initialised the model differently start equal (a meta-device model has nothing to send).
-        **lightning_options: Lightning Fabric's arguments: ``auto_wrap_policy``, ``sharding_strategy``,
+        **kwargs: the common arguments of every parallel strategy
+            (:class:`~fabric.strategies.parallel.ParallelArgs`: ``timeout``, ``process_group_backend``, ...),
+            and Lightning Fabric's: ``auto_wrap_policy``, ``sharding_strategy``,
             ``activation_checkpointing_policy``, ``use_orig_params=True``, ``limit_all_gathers=True``;
             translated to the settings above, or refused with a ``ValueError`` naming what to use instead
             (:mod:`fabric.strategies.fsdp_options`). Giving one with the own argument it sets is refused.
@@ -120,15 +116,7 @@ class FSDPStrategy(ParallelStrategy):
         state_dict_type: StateDictType = "sharded",
         mixed_precision: MixedPrecisionPolicy | MixedPrecision | None = None,
         sync_module_states: bool = False,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta = DEFAULT_TIMEOUT,
-        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
-        **lightning_options: Any,
+        **kwargs: Any,
     ) -> None:
         own = {
             "shard_modules": shard_modules,
@@ -139,6 +127,7 @@ class FSDPStrategy(ParallelStrategy):
             "replicate_only": replicate_only,
             "mixed_precision": mixed_precision,
         }
+        common, lightning_options = split_common_arguments(kwargs)
         settings = resolve_settings(own, lightning_options)
         _check_policy("shard_modules", settings.shard_modules, allow_callable=True)
         _check_policy("activation_checkpointing", settings.activation_checkpointing, allow_callable=False)
@@ -146,16 +135,7 @@ class FSDPStrategy(ParallelStrategy):
             raise ValueError(f"sync_module_states={sync_module_states!r} is not valid. Accepted: True or False.")
         if state_dict_type not in STATE_DICT_TYPES:
             raise ValueError(f"state_dict_type={state_dict_type!r} is not valid. Accepted: {list(STATE_DICT_TYPES)}.")
-        super().__init__(
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            cluster_environment=cluster_environment,
-            parallel_devices=parallel_devices,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            stall_threshold=stall_threshold,
-        )
+        super().__init__(**common)
         self.shard_modules = settings.shard_modules
         self.reshard_after_forward = settings.reshard_after_forward
         self.cpu_offload = settings.cpu_offload
@@ -193,12 +173,6 @@ class FSDPStrategy(ParallelStrategy):
             "torch.distributed.checkpoint, not through a CheckpointIO plugin, which would be ignored. Remove the "
             "plugin, or pass state_dict_type='full' to save one file through it."
         )
-
-    @property
-    def launcher(self) -> Launcher | None:
-        if self._launcher is None:
-            self._launcher = SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
-        return self._launcher
 
     @property
     def mesh(self) -> DeviceMesh:

@@ -15,20 +15,15 @@ before setup are re-pointed, meta-device models are materialised, and checkpoint
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, Literal
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from typing_extensions import Unpack
 
-from fabric.accelerators.accelerator import Accelerator
-from fabric.plugins.environments import ClusterEnvironment
-from fabric.plugins.io.checkpoint_io import CheckpointIO
-from fabric.plugins.precision.precision import Precision
 from fabric.strategies.fsdp import FSDPStrategy, StateDictType
-from fabric.strategies.parallel import DEFAULT_STALL_THRESHOLD, DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.strategies.parallel import ParallelArgs, ParallelStrategy, refuse_unexpected_arguments
 
 #: ``parallelize_fn(model, device_mesh) -> model``: applies tensor parallelism (and optionally FSDP) in place.
 ParallelizeFn = Callable[[nn.Module, DeviceMesh], nn.Module]
@@ -82,6 +77,8 @@ class ModelParallelStrategy(FSDPStrategy):
         tensor_parallel_size: ranks that split each layer; ``"auto"``: the processes per node, or what
             ``data_parallel_size`` leaves.
         reshard_after_forward, state_dict_type: as in :class:`~fabric.strategies.fsdp.FSDPStrategy`.
+        **common: the arguments of every parallel strategy (:class:`~fabric.strategies.parallel.ParallelArgs`);
+            FSDPStrategy's other options (Lightning's too) are not taken.
     """
 
     def __init__(
@@ -92,14 +89,7 @@ class ModelParallelStrategy(FSDPStrategy):
         *,
         reshard_after_forward: bool = True,
         state_dict_type: StateDictType = "sharded",
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta = DEFAULT_TIMEOUT,
-        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
+        **common: Unpack[ParallelArgs],
     ) -> None:
         if not callable(parallelize_fn):
             raise ValueError(
@@ -109,18 +99,8 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         _check_size("data_parallel_size", data_parallel_size)
         _check_size("tensor_parallel_size", tensor_parallel_size)
-        super().__init__(
-            reshard_after_forward=reshard_after_forward,
-            state_dict_type=state_dict_type,
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            cluster_environment=cluster_environment,
-            parallel_devices=parallel_devices,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            stall_threshold=stall_threshold,
-        )
+        refuse_unexpected_arguments(type(self), common)  # FSDPStrategy would take the others as Lightning's
+        super().__init__(reshard_after_forward=reshard_after_forward, state_dict_type=state_dict_type, **common)
         self.parallelize_fn = parallelize_fn
         self.data_parallel_size = data_parallel_size
         self.tensor_parallel_size = tensor_parallel_size

@@ -4,13 +4,16 @@ and collectives through ``torch.distributed``."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
+from typing_extensions import TypedDict, Unpack
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import (
@@ -21,7 +24,9 @@ from fabric.plugins.environments import (
 )
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
+from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.rank_environment import export_variables, rank_variables, restore_variables
+from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.strategy import Strategy
 from fabric.utilities import distributed
 from fabric.utilities.cli_contract import RUN_DIRECTORY_VARIABLE
@@ -37,11 +42,15 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 DEFAULT_STALL_THRESHOLD = timedelta(seconds=60)
 
 
-class ParallelStrategy(Strategy):
-    """Several processes, one device each, joined in a ``torch.distributed`` process group.
+class ParallelArgs(TypedDict, total=False):
+    """The keyword arguments every parallel strategy takes (Lightning's names), declared once: a strategy forwards
+    them to :class:`ParallelStrategy` as ``**common``. A new common option is added here and in
+    :class:`ProcessGroupOptions`, and every strategy takes it.
 
     Args:
+        accelerator, precision, checkpoint_io: plugins this strategy object keeps over Fabric's choice.
         cluster_environment: where ranks come from; detected (torchrun, SLURM, ...) when not given.
+        parallel_devices: this node's devices, one per process; Fabric's ``devices`` when not given.
         process_group_backend: ``"gloo"``, ``"nccl"``, ...; by default NCCL on CUDA and gloo elsewhere.
         timeout: how long a collective (and ``fabric.barrier()``) waits for the other ranks before it
             fails, naming the collective, the line that called it and the ranks that never entered it.
@@ -49,25 +58,84 @@ class ParallelStrategy(Strategy):
             the other ranks last entered, then keeps waiting until ``timeout``; ``0`` turns this off.
     """
 
-    def __init__(
-        self,
-        *,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta = DEFAULT_TIMEOUT,
-        stall_threshold: timedelta | float = DEFAULT_STALL_THRESHOLD,
-    ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
-        self._cluster_environment = cluster_environment
-        self._parallel_devices = parallel_devices
+    accelerator: Accelerator | None
+    precision: Precision | None
+    checkpoint_io: CheckpointIO | None
+    cluster_environment: ClusterEnvironment | None
+    parallel_devices: list[torch.device] | None
+    process_group_backend: str | None
+    timeout: timedelta
+    stall_threshold: timedelta | float
+
+
+_COMMON_NAMES = ParallelArgs.__optional_keys__
+
+
+def split_common_arguments(arguments: Mapping[str, Any]) -> tuple[ParallelArgs, dict[str, Any]]:
+    """``(common, own)``: the :class:`ParallelArgs` among a strategy's ``**kwargs`` and the rest, for strategies
+    whose ``**kwargs`` also take options of their own (DDP: torch's ``DistributedDataParallel``'s; FSDP:
+    Lightning's)."""
+    common = {name: value for name, value in arguments.items() if name in _COMMON_NAMES}
+    own = {name: value for name, value in arguments.items() if name not in _COMMON_NAMES}
+    return cast(ParallelArgs, common), own
+
+
+def refuse_unexpected_arguments(owner: type, arguments: Mapping[str, object]) -> None:
+    """Python's ``TypeError`` for a keyword that is not one of :class:`ParallelArgs`: a ``**common`` parameter
+    accepts any keyword at run time, and a misspelt option must not be dropped silently."""
+    unexpected = sorted(set(arguments) - _COMMON_NAMES)
+    if unexpected:
+        raise TypeError(
+            f"{owner.__name__}() got unexpected keyword arguments {unexpected}. Accepted besides its own: "
+            f"{sorted(_COMMON_NAMES)}."
+        )
+
+
+@dataclass(frozen=True)
+class ProcessGroupOptions:
+    """How a parallel strategy joins the process group and watches its collectives, validated and normalised
+    from :class:`ParallelArgs` (see there for what each means)."""
+
+    #: ``None``: NCCL on CUDA, gloo elsewhere.
+    backend: str | None
+    timeout: timedelta
+    #: Seconds; 0 turns the stall report off.
+    stall_threshold: float
+
+    @classmethod
+    def from_arguments(cls, arguments: ParallelArgs) -> ProcessGroupOptions:
+        """The options given among ``arguments``, the defaults for the others; a ``ValueError`` names a bad value."""
+        backend = arguments.get("process_group_backend")
+        if backend is not None and not isinstance(backend, str):
+            raise ValueError(
+                f"process_group_backend={backend!r} is not valid. Accepted: a torch.distributed backend name "
+                "('gloo', 'nccl', 'mpi', ...), or None for NCCL on CUDA and gloo elsewhere."
+            )
+        timeout = arguments.get("timeout", DEFAULT_TIMEOUT)
+        if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
+            raise ValueError(f"timeout={timeout!r} is not valid. Accepted: a timedelta greater than 0.")
+        return cls(backend, timeout, _seconds(arguments.get("stall_threshold", DEFAULT_STALL_THRESHOLD)))
+
+
+class ParallelStrategy(Strategy):
+    """Several processes, one device each, joined in a ``torch.distributed`` process group.
+
+    Takes the keyword arguments of :class:`ParallelArgs`; subclasses add their own and forward these.
+    ``fabric.launch()`` re-runs the script once per local rank unless a subclass launches otherwise.
+    """
+
+    def __init__(self, **common: Unpack[ParallelArgs]) -> None:
+        refuse_unexpected_arguments(type(self), common)
+        super().__init__(
+            accelerator=common.get("accelerator"),
+            precision=common.get("precision"),
+            checkpoint_io=common.get("checkpoint_io"),
+        )
+        self._cluster_environment = common.get("cluster_environment")
+        self._parallel_devices = common.get("parallel_devices")
         self._num_nodes = 1
-        self._process_group_backend = process_group_backend
-        self._timeout = timeout
-        self._stall_threshold = _seconds(stall_threshold)
+        #: Read when the process group is joined (at launch): replace it before then to change it.
+        self.process_group_options = ProcessGroupOptions.from_arguments(common)
         self._barrier_group: Any = None
         self._background_group: Any = None
         self._watch: CollectiveWatch | None = None
@@ -112,6 +180,12 @@ class ParallelStrategy(Strategy):
         return not self.cluster_environment.creates_processes_externally
 
     @property
+    def launcher(self) -> Launcher | None:
+        if self._launcher is None:
+            self._launcher = SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+        return self._launcher
+
+    @property
     def module_calls_need_wrapper(self) -> bool:
         """DDP, FSDP and DeepSpeed all do their work around ``module(...)``, even with one process."""
         return True
@@ -149,17 +223,17 @@ class ParallelStrategy(Strategy):
     @property
     def timeout(self) -> timedelta:
         """How long collectives and barriers wait for the other ranks."""
-        return self._timeout
+        return self.process_group_options.timeout
 
     @property
     def stall_threshold(self) -> float:
         """Seconds in one collective after which a rank reports what it waits for (0: never)."""
-        return self._stall_threshold
+        return self.process_group_options.stall_threshold
 
     @property
     def process_group_backend(self) -> str:
-        if self._process_group_backend is not None:
-            return self._process_group_backend
+        if self.process_group_options.backend is not None:
+            return self.process_group_options.backend
         return "nccl" if self.parallel_devices[0].type == "cuda" else "gloo"
 
     def _assign_local_ranks(self) -> None:
@@ -185,14 +259,14 @@ class ParallelStrategy(Strategy):
                 **self._rendezvous(),
                 world_size=self.world_size,
                 rank=self.global_rank,
-                timeout=self._timeout,
+                timeout=self.timeout,
             )
         # Barriers run on their own gloo group: it can name missing ranks (monitored_barrier) and never
         # interleaves with the training collectives of the default group.
-        self._barrier_group = dist.new_group(backend="gloo", timeout=self._timeout)
+        self._barrier_group = dist.new_group(backend="gloo", timeout=self.timeout)
         if self.world_size > 1 and self._watch is None:
             self._watch = CollectiveWatch(
-                distributed.default_store(), self.global_rank, self.world_size, self._timeout, self._stall_threshold
+                distributed.default_store(), self.global_rank, self.world_size, self.timeout, self.stall_threshold
             )
 
     def _process_variables(self) -> dict[str, str]:
@@ -224,7 +298,7 @@ class ParallelStrategy(Strategy):
         # under a prefix of this attempt, or a restarted attempt reads the previous attempt's gloo addresses
         # ("connectFullMesh ... Connection refused", or a hang).
         store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time, not in the stubs
-            environment.main_address, environment.main_port, self.world_size, is_master=False, timeout=self._timeout
+            environment.main_address, environment.main_port, self.world_size, is_master=False, timeout=self.timeout
         )
         from torch.distributed.distributed_c10d import PrefixStore
 
@@ -247,7 +321,7 @@ class ParallelStrategy(Strategy):
         """The gloo group the collectives of background saves run on, never interleaving with training's on
         the default group (made at the first background save: every rank is there)."""
         if self._background_group is None:
-            self._background_group = dist.new_group(backend="gloo", timeout=self._timeout)
+            self._background_group = dist.new_group(backend="gloo", timeout=self.timeout)
         return self._background_group
 
     # --- collectives ------------------------------------------------------------------------------
@@ -280,7 +354,7 @@ class ParallelStrategy(Strategy):
                 f"barrier {name!r}" if name else "fabric.barrier",
                 dist.monitored_barrier,
                 group=self._barrier_group,
-                timeout=self._timeout,
+                timeout=self.timeout,
                 wait_all_ranks=True,
             )
 
@@ -301,8 +375,15 @@ class ParallelStrategy(Strategy):
         return self._collective("fabric.all_reduce", distributed.all_reduce, tensor, reduce_op)  # type: ignore[no-any-return]
 
 
-def _seconds(value: timedelta | float) -> float:
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if seconds < 0:
-        raise ValueError(f"stall_threshold={value!r} is not valid. Accepted: a timedelta or seconds >= 0 (0: off).")
+def _seconds(stall_threshold: timedelta | float) -> float:
+    """``stall_threshold`` in seconds; a ``ValueError`` names a value that is not a duration of 0 or more."""
+    seconds: float | None = None
+    if isinstance(stall_threshold, timedelta):
+        seconds = stall_threshold.total_seconds()
+    elif isinstance(stall_threshold, (int, float)) and not isinstance(stall_threshold, bool):
+        seconds = float(stall_threshold)
+    if seconds is None or not seconds >= 0:  # `not >=` also refuses NaN
+        raise ValueError(
+            f"stall_threshold={stall_threshold!r} is not valid. Accepted: a timedelta or seconds >= 0 (0: off)."
+        )
     return seconds

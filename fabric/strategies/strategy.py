@@ -99,6 +99,10 @@ class Strategy:
         self._precision = self._precision or precision
         self._checkpoint_io = self._checkpoint_io or checkpoint_io
         self._configure_processes(devices, num_nodes, cluster_environment)
+        self._connected()
+
+    def _connected(self) -> None:
+        """Settle what depends on the choices :meth:`connect` filled in (subclasses); called last by it."""
 
     def _configure_processes(
         self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment | None

@@ -64,6 +64,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -280,7 +281,7 @@ def apply_dist_timeout(fabric: Fabric, dist_timeout: Any, fabric_given: bool) ->
             "pass only one of them."
         )
     # The strategy reads it when it joins the process group, at launch, which comes after this.
-    strategy._timeout = timeout
+    strategy.process_group_options = replace(strategy.process_group_options, timeout=timeout)
 
 
 def enable_deterministic_mode(deterministic_mode: Any) -> None:
