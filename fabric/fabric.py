@@ -208,6 +208,7 @@ class Fabric:
         barrier first: a rank that exits early (``sys.exit``) must not wait for the others, and a peer's
         last collective has already received this rank's data when this rank's copy of it returned.
         """
+        # torch-workaround(gloo-shutdown-abort): gloo aborts at shutdown while a DDP module holds the group
         for module in list(self._wrapped_modules):
             module.release_strategy_wrapper()
         self._strategy.teardown()

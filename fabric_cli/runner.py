@@ -9,6 +9,8 @@
   ``--term-timeout`` seconds to exit (the Trainer saves a checkpoint and exits 75); the CLI exits with
   the ranks' code, or 143 if it had to SIGKILL one. SIGINT stops the ranks the same way and exits 130.
   A second signal while waiting kills the ranks at once.
+
+Every exit code above comes from the one table of :mod:`fabric.utilities.exit_codes`.
 """
 
 from __future__ import annotations
@@ -24,14 +26,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from fabric.strategies.launchers.processes import (
-    describe_exit,
-    exit_code,
-    exits_in_order,
-    oom_kill_count,
-    stop_processes,
-)
-from fabric.utilities.exit_codes import ends_the_job, job_exit_code
+from fabric.strategies.launchers.processes import describe_exit, exits_in_order, oom_kill_count, stop_processes
+from fabric.utilities.exit_codes import RankExit, failure_cause, job_exit_code
 from fabric.utilities.peer_loss import CAUSE_GRACE_SECONDS, lost_peer_marker
 from fabric.utilities.worker_processes import die_with_parent
 from fabric_cli.join import join
@@ -73,7 +69,7 @@ def run(plan: LaunchPlan) -> int:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-        return 128 + again.signum
+        return job_exit_code(_exits(processes), stop_signal=again.signum, killed=True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -145,33 +141,41 @@ def _start(plan: LaunchPlan, local_rank: int, outputs: _Outputs | None) -> subpr
 
 
 def _supervise(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], oom_kills_before: int | None) -> int:
-    codes = []
+    ended = []
     for local_rank, returncode in exits_in_order(processes):
-        if ends_the_job(returncode):
-            cause = _cause(plan, processes, local_rank)
-            returncode = processes[cause].returncode
-            _report_failure(plan, cause, describe_exit(returncode, oom_kills_before))
-            if cause != local_rank:
+        ended.append(RankExit(local_rank, returncode))
+        if ended[-1].failed:
+            exits = _exits_once_the_cause_shows(plan, processes, local_rank)
+            cause = failure_cause(exits)
+            assert cause is not None, "the exits hold the failed rank's"
+            _report_failure(plan, cause.rank, describe_exit(cause.returncode, oom_kills_before))
+            if cause.rank != local_rank:
                 print(f"fabric: rank {plan.global_rank(local_rank)} failed after it.", file=sys.stderr)
             stop_processes(processes.values())
-            return exit_code(returncode)
+            return job_exit_code(exits)
         _say(plan, f"rank {plan.global_rank(local_rank)} exited with code {describe_exit(returncode)}")
-        codes.append(returncode)
-    return job_exit_code(codes)
+    return job_exit_code(ended)
 
 
-def _cause(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], first_failed: int) -> int:
-    """The rank whose failure is the cause: ``first_failed``, unless it failed only because another rank's process
-    ended (it left its lost-peer marker), which it can notice before that process has finished exiting. Then the
-    first other rank to fail by itself within :data:`CAUSE_GRACE_SECONDS`, else ``first_failed`` after all."""
+def _exits_once_the_cause_shows(
+    plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], first_failed: int
+) -> list[RankExit]:
+    """The exits of the ranks that have ended, ``first_failed`` first, each marked if it failed only because another
+    rank's process ended (it left its lost-peer marker). Such a rank can notice before that process has finished
+    exiting: while every failure is of that kind, this waits up to :data:`CAUSE_GRACE_SECONDS` for a rank that
+    failed by itself, the cause."""
     deadline = time.monotonic() + CAUSE_GRACE_SECONDS
-    while _lost_a_peer(plan, first_failed) and time.monotonic() < deadline:
-        for local_rank, process in processes.items():
-            code = process.returncode  # set by its waiter thread once it has ended
-            if code is not None and ends_the_job(code) and not _lost_a_peer(plan, local_rank):
-                return local_rank
+    order = [first_failed, *(local_rank for local_rank in processes if local_rank != first_failed)]
+    while True:
+        exits = [
+            RankExit(local_rank, code, lost_a_peer=_lost_a_peer(plan, local_rank))
+            for local_rank in order
+            if (code := processes[local_rank].returncode) is not None  # set by its waiter thread once it has ended
+        ]
+        cause = failure_cause(exits)
+        if cause is None or not cause.lost_a_peer or time.monotonic() >= deadline:
+            return exits
         time.sleep(0.05)
-    return first_failed
 
 
 def _lost_a_peer(plan: LaunchPlan, local_rank: int) -> bool:
@@ -204,10 +208,16 @@ def _stop_on_signal(plan: LaunchPlan, processes: dict[int, subprocess.Popen[byte
                 file=sys.stderr,
                 flush=True,
             )
-    if signum != signal.SIGTERM or killed or not processes:
-        return 128 + signum
-    codes = [exit_code(process.returncode) for _, process in sorted(processes.items())]
-    return next((code for code in codes if code != 0), 0)
+    return job_exit_code(_exits(processes), stop_signal=signum, killed=killed)
+
+
+def _exits(processes: dict[int, subprocess.Popen[bytes]]) -> list[RankExit]:
+    """The exits of the ranks that have ended."""
+    return [
+        RankExit(local_rank, process.returncode)
+        for local_rank, process in processes.items()
+        if process.returncode is not None
+    ]
 
 
 def _report_failure(plan: LaunchPlan, local_rank: int, description: str) -> None:

@@ -195,6 +195,15 @@ def test_a_sys_exit_that_rank_zero_catches_neither_stops_the_others_nor_fails_th
     assert "stopping the job" not in result.stderr
 
 
+def test_sys_exit_is_the_interpreters_own_again_once_the_job_is_torn_down(tmp_path: Path) -> None:
+    """Rank 0's launcher replaces ``sys.exit`` to hear rank 0's exit code while it watches the other ranks, and gives
+    it back at the job's end: exit handlers that run after Fabric's get Python's own."""
+    result = _run([sys.executable, str(SCRIPTS / "sys_exit_scope.py"), str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "rank0.txt").read_text() == "replaced during the job: True, own again: True"
+    assert (tmp_path / "rank1.txt").read_text() == "replaced during the job: False, own again: True"
+
+
 def test_a_barrier_reached_by_one_rank_only_fails_naming_the_missing_rank(tmp_path: Path) -> None:
     result = _run([sys.executable, str(SCRIPTS / "ddp_failures.py"), "only_rank0_barrier", str(tmp_path)], timeout=90)
     assert result.returncode != 0

@@ -279,6 +279,7 @@ class FSDPStrategy(ParallelStrategy):
                 reset = getattr(submodule, "reset_parameters", None)
                 if callable(reset):
                     if self.root_device.type == "cpu":
+                        # torch-workaround(dtensor-cpu-mesh-rng): every rank draws the same shard on a CPU mesh
                         _reset_on_full_tensors(submodule, reset)
                     else:
                         reset()  # DTensor's RNG tracker draws each shard as its part of the full tensor

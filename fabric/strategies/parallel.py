@@ -294,9 +294,10 @@ class ParallelStrategy(Strategy):
             return {"init_method": f"tcp://{environment.main_address}:{environment.main_port}"}
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             return {"init_method": "env://"}
-        # torchrun's agent hosts the store at MASTER_PORT and keeps it across restarts: join it as a client
-        # under a prefix of this attempt, or a restarted attempt reads the previous attempt's gloo addresses
-        # ("connectFullMesh ... Connection refused", or a hang).
+        # torch-workaround(torchrun-agent-store-reused): torchrun's agent hosts the store at MASTER_PORT and keeps it
+        # across restarts, and env:// joins it unprefixed: join it as a client under a prefix of this attempt, or a
+        # restarted attempt reads the previous attempt's gloo addresses ("connectFullMesh ... Connection refused", or
+        # a hang).
         store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time, not in the stubs
             environment.main_address, environment.main_port, self.world_size, is_master=False, timeout=self.timeout
         )

@@ -45,7 +45,8 @@ def compiler_for(compile: CompileArg) -> Compiler | None:
     def compiler(module: nn.Module) -> nn.Module:
         import torch
 
-        with warnings.catch_warnings():  # torch.compile's own use of a deprecated torch.jit API (torch 2.13)
+        # torch-workaround(compile-warns-about-itself): torch.compile warns about its own use of torch.jit
+        with warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore", message="`torch.jit.script_method` is deprecated", category=DeprecationWarning
             )

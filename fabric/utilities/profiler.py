@@ -125,7 +125,9 @@ class TraceProfiler:
         if self._profile is None:
             raise RuntimeError("TraceProfiler.step() before start(): use it as a context manager or call start().")
         self._close_ranges()
-        with warnings.catch_warnings():  # clearing each cycle's events is the point: one trace per cycle
+        # torch-workaround(profiler-cycle-warning): torch warns that each cycle's events are cleared, which is the
+        # point: one trace per cycle
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
             self._profile.step()
 

@@ -60,6 +60,7 @@ def _without_process_group() -> bool:
 def _single_process_warning_silenced() -> Iterator[None]:
     """torch 2.13's DCP warns that it "assumes the intent" to work in one process even when told so
     (``no_dist=True``); one process is a case Fabric supports on purpose (loading on fewer ranks)."""
+    # torch-workaround(dcp-single-process-warning): DCP warns about one process even when told so
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield
@@ -239,8 +240,8 @@ def read_whole(
 
     from fabric.plugins.io.safe_dcp import SafeWholeLoadPlanner
 
-    # The private loader fills ``checkpoint`` itself (``dcp.load`` would fill a copy): what torch's own
-    # ``format_utils.dcp_to_torch_save`` does.
+    # torch-workaround(dcp-load-fills-a-copy): ``dcp.load`` would fill a copy of ``checkpoint``; the private loader
+    # fills it itself, as torch's own ``format_utils.dcp_to_torch_save`` does.
     checkpoint: dict[str, Any] = {}
     planner = (SafeWholeLoadPlanner if weights_only else _EmptyStateDictLoadPlanner)(keys=keys)  # type: ignore[no-untyped-call]
     with _as_checkpoint_error(path, "is not a readable sharded checkpoint"):

@@ -130,7 +130,7 @@ def _save_remote(fs: Any, checkpoint: dict[str, Any], parent: str, filename: str
 
 
 def _serialized(checkpoint: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()  # remote writers are often not seekable, which torch.save needs
+    buffer = io.BytesIO()  # pipe_file sends the whole object at once
     torch.save(checkpoint, buffer)
     return buffer.getvalue()
 

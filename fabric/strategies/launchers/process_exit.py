@@ -4,7 +4,8 @@ torch 2.13 with gloo aborts during interpreter shutdown ("terminate called witho
 SIGABRT) in about 1 of 8 two-rank DDP jobs, after all work is done, when a process group is still
 referenced by a ``DistributedDataParallel`` module at finalisation. Destroying the group *and*
 dropping every reference to it before the interpreter shuts down (measured: 0 aborts in 40 runs, vs
-5 in 40 with ``destroy_process_group()`` alone) avoids it. Fabric registers that release here.
+5 in 40 with ``destroy_process_group()`` alone) avoids it. Fabric registers that release here (workaround
+``gloo-shutdown-abort`` of :mod:`fabric.utilities.torch_workarounds`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol
 
-from fabric.utilities.exit_codes import PREEMPTED_EXIT_CODE
+from fabric.utilities.exit_codes import PREEMPTED_EXIT_CODE, shell_exit_code
 
 #: How long stopped ranks get to exit on SIGTERM (e.g. to write a checkpoint) before SIGKILL.
 TERMINATION_GRACE_SECONDS = 5.0
@@ -57,11 +57,6 @@ def exits_in_order(processes: Mapping[int, RankProcess]) -> Iterator[tuple[int, 
         yield ended.get()
 
 
-def exit_code(returncode: int) -> int:
-    """The exit code a shell reports: a process killed by signal N (``returncode == -N``) gives 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def describe_exit(returncode: int, oom_kills_before: int | None = None) -> str:
     """The exit code and, for a signal, its name; for SIGKILL whether the kernel's OOM killer struck (if
     ``oom_kills_before``, the :func:`oom_kill_count` from before the process started, tells)."""
@@ -71,13 +66,13 @@ def describe_exit(returncode: int, oom_kills_before: int | None = None) -> str:
         return str(returncode)
     name = signal.Signals(-returncode).name
     if -returncode != signal.SIGKILL:
-        return f"{exit_code(returncode)} (killed by {name})"
+        return f"{shell_exit_code(returncode)} (killed by {name})"
     oom_kills = oom_kill_count()
     if oom_kills_before is not None and oom_kills is not None and oom_kills > oom_kills_before:
         cause = "likely out of memory: the kernel's OOM killer killed a process of this cgroup meanwhile"
     else:
         cause = "often the out-of-memory killer"
-    return f"{exit_code(returncode)} (killed by {name}, {cause})"
+    return f"{shell_exit_code(returncode)} (killed by {name}, {cause})"
 
 
 #: Where the kernel counts OOM kills of this process's memory cgroup: cgroup v2, then v1.

@@ -64,6 +64,7 @@ def apply_channels_last(model: nn.Module) -> nn.Module:
     """
     cast(Any, model).to(memory_format=torch.channels_last)  # the stubs of Module.to lack memory_format
     for module in model.modules():
+        # torch-workaround(onednn-avx2-strided-1x1-grad): oneDNN's AVX2 kernel gets this weight gradient wrong
         if _is_strided_pointwise(module):
             conv = cast(nn.Conv2d, module)
             stride = (int(conv.stride[0]), int(conv.stride[1]))

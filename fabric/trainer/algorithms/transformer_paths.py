@@ -31,6 +31,7 @@ def disable_fused_transformer_paths(model: nn.Module) -> list[str]:
         for name, module in model.named_modules()
         if isinstance(module, nn.TransformerEncoderLayer) and _changed(module)
     ]
+    # torch-workaround(transformer-fused-path): the fused path skips replaced submodules' forward
     for _, layer in changed:
         layer.activation_relu_or_gelu = 0
     changed_ids = {id(layer) for _, layer in changed}

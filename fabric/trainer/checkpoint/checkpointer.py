@@ -121,7 +121,8 @@ class TrainerCheckpointer:
                 "number generators are not restored, so random draws (dropout, augmentation) differ from the first run."
             )
             return
-        # clone: a row of the stacked tensor is a view at an offset, which torch.set_rng_state cannot take
+        # torch-workaround(rng-state-from-a-view): torch.set_rng_state crashes on a view at an offset, such as a row
+        # of the stacked tensor: clone
         restore_rng_state({kind: states[fabric.global_rank].clone() for kind, states in rng.items()})
 
 
