@@ -11,6 +11,7 @@ ranks), so the clock reads the same on every rank.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import operator
@@ -344,17 +345,10 @@ class Time(Generic[TValue]):
         return NotImplemented if value is None else self._value >= value
 
 
-_COUNTERS: dict[str, TimeUnit] = {
-    "epoch": TimeUnit.EPOCH,
-    "batch": TimeUnit.BATCH,
-    "sample": TimeUnit.SAMPLE,
-    "token": TimeUnit.TOKEN,
-    "batch_in_epoch": TimeUnit.BATCH,
-    "sample_in_epoch": TimeUnit.SAMPLE,
-    "token_in_epoch": TimeUnit.TOKEN,
-}
-_CLOCKS = ("total_wct", "epoch_wct", "batch_wct")
 _ZERO = timedelta(0)
+_IN_EPOCH = "_in_epoch"
+#: Where every counter starts; a field's default also names its unit.
+_ZERO_COUNTS = {unit: Time(0, unit) for unit in TimeUnit if unit.is_integer}
 
 
 def _counter(name: str, value: int | Time[int], unit: TimeUnit) -> Time[int]:
@@ -383,12 +377,22 @@ def _clock(name: str, value: timedelta) -> timedelta:
     return value
 
 
+def _trusted_time(value: int, unit: TimeUnit) -> Time[int]:
+    """A Time built without validation, for values that are valid by construction (hot path)."""
+    time: Time[int] = object.__new__(Time)
+    object.__setattr__(time, "_value", value)
+    object.__setattr__(time, "_unit", unit)
+    return time
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Timestamp:
     """The trainer's clock: how much training has happened, in every unit, plus wall-clock time.
 
     Counters are :class:`Time` values (``int(timestamp.batch)`` is a plain int); ``*_in_epoch`` restart
     at every epoch. ``sample`` and ``token`` are global counts across ranks. ``total_wct``, ``epoch_wct``
     and ``batch_wct`` are the wall-clock time of the whole run, the current epoch and the last batch.
+    The constructor and :meth:`copy` also take plain ints for the counters.
 
     Immutable: :meth:`to_next_batch`, :meth:`to_next_epoch` and :meth:`copy` return new Timestamps, so a
     reference held by a callback or logger never changes under it. ``timestamp >= Time.from_timestring("3ba")``
@@ -397,108 +401,33 @@ class Timestamp:
     :meth:`from_state_dict` rebuilds the Timestamp; the owner (the trainer's state) replaces its reference.
     """
 
-    __slots__ = (
-        "_batch",
-        "_batch_in_epoch",
-        "_batch_wct",
-        "_epoch",
-        "_epoch_wct",
-        "_sample",
-        "_sample_in_epoch",
-        "_token",
-        "_token_in_epoch",
-        "_total_wct",
-    )
-    _epoch: Time[int]
-    _batch: Time[int]
-    _sample: Time[int]
-    _token: Time[int]
-    _batch_in_epoch: Time[int]
-    _sample_in_epoch: Time[int]
-    _token_in_epoch: Time[int]
-    _total_wct: timedelta
-    _epoch_wct: timedelta
-    _batch_wct: timedelta
+    epoch: Time[int] = _ZERO_COUNTS[TimeUnit.EPOCH]
+    """Completed epochs."""
+    batch: Time[int] = _ZERO_COUNTS[TimeUnit.BATCH]
+    """Completed batches (optimizer steps) over the whole run."""
+    sample: Time[int] = _ZERO_COUNTS[TimeUnit.SAMPLE]
+    """Samples trained on over the whole run, summed over all ranks."""
+    token: Time[int] = _ZERO_COUNTS[TimeUnit.TOKEN]
+    """Tokens trained on over the whole run, summed over all ranks."""
+    batch_in_epoch: Time[int] = _ZERO_COUNTS[TimeUnit.BATCH]
+    sample_in_epoch: Time[int] = _ZERO_COUNTS[TimeUnit.SAMPLE]
+    token_in_epoch: Time[int] = _ZERO_COUNTS[TimeUnit.TOKEN]
+    total_wct: timedelta = _ZERO
+    epoch_wct: timedelta = _ZERO
+    batch_wct: timedelta = _ZERO
 
-    def __init__(
-        self,
-        *,
-        epoch: int | Time[int] = 0,
-        batch: int | Time[int] = 0,
-        sample: int | Time[int] = 0,
-        token: int | Time[int] = 0,
-        batch_in_epoch: int | Time[int] = 0,
-        sample_in_epoch: int | Time[int] = 0,
-        token_in_epoch: int | Time[int] = 0,
-        total_wct: timedelta = _ZERO,
-        epoch_wct: timedelta = _ZERO,
-        batch_wct: timedelta = _ZERO,
-    ) -> None:
-        counts = {
-            "epoch": epoch,
-            "batch": batch,
-            "sample": sample,
-            "token": token,
-            "batch_in_epoch": batch_in_epoch,
-            "sample_in_epoch": sample_in_epoch,
-            "token_in_epoch": token_in_epoch,
-        }
-        for name, value in counts.items():
-            object.__setattr__(self, f"_{name}", _counter(f"Timestamp {name}", value, _COUNTERS[name]))
-        for name, clock in zip(_CLOCKS, (total_wct, epoch_wct, batch_wct), strict=True):
-            object.__setattr__(self, f"_{name}", _clock(f"Timestamp {name}", clock))
-        for total in ("batch", "sample", "token"):
-            if getattr(self, f"_{total}_in_epoch") > getattr(self, f"_{total}"):
-                raise ValueError(
-                    f"Timestamp {total}_in_epoch ({getattr(self, f'_{total}_in_epoch')}) cannot exceed "
-                    f"{total} ({getattr(self, f'_{total}')})."
-                )
-
-    # --- counters -----------------------------------------------------------------------------
-
-    @property
-    def epoch(self) -> Time[int]:
-        """Completed epochs."""
-        return self._epoch
-
-    @property
-    def batch(self) -> Time[int]:
-        """Completed batches (optimizer steps) over the whole run."""
-        return self._batch
-
-    @property
-    def sample(self) -> Time[int]:
-        """Samples trained on over the whole run, summed over all ranks."""
-        return self._sample
-
-    @property
-    def token(self) -> Time[int]:
-        """Tokens trained on over the whole run, summed over all ranks."""
-        return self._token
-
-    @property
-    def batch_in_epoch(self) -> Time[int]:
-        return self._batch_in_epoch
-
-    @property
-    def sample_in_epoch(self) -> Time[int]:
-        return self._sample_in_epoch
-
-    @property
-    def token_in_epoch(self) -> Time[int]:
-        return self._token_in_epoch
-
-    @property
-    def total_wct(self) -> timedelta:
-        return self._total_wct
-
-    @property
-    def epoch_wct(self) -> timedelta:
-        return self._epoch_wct
-
-    @property
-    def batch_wct(self) -> timedelta:
-        return self._batch_wct
+    def __post_init__(self) -> None:
+        """Plain ints become Times, and every field is checked: a Timestamp is always a clock that could have run."""
+        for field in dataclasses.fields(self):
+            value, name, default = getattr(self, field.name), f"Timestamp {field.name}", field.default
+            checked = _counter(name, value, default.unit) if isinstance(default, Time) else _clock(name, value)
+            object.__setattr__(self, field.name, checked)
+        for name in _FIELD_NAMES:
+            if name.endswith(_IN_EPOCH):
+                total = name.removesuffix(_IN_EPOCH)
+                in_epoch, whole_run = getattr(self, name), getattr(self, total)
+                if in_epoch > whole_run:
+                    raise ValueError(f"Timestamp {name} ({in_epoch}) cannot exceed {total} ({whole_run}).")
 
     def get(self, unit: TimeUnit | str) -> Time[int]:
         """The total count in ``unit``; ``dur`` is an error because a fraction needs ``max_duration``."""
@@ -508,12 +437,7 @@ class Timestamp:
                 "A Timestamp counts ep, ba, sp and tok; 'dur' is a fraction of max_duration, "
                 "so use elapsed_fraction(timestamp, max_duration) or convert the Time to max_duration's unit."
             )
-        return {
-            TimeUnit.EPOCH: self._epoch,
-            TimeUnit.BATCH: self._batch,
-            TimeUnit.SAMPLE: self._sample,
-            TimeUnit.TOKEN: self._token,
-        }[unit]
+        return cast("Time[int]", getattr(self, _TOTALS[unit]))
 
     # --- advancing ----------------------------------------------------------------------------
 
@@ -526,19 +450,18 @@ class Timestamp:
         added_samples = _count("to_next_batch samples", samples, TimeUnit.SAMPLE)
         added_tokens = _count("to_next_batch tokens", tokens, TimeUnit.TOKEN)
         duration = _clock("to_next_batch duration", duration)
-        return _trusted_timestamp(
-            self._epoch,
-            _trusted_time(self._batch.value + 1, TimeUnit.BATCH),
-            _trusted_time(self._sample.value + added_samples, TimeUnit.SAMPLE),
-            _trusted_time(self._token.value + added_tokens, TimeUnit.TOKEN) if added_tokens else self._token,
-            _trusted_time(self._batch_in_epoch.value + 1, TimeUnit.BATCH),
-            _trusted_time(self._sample_in_epoch.value + added_samples, TimeUnit.SAMPLE),
-            _trusted_time(self._token_in_epoch.value + added_tokens, TimeUnit.TOKEN)
+        return self._unchecked_replace(
+            batch=_trusted_time(self.batch.value + 1, TimeUnit.BATCH),
+            sample=_trusted_time(self.sample.value + added_samples, TimeUnit.SAMPLE),
+            token=_trusted_time(self.token.value + added_tokens, TimeUnit.TOKEN) if added_tokens else self.token,
+            batch_in_epoch=_trusted_time(self.batch_in_epoch.value + 1, TimeUnit.BATCH),
+            sample_in_epoch=_trusted_time(self.sample_in_epoch.value + added_samples, TimeUnit.SAMPLE),
+            token_in_epoch=_trusted_time(self.token_in_epoch.value + added_tokens, TimeUnit.TOKEN)
             if added_tokens
-            else self._token_in_epoch,
-            self._total_wct + duration,
-            self._epoch_wct + duration,
-            duration,
+            else self.token_in_epoch,
+            total_wct=self.total_wct + duration,
+            epoch_wct=self.epoch_wct + duration,
+            batch_wct=duration,
         )
 
     def to_next_epoch(self, duration: timedelta = _ZERO) -> Timestamp:
@@ -548,67 +471,48 @@ class Timestamp:
         """
         duration = _clock("to_next_epoch duration", duration)
         return self.copy(
-            epoch=self._epoch.value + 1,
+            epoch=self.epoch.value + 1,
             batch_in_epoch=0,
             sample_in_epoch=0,
             token_in_epoch=0,
-            total_wct=self._total_wct + duration,
+            total_wct=self.total_wct + duration,
             epoch_wct=_ZERO,
             batch_wct=_ZERO,
         )
 
-    def copy(
-        self,
-        *,
-        epoch: int | Time[int] | None = None,
-        batch: int | Time[int] | None = None,
-        sample: int | Time[int] | None = None,
-        token: int | Time[int] | None = None,
-        batch_in_epoch: int | Time[int] | None = None,
-        sample_in_epoch: int | Time[int] | None = None,
-        token_in_epoch: int | Time[int] | None = None,
-        total_wct: timedelta | None = None,
-        epoch_wct: timedelta | None = None,
-        batch_wct: timedelta | None = None,
-    ) -> Timestamp:
-        """A new Timestamp with the given fields replaced (validated like the constructor)."""
-        return Timestamp(
-            epoch=self._epoch if epoch is None else epoch,
-            batch=self._batch if batch is None else batch,
-            sample=self._sample if sample is None else sample,
-            token=self._token if token is None else token,
-            batch_in_epoch=self._batch_in_epoch if batch_in_epoch is None else batch_in_epoch,
-            sample_in_epoch=self._sample_in_epoch if sample_in_epoch is None else sample_in_epoch,
-            token_in_epoch=self._token_in_epoch if token_in_epoch is None else token_in_epoch,
-            total_wct=self._total_wct if total_wct is None else total_wct,
-            epoch_wct=self._epoch_wct if epoch_wct is None else epoch_wct,
-            batch_wct=self._batch_wct if batch_wct is None else batch_wct,
-        )
+    def copy(self, **changes: int | Time[int] | timedelta | None) -> Timestamp:
+        """A new Timestamp with the given fields replaced (validated like the constructor; None keeps a field)."""
+        kept: dict[str, Any] = {name: value for name, value in changes.items() if value is not None}
+        return dataclasses.replace(self, **kept)
+
+    def _unchecked_replace(self, **changes: Time[int] | timedelta) -> Timestamp:
+        """:meth:`copy` without the checks, for fields valid by construction (once per batch)."""
+        timestamp: Timestamp = object.__new__(Timestamp)
+        for name in _FIELD_NAMES:
+            object.__setattr__(timestamp, name, changes[name] if name in changes else getattr(self, name))
+        return timestamp
 
     # --- checkpointing ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, int | float]:
         """Counters as ints and clocks as float seconds: safe for ``torch.load(weights_only=True)``."""
-        state: dict[str, int | float] = {name: getattr(self, f"_{name}").value for name in _COUNTERS}
-        state.update({name: getattr(self, f"_{name}").total_seconds() for name in _CLOCKS})
-        return state
+        return {name: _plain(getattr(self, name)) for name in _FIELD_NAMES}
 
     @classmethod
     def from_state_dict(cls, state_dict: Mapping[str, Any]) -> Timestamp:
         """Rebuild a Timestamp from :meth:`state_dict`; missing, unknown or invalid entries raise ``ValueError``."""
-        expected = {*_COUNTERS, *_CLOCKS}
-        missing = sorted(expected - set(state_dict))
-        unexpected = sorted(set(state_dict) - expected)
+        missing = sorted(set(_FIELD_NAMES) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(_FIELD_NAMES))
         if missing or unexpected:
             raise ValueError(f"Not a Timestamp state dict: missing keys {missing}, unexpected keys {unexpected}.")
-        clocks: dict[str, Any] = {}
-        for name in _CLOCKS:
+        fields = dict(state_dict)
+        for name in _CLOCK_NAMES:
             seconds = state_dict[name]
             if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
                 raise ValueError(f"Timestamp state {name!r} must be a finite number of seconds, got {seconds!r}.")
-            clocks[name] = timedelta(seconds=seconds)
+            fields[name] = timedelta(seconds=seconds)
         try:
-            return cls(**{name: state_dict[name] for name in _COUNTERS}, **clocks)
+            return cls(**fields)
         except TypeError as error:
             raise ValueError(str(error)) from None
 
@@ -623,18 +527,7 @@ class Timestamp:
             "use `timestamp = Timestamp.from_state_dict(state_dict)` and keep the result."
         )
 
-    # --- value-object protocol ----------------------------------------------------------------
-
-    def _fields(self) -> tuple[Time[int] | timedelta, ...]:
-        return tuple(getattr(self, slot) for slot in self.__slots__)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Timestamp):
-            return NotImplemented
-        return self._fields() == other._fields()
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
+    # --- comparison and display ---------------------------------------------------------------
 
     def _counter_for(self, other: object) -> tuple[Time[int], Time[Any]] | None:
         """The counter in ``other``'s unit and ``other`` as a Time, for a Time or time string; None otherwise."""
@@ -658,57 +551,26 @@ class Timestamp:
         pair = self._counter_for(other)
         return NotImplemented if pair is None else pair[0] >= pair[1]
 
-    def __setattr__(self, name: str, value: object) -> NoReturn:
-        raise AttributeError(
-            f"Timestamp is immutable; cannot set {name!r}. Use copy(), to_next_batch() or to_next_epoch()."
-        )
-
-    def __delattr__(self, name: str) -> NoReturn:
-        raise AttributeError(f"Timestamp is immutable; cannot delete {name!r}.")
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        fields = {slot[1:]: getattr(self, slot) for slot in self.__slots__}
-        return (_rebuild_timestamp, (fields,))
-
     def __repr__(self) -> str:
-        counts = ", ".join(f"{name}={getattr(self, f'_{name}').value}" for name in _COUNTERS)
-        clocks = ", ".join(f"{name}={getattr(self, f'_{name}')!r}" for name in _CLOCKS)
-        return f"Timestamp({counts}, {clocks})"
+        """Counters as plain numbers, clocks as timedeltas: ``Timestamp(epoch=0, batch=2, ..., batch_wct=...)``."""
+        values = ((name, getattr(self, name)) for name in _FIELD_NAMES)
+        shown = ", ".join(f"{name}={value.value if isinstance(value, Time) else value!r}" for name, value in values)
+        return f"Timestamp({shown})"
 
 
-def _trusted_time(value: int, unit: TimeUnit) -> Time[int]:
-    """A Time built without validation, for values that are valid by construction (hot path)."""
-    time: Time[int] = object.__new__(Time)
-    object.__setattr__(time, "_value", value)
-    object.__setattr__(time, "_unit", unit)
-    return time
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(Timestamp))
+_CLOCK_NAMES = tuple(field.name for field in dataclasses.fields(Timestamp) if isinstance(field.default, timedelta))
+#: The field that counts each unit over the whole run (not only the current epoch), for Timestamp.get.
+_TOTALS = {
+    field.default.unit: field.name
+    for field in dataclasses.fields(Timestamp)
+    if isinstance(field.default, Time) and not field.name.endswith(_IN_EPOCH)
+}
 
 
-def _trusted_timestamp(*fields: Any) -> Timestamp:
-    """A Timestamp from its fields in slot order (epoch, batch, sample, token, the in-epoch counts, clocks)."""
-    timestamp: Timestamp = object.__new__(Timestamp)
-    for name, value in zip(_FIELD_ORDER, fields, strict=True):
-        object.__setattr__(timestamp, name, value)
-    return timestamp
-
-
-_FIELD_ORDER = (
-    "_epoch",
-    "_batch",
-    "_sample",
-    "_token",
-    "_batch_in_epoch",
-    "_sample_in_epoch",
-    "_token_in_epoch",
-    "_total_wct",
-    "_epoch_wct",
-    "_batch_wct",
-)
-
-
-def _rebuild_timestamp(fields: dict[str, Any]) -> Timestamp:
-    """Unpickle a Timestamp exactly (timedeltas kept, not converted to float seconds)."""
-    return Timestamp(**fields)
+def _plain(value: Time[int] | timedelta) -> int | float:
+    """A field as a checkpoint holds it: a counter's int, a clock's float seconds."""
+    return value.total_seconds() if isinstance(value, timedelta) else value.value
 
 
 def elapsed_fraction(timestamp: Timestamp, max_duration: Time[Any], batches_per_epoch: int | None = None) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, TextIO
 
@@ -51,6 +51,7 @@ from fabric.trainer.checkpoint.sample_position import (
 )
 from fabric.trainer.checkpoint.saver import CheckpointSaver
 from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpointState
+from fabric.trainer.clock_check import ClockCheck
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.engine import Engine
 from fabric.trainer.evaluation import (
@@ -62,7 +63,8 @@ from fabric.trainer.evaluation import (
     select_metrics,
 )
 from fabric.trainer.events import Event
-from fabric.trainer.intervals import IntervalFunction, IntervalInput, check_interval, counts_tokens, create_interval
+from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_interval
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
 from fabric.trainer.metrics import compute_metrics, model_metrics
 from fabric.trainer.migration import algorithm_passes as merged_passes
@@ -212,7 +214,7 @@ class Trainer:
             raise ValueError(f"save_metrics={save_metrics!r} is not valid. Accepted: True or False.")
         load_parts(load_ignore_keys)
         excluded_algorithms = check_exclude_algorithms(load_exclude_algorithms)
-        self._compile = check_compile_config(compile_config, model)
+        compile_options = check_compile_config(compile_config, model)
         if parallelism_config is not None and fabric is not None:
             raise ValueError(
                 "Pass either fabric= or parallelism_config=, not both: that Fabric already has its strategy."
@@ -235,32 +237,70 @@ class Trainer:
         self.fabric = _make_fabric(fabric, choices)
         apply_dist_timeout(self.fabric, dist_timeout, fabric_given=fabric is not None)
         load_path = load_path_from(load_path, load_path_format)
-        microbatch_size = self._setup_batching(grad_accum, device_train_microbatch_size, scale_schedule_ratio)
-        self._join_processes(seed, run_name)
+        microbatch_size = check_grad_accum(grad_accum, device_train_microbatch_size)
+        _check_microbatch_size(microbatch_size, self.fabric)
+        _check_ratio(scale_schedule_ratio)
+        self._grad_accum = grad_accum if isinstance(grad_accum, int) else None  # resolved per train dataloader
+        self.scale_schedule_ratio = float(scale_schedule_ratio)
+        self.seed, self.run_name = _join_processes(self.fabric, seed, run_name)
         if optimizers is None and (train_dataloader is not None or _as_list(schedulers)):
             optimizers = default_optimizer(model)  # Composer's default, for a Trainer that is to train
-        self._setup_state(
-            model, _as_list(optimizers), _as_list(algorithms), _as_list(callbacks), saver, profiler, max_duration
+        self.state = state = State(
+            model=model,
+            optimizers=_as_list(optimizers),
+            algorithms=_as_list(algorithms),
+            callbacks=[*_as_list(callbacks), *([saver] if saver else []), *_bound_profiler(profiler, self.run_name)],
+            fabric=self.fabric,
+            run_name=self.run_name,
+            max_duration=None if max_duration is None else _scaled_duration(max_duration, self.scale_schedule_ratio),
         )
-        self._setup_loggers(loggers, progress_bar, passes)
+        self.logger, self.engine = _start_engine(state, self.fabric, loggers, progress_bar, passes)
         if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
             assert save_folder is not None
-            found = self._find_resume_checkpoint(save_folder, save_filename, save_latest_filename, storage_options)
+            found = _find_resume_checkpoint(
+                self.fabric, self.run_name, save_folder, save_filename, save_latest_filename, storage_options
+            )
             if found is not None:
                 load_path, load_weights_only, load_ignore_keys = found, False, ()
         if load_path is not None:  # surgery the checkpoint was saved with, and this run does not do itself
-            reapply_surgery(
-                self.state.model,
-                without_excluded(read_surgery_records(load_path, storage_options), excluded_algorithms),
-                self.state.optimizers,
-                self.state.algorithms,
-            )
-        self._setup_model_and_optimizers()
-        self._setup_train_step(
-            _as_list(schedulers), step_schedulers_every_batch, microbatch_size, get_num_tokens_in_batch, model
+            surgery = without_excluded(read_surgery_records(load_path, storage_options), excluded_algorithms)
+            reapply_surgery(state.model, surgery, state.optimizers, state.algorithms)
+        state.model, state.optimizers = _setup_model(self.fabric, state.model, state.optimizers, compile_options)
+        lr_schedule, torch_schedulers = self._setup_schedulers(
+            _as_list(schedulers), state.optimizers, self.scale_schedule_ratio
         )
-        self._setup_data(train_dataloader, eval_dataloader, eval_interval, eval_subset_num_batches)
-        self._setup_checkpointing(save_ignore_keys, save_metrics)
+        state.schedulers = _all_schedulers(lr_schedule, torch_schedulers)
+        state.train_metrics = model_metrics(state.model.module, True, self.fabric)
+        self._scheduler_stepping_given = step_schedulers_every_batch
+        self._train_step = TrainStep(
+            state,
+            self.engine,
+            lr_schedule=lr_schedule,
+            torch_schedulers=torch_schedulers,
+            step_schedulers_every_batch=_steps_every_batch(step_schedulers_every_batch, torch_schedulers),
+            microbatch_size=microbatch_size,
+            token_counter=_token_counter(get_num_tokens_in_batch, model),
+        )
+        self._clock_check = ClockCheck()
+        self._forget_epoch()
+        if train_dataloader is not None:
+            self._set_train_dataloader(train_dataloader)
+        create_interval(eval_interval, name="eval_interval")  # bad input fails here; each evaluator gets its own
+        self.eval_interval, self.eval_subset_num_batches = eval_interval, eval_subset_num_batches
+        self._set_evaluators(eval_dataloader)
+        self._apply_grad_accum()
+        self._closed = False
+        self._reported_failure: BaseException | None = None
+        self.checkpointer, self.saver = _setup_checkpointing(
+            state,
+            self.run_name,
+            storage_options,
+            save_ignore_keys,
+            save_metrics,
+            data_position=self._data_position,
+            on_load_position=self._set_resume_position,
+        )
+        self._preemption = PreemptionWatch() if self.saver is not None else None
         if load_path is not None:
             self.load_checkpoint(
                 load_path, weights_only=load_weights_only, strict=load_strict, ignore_keys=load_ignore_keys
@@ -269,163 +309,21 @@ class Trainer:
             self.engine.run_event(Event.BEFORE_LOAD)
             self.engine.run_event(Event.AFTER_LOAD)
 
-    # --- set-up steps, in the order __init__ runs them -------------------------------------------
+    @property
+    def step_schedulers_every_batch(self) -> bool:
+        """Whether the PyTorch schedulers step every batch (else every epoch): see :func:`_steps_every_batch`."""
+        return self._train_step.step_schedulers_every_batch
 
-    def _setup_batching(
-        self, grad_accum: int | str | None, microbatch_size: int | str | None, scale_schedule_ratio: float
-    ) -> int | str | None:
-        """Check the batch-splitting and schedule-scaling options; return the microbatch size to train with."""
-        microbatch_size = check_grad_accum(grad_accum, microbatch_size)
-        self._grad_accum = grad_accum if isinstance(grad_accum, int) else None  # resolved per train dataloader
-        _check_microbatch_size(microbatch_size, self.fabric)
-        _check_ratio(scale_schedule_ratio)
-        self.scale_schedule_ratio = float(scale_schedule_ratio)
-        return microbatch_size
+    # --- set-up parts, also used after __init__ ---------------------------------------------------
 
-    def _join_processes(self, seed: int | None, run_name: str | None) -> None:
-        """Start (or join) the other ranks, then agree with them on the seed and the run name."""
-        _launch(self.fabric)
-        self.seed = _agree_on_seed(self.fabric, seed)
-        self.fabric.seed_everything(self.seed)
-        self.run_name = _agree_on_run_name(self.fabric, run_name)
-
-    def _setup_state(
-        self,
-        model: nn.Module,
-        optimizers: list[Optimizer],
-        algorithms: list[Algorithm],
-        callbacks: list[Callback],
-        saver: CheckpointSaver | None,
-        profiler: Profiler | None,
-        max_duration: Time[Any] | str | int | None,
-    ) -> None:
-        """The State every event sees, with the algorithms and callbacks that hook the events."""
-        self.state = State(
-            model=model,
-            max_duration=None,
-            optimizers=optimizers,
-            algorithms=algorithms,
-            callbacks=[*callbacks, *([saver] if saver else []), *_bound_profiler(profiler, self.run_name)],
-            fabric=self.fabric,
-            run_name=self.run_name,
-        )
-        if max_duration is not None:
-            self.state.max_duration = self._scaled_duration(max_duration)
-
-    def _setup_loggers(self, loggers: list[Any], progress_bar: bool, passes: Sequence[AlgorithmPass]) -> None:
-        """The logger facade, the engine that fires the events (algorithms ordered by ``passes``), and INIT (before
-        set-up, so model surgery happens on the plain model)."""
-        self.logger = connect_loggers(self.state, self.fabric, loggers, progress_bar)
-        destinations = self.logger.destinations
-        self.engine = Engine(
-            self.state, self.logger, self.state.algorithms, self.state.callbacks, loggers=destinations, passes=passes
-        )
-        self.engine.run_event(Event.INIT)
-
-    def _find_resume_checkpoint(
-        self, save_folder: str, filename: str, latest_filename: str | None, storage_options: StorageOptions
-    ) -> str | None:
-        """``autoresume``: the newest checkpoint of this run, found on rank 0 and shared, or None."""
-        found = None
-        if self.fabric.is_global_zero:
-            found = find_resume_checkpoint(save_folder, filename, latest_filename, self.run_name, storage_options)
-        return self.fabric.broadcast(found)
-
-    def _setup_train_step(
-        self,
-        schedulers: list[Any],
-        step_schedulers_every_batch: bool | None,
-        microbatch_size: int | str | None,
-        get_num_tokens_in_batch: TokenCounter | None,
-        model: nn.Module,
-    ) -> None:
-        """The schedulers, the train metrics and the :class:`TrainStep` that trains one batch."""
-        lr_schedule, torch_schedulers = self._setup_schedulers(
-            schedulers, self.state.optimizers, self.scale_schedule_ratio
-        )
-        self.state.schedulers = [*([lr_schedule] if lr_schedule else []), *torch_schedulers]
-        self._torch_schedulers = torch_schedulers
-        self.state.train_metrics = model_metrics(self.state.model.module, True, self.fabric)
-        self._scheduler_stepping_given = step_schedulers_every_batch
-        self._train_step = TrainStep(
-            self.state,
-            self.engine,
-            lr_schedule=lr_schedule,
-            torch_schedulers=torch_schedulers,
-            step_schedulers_every_batch=True,
-            microbatch_size=microbatch_size,
-            token_counter=_token_counter(get_num_tokens_in_batch, model),
-        )
-        self._set_scheduler_stepping()
-
-    def _setup_data(
-        self,
-        train_dataloader: Iterable[Any] | DataSpec | None,
-        eval_dataloader: Any,
-        eval_interval: IntervalInput,
-        eval_subset_num_batches: int,
-    ) -> None:
-        """The train dataloader and the evaluators, set up on the Fabric."""
+    def _forget_epoch(self) -> None:
+        """No epoch in progress: the next fit() starts one afresh, where the clock is (or a loaded checkpoint was)."""
         self._batches: Iterator[Any] | None = None  # the current epoch's, kept when fit() ends mid-epoch
         self._epoch_ends_with_loader = False
-        if train_dataloader is not None:
-            self._set_train_dataloader(train_dataloader)
-        create_interval(eval_interval, name="eval_interval")  # bad input fails here; each evaluator gets its own
-        self.eval_interval = eval_interval
-        self.eval_subset_num_batches = eval_subset_num_batches
-        self.evaluators: list[Evaluator] = []
-        self._evaluator_intervals: list[IntervalFunction] = []
-        self._times_in_tokens: list[str] = []  # what the first batch of a fit checks are counted
-        self._set_evaluators(eval_dataloader)
-        self._apply_grad_accum()
-        self._closed = False
-        self._reported_failure: BaseException | None = None
-
-    def _setup_checkpointing(self, save_ignore_keys: Sequence[str], save_metrics: bool) -> None:
-        """The checkpointer, bound to every CheckpointSaver, and the preemption watch that saves on SIGTERM."""
         self._epoch_start: dict[str, Any] | None = None  # what rebuilds the current epoch's batch order
         self._resume_position: DataPosition | None = None
         #: The plan of an epoch resumed by samples, and the batches of the epoch counted before it began.
         self._epoch_plan: tuple[EpochPlan, int] | None = None
-        trainer_state = TrainerCheckpointState(
-            self.state,
-            self.state.schedulers,
-            self.state.callbacks,
-            data_position=self._data_position,
-            on_load_position=self._set_resume_position,
-        )
-        self.checkpointer = SelectiveCheckpointer(
-            self.state,
-            trainer_state,
-            self.run_name,
-            self.storage_options,
-            save_ignore_keys=save_ignore_keys,
-            save_metrics=save_metrics,
-        )
-        # save_* options build one saver; CheckpointSaver objects passed in callbacks work the same way.
-        savers = [callback for callback in self.state.callbacks if isinstance(callback, CheckpointSaver)]
-        for each in savers:
-            each.bind(self.checkpointer.save, self.run_name)
-        self.saver = savers[0] if savers else None
-        self._preemption = PreemptionWatch() if self.saver is not None else None
-
-    # --- set-up parts, also used after __init__ ---------------------------------------------------
-
-    def _setup_model_and_optimizers(self) -> None:
-        state = self.state
-        module = state.model
-        if not hasattr(module, "loss"):
-            raise TypeError(
-                f"{type(module).__name__} has no loss(outputs, batch) method; the Trainer needs one "
-                "(or subclass fabric.trainer.model.TrainerModel)."
-            )
-        if state.optimizers:
-            model, *optimizers = self.fabric.setup(module, *state.optimizers, compile=self._compile)
-        else:  # eval or predict only: setup() then returns the module alone
-            model, optimizers = self.fabric.setup(module, compile=self._compile), []
-        if callable(getattr(module, "eval_forward", None)):
-            model.mark_forward_method("eval_forward")
-        state.model, state.optimizers = model, optimizers
 
     @staticmethod
     def _setup_schedulers(
@@ -439,22 +337,20 @@ class Trainer:
             raise ValueError(f"schedulers={ours} need optimizers to schedule; pass optimizers=... as well.")
         return LRSchedule(ours, optimizers, scale_schedule_ratio=scale_schedule_ratio), torch_schedulers
 
-    def _install_schedulers(self, lr_schedule: LRSchedule | None, torch_schedulers: list[LRScheduler]) -> None:
+    def _install_schedulers(self, lr_schedule: LRSchedule | None, torch_schedulers: Sequence[LRScheduler]) -> None:
         """Train with these schedulers from now on (the checkpoints save theirs)."""
-        self.state.schedulers = [*([lr_schedule] if lr_schedule else []), *torch_schedulers]
-        self._torch_schedulers = torch_schedulers
+        self.state.schedulers = _all_schedulers(lr_schedule, torch_schedulers)
         self._train_step.lr_schedule = lr_schedule
         self._train_step.torch_schedulers = tuple(torch_schedulers)
         self.checkpointer.trainer_state.schedulers = list(self.state.schedulers)
         self._set_scheduler_stepping()
 
     def _set_scheduler_stepping(self) -> None:
-        """Step the PyTorch schedulers every batch or every epoch: as given, else Composer's default (every epoch
-        when a PyTorch scheduler is among them, as its ``LinearLR(total_iters=5)`` counts epochs; Composer's own
-        schedules always follow the clock every batch)."""
-        given = self._scheduler_stepping_given
-        every_batch = given if given is not None else not self._torch_schedulers
-        self.step_schedulers_every_batch = self._train_step.step_schedulers_every_batch = every_batch
+        """Step the current PyTorch schedulers every batch or every epoch, as given or by default."""
+        train_step = self._train_step
+        train_step.step_schedulers_every_batch = _steps_every_batch(
+            self._scheduler_stepping_given, train_step.torch_schedulers
+        )
 
     def _set_train_dataloader(self, dataloader: Iterable[Any] | DataSpec) -> None:
         spec = ensure_data_spec(dataloader)
@@ -506,9 +402,6 @@ class Trainer:
         if not isinstance(spec.dataloader, DataLoader):
             return spec.dataloader
         return self.fabric.setup_dataloaders(spec.dataloader, move_to_device=spec.batch_transforms is None)
-
-    def _scaled_duration(self, duration: Time[Any] | str | int) -> Time[Any]:
-        return _scaled(_positive_time(duration, "max_duration"), self.scale_schedule_ratio)
 
     # --- training -------------------------------------------------------------------------------
 
@@ -628,7 +521,7 @@ class Trainer:
         # 2. Set up the new objects (nothing of the Trainer changes yet).
         new_optimizers = None if optimizers is None else setup_new_optimizers(self.fabric, state.model, optimizers)
         training = state.optimizers if new_optimizers is None else new_optimizers
-        lr_schedule, torch_schedulers = self._train_step.lr_schedule, self._torch_schedulers
+        lr_schedule, torch_schedulers = self._train_step.lr_schedule, list(self._train_step.torch_schedulers)
         if schedulers is not None:
             lr_schedule, torch_schedulers = self._setup_schedulers(_as_list(schedulers), training, scale_schedule_ratio)
         elif new_optimizers is not None:
@@ -684,16 +577,11 @@ class Trainer:
         """``reset_time``: the clock starts at zero; the epoch in progress (and a checkpoint's position in it) is
         dropped, and the intervals of evaluation and saving start afresh."""
         self.state.timestamp = Timestamp()
-        self._batches = None
-        self._resume_position = None
-        self._epoch_start = None
-        self._epoch_plan = None
-        self._epoch_ends_with_loader = False
+        self._forget_epoch()
         self._apply_eval_settings()  # new interval objects
-        for saver in self.state.callbacks:
-            if isinstance(saver, CheckpointSaver):
-                saver.interval = restarted_interval(saver.interval)
-                saver.last_saved_batch = -1
+        for saver in _checkpoint_savers(self.state.callbacks):
+            saver.interval = restarted_interval(saver.interval)
+            saver.last_saved_batch = -1
 
     def _fit(self) -> None:
         state = self.state
@@ -704,7 +592,7 @@ class Trainer:
         if not state.optimizers:
             self._use_default_optimizer()
         self._apply_grad_accum()
-        self._check_clock()
+        self._clock_check.start_fit(state, self._named_intervals(), self._train_step.lr_schedule)
         run_event = self.engine.run_event
         with self._preemption or nullcontext():
             run_event(Event.FIT_START)
@@ -734,28 +622,13 @@ class Trainer:
         if self._grad_accum is not None and self.state.dataloader is not None:
             self.state.device_train_microbatch_size = microbatch_size_for(self._grad_accum, self.state.dataloader)
 
-    def _check_clock(self) -> None:
-        """Fail before training if a ``dur`` or epoch time cannot be counted in batches (no dataloader length);
-        note the times in tokens, which the first batch checks are counted (:meth:`_check_tokens_counted`)."""
-        savers = [callback for callback in self.state.callbacks if isinstance(callback, CheckpointSaver)]
-        intervals = [
-            *((f"{evaluator.label} eval_interval", interval)
-              for evaluator, interval in zip(self.evaluators, self._evaluator_intervals, strict=True)),
-            *(("save_interval", saver.interval) for saver in savers),
-        ]  # fmt: skip
-        for _, interval in intervals:
-            check_interval(interval, self.state)
-        duration = self.state.max_duration
-        in_tokens = [f"max_duration ({duration})"] if duration is not None and duration.unit is TimeUnit.TOKEN else []
-        in_tokens += [f"{name} ({interval!r})" for name, interval in intervals if counts_tokens(interval)]
-        schedule = self._train_step.lr_schedule
-        if schedule is not None:
-            try:
-                schedule.multiplier(self.state)
-            except ValueError as error:
-                raise ValueError(f"schedulers: {error}") from None
-            in_tokens += schedule.times_in_tokens()
-        self._times_in_tokens = in_tokens
+    def _named_intervals(self) -> list[tuple[str, IntervalFunction]]:
+        """The intervals of evaluation and saving, named as the user gave them."""
+        evaluations = zip(self.evaluators, self._evaluator_intervals, strict=True)
+        return [
+            *((f"{evaluator.label} eval_interval", interval) for evaluator, interval in evaluations),
+            *(("save_interval", saver.interval) for saver in _checkpoint_savers(self.state.callbacks)),
+        ]
 
     def _train_epoch(self) -> bool:
         """Train until the dataloader runs out (True: the epoch ended) or training is finished (False)."""
@@ -795,7 +668,7 @@ class Trainer:
         self._epoch_ends_with_loader = False
         self._epoch_plan = None
         if not self.step_schedulers_every_batch:
-            for scheduler in self._torch_schedulers:
+            for scheduler in self._train_step.torch_schedulers:
                 scheduler.step()
         state.timestamp = state.timestamp.to_next_epoch()
         run_event(Event.EPOCH_END)
@@ -861,8 +734,9 @@ class Trainer:
 
     def _after_batch(self) -> None:
         state, run_event = self.state, self.engine.run_event
-        if self._times_in_tokens:
-            self._check_tokens_counted()
+        clock_check = self._clock_check
+        if clock_check.times_in_tokens:
+            clock_check.check_tokens_counted(state.timestamp)
         if state.train_metrics:
             state.metrics.update(compute_metrics(state.train_metrics, "metrics/train"))
         if self.logger.destinations:
@@ -872,19 +746,6 @@ class Trainer:
         run_event(Event.BATCH_CHECKPOINT)
         if self._preemption_requested():
             self._stop_for_preemption()
-
-    def _check_tokens_counted(self) -> None:
-        """After the first batch of a fit: a time in tokens while no tokens are counted would never come (a run
-        that never ends, an evaluation or checkpoint that never happens), so fail naming it."""
-        if int(self.state.timestamp.token) == 0:
-            times = self._times_in_tokens
-            raise ValueError(
-                f"{', '.join(times)} {'is' if len(times) == 1 else 'are'} in tokens, but the first batch counted "
-                f"none, so {'it' if len(times) == 1 else 'they'} would never come. Count tokens with "
-                "Trainer(get_num_tokens_in_batch=...), DataSpec(get_num_tokens_in_batch=...) or a "
-                "get_num_tokens_in_batch method of the model; or use ba, sp or ep."
-            )
-        self._times_in_tokens = []
 
     def _stop_for_preemption(self) -> None:
         """SIGTERM arrived: save at this batch boundary, flush, and exit with PREEMPTED_EXIT_CODE."""
@@ -1054,6 +915,14 @@ def _launch(fabric: Fabric) -> None:
     fabric.launch()
 
 
+def _join_processes(fabric: Fabric, seed: int | None, run_name: str | None) -> tuple[int, str]:
+    """Start (or join) the other ranks, then agree with them on the seed (seeding every rank) and the run name."""
+    _launch(fabric)
+    agreed_seed = _agree_on_seed(fabric, seed)
+    fabric.seed_everything(agreed_seed)
+    return agreed_seed, _agree_on_run_name(fabric, run_name)
+
+
 def _agree_on_seed(fabric: Fabric, seed: int | None) -> int:
     """The given seed, else one drawn on rank 0 and shared, so every rank shuffles identically."""
     if seed is not None:
@@ -1070,6 +939,92 @@ def _agree_on_run_name(fabric: Fabric, run_name: str | None) -> str:
         return run_name
     made = f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{random.SystemRandom().getrandbits(24):06x}"
     return str(fabric.broadcast(made, src=0)) if fabric.world_size > 1 else made
+
+
+def _start_engine(
+    state: State, fabric: Fabric, loggers: list[Any], progress_bar: bool, passes: Sequence[AlgorithmPass]
+) -> tuple[Logger, Engine]:
+    """The logger facade and the engine that fires the events (algorithms ordered by ``passes``), after firing INIT
+    (before the model is set up, so model surgery happens on the plain model)."""
+    logger = connect_loggers(state, fabric, loggers, progress_bar)
+    destinations = logger.destinations
+    engine = Engine(state, logger, state.algorithms, state.callbacks, loggers=destinations, passes=passes)
+    engine.run_event(Event.INIT)
+    return logger, engine
+
+
+def _find_resume_checkpoint(
+    fabric: Fabric,
+    run_name: str,
+    save_folder: str,
+    filename: str,
+    latest_filename: str | None,
+    storage_options: StorageOptions,
+) -> str | None:
+    """``autoresume``: the newest checkpoint of this run, found on rank 0 and shared, or None."""
+    found = None
+    if fabric.is_global_zero:
+        found = find_resume_checkpoint(save_folder, filename, latest_filename, run_name, storage_options)
+    return fabric.broadcast(found)
+
+
+def _setup_model(
+    fabric: Fabric, module: nn.Module, optimizers: list[Optimizer], compile_options: dict[str, Any] | None
+) -> tuple[nn.Module, list[Optimizer]]:
+    """The model and its optimizers set up on ``fabric`` (compiled with ``compile_options``, unless None)."""
+    if not hasattr(module, "loss"):
+        raise TypeError(
+            f"{type(module).__name__} has no loss(outputs, batch) method; the Trainer needs one "
+            "(or subclass fabric.trainer.model.TrainerModel)."
+        )
+    if optimizers:
+        model, *set_up = fabric.setup(module, *optimizers, compile=compile_options)
+    else:  # eval or predict only: setup() then returns the module alone
+        model, set_up = fabric.setup(module, compile=compile_options), []
+    if callable(getattr(module, "eval_forward", None)):
+        model.mark_forward_method("eval_forward")
+    return model, set_up
+
+
+def _all_schedulers(lr_schedule: LRSchedule | None, torch_schedulers: Sequence[LRScheduler]) -> list[Any]:
+    """What ``state.schedulers`` holds: the schedule of Composer's schedulers first, then the PyTorch ones."""
+    return [*([lr_schedule] if lr_schedule else []), *torch_schedulers]
+
+
+def _steps_every_batch(given: bool | None, torch_schedulers: Sequence[LRScheduler]) -> bool:
+    """Whether the PyTorch schedulers step every batch (else every epoch): as given, else Composer's default (every
+    epoch when a PyTorch scheduler is among them, as its ``LinearLR(total_iters=5)`` counts epochs; Composer's own
+    schedules always follow the clock every batch)."""
+    return given if given is not None else not torch_schedulers
+
+
+def _checkpoint_savers(callbacks: Iterable[Any]) -> list[CheckpointSaver]:
+    """The CheckpointSaver callbacks: the one the ``save_*`` options build and any passed in ``callbacks``."""
+    return [callback for callback in callbacks if isinstance(callback, CheckpointSaver)]
+
+
+def _setup_checkpointing(
+    state: State,
+    run_name: str,
+    storage_options: StorageOptions,
+    save_ignore_keys: Sequence[str],
+    save_metrics: bool,
+    *,
+    data_position: Callable[[], DataPosition],
+    on_load_position: Callable[[DataPosition], None],
+) -> tuple[SelectiveCheckpointer, CheckpointSaver | None]:
+    """The checkpointer, bound to every CheckpointSaver; and the first saver (None: there is none), the one a
+    preemption saves with. ``data_position`` and ``on_load_position`` save and restore the place in the epoch."""
+    trainer_state = TrainerCheckpointState(
+        state, state.schedulers, state.callbacks, data_position=data_position, on_load_position=on_load_position
+    )
+    checkpointer = SelectiveCheckpointer(
+        state, trainer_state, run_name, storage_options, save_ignore_keys=save_ignore_keys, save_metrics=save_metrics
+    )
+    savers = _checkpoint_savers(state.callbacks)
+    for saver in savers:
+        saver.bind(checkpointer.save, run_name)
+    return checkpointer, savers[0] if savers else None
 
 
 def _token_counter(given: TokenCounter | None, model: nn.Module) -> TokenCounter:
@@ -1096,6 +1051,11 @@ def _positive_time(duration: Time[Any] | str | int, name: str) -> Time[Any]:
     if time.unit is TimeUnit.DURATION or time.value <= 0:
         raise ValueError(f"{name}={duration!r} must be a positive time in ep, ba, sp or tok.")
     return time
+
+
+def _scaled_duration(duration: Time[Any] | str | int, ratio: float) -> Time[Any]:
+    """``max_duration`` as a positive Time, scaled by the scale schedule ratio."""
+    return _scaled(_positive_time(duration, "max_duration"), ratio)
 
 
 def _scaled(time: Time[Any], ratio: float) -> Time[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 import re
 from datetime import timedelta
@@ -450,12 +451,11 @@ def test_advancing_returns_a_new_timestamp() -> None:
     after = start.to_next_batch(4).to_next_epoch()
     assert start == Timestamp()
     assert after != start
-    with pytest.raises(AttributeError, match="Timestamp is immutable"):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'batch'"):
         start.batch = Time.from_batch(3)  # type: ignore[misc]
-    with pytest.raises(AttributeError, match="Timestamp is immutable"):
-        start._batch = Time.from_batch(3)
-    with pytest.raises(AttributeError, match="Timestamp is immutable"):
-        del start._batch
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete field 'batch'"):
+        del start.batch  # type: ignore[misc]
+    assert start == Timestamp()
 
 
 @pytest.mark.parametrize(
@@ -546,8 +546,12 @@ def test_copy_replaces_fields() -> None:
     assert changed.total_wct == timedelta(seconds=4)
     assert timestamp.batch == Time.from_batch(10)
     assert timestamp.copy() == timestamp
+    assert timestamp.copy(batch=None) == timestamp  # None keeps a field
+    assert dataclasses.replace(timestamp, batch=12, total_wct=timedelta(seconds=4)) == changed
     with pytest.raises(ValueError, match=re.escape("batch_in_epoch (11ba) cannot exceed batch (10ba)")):
         timestamp.copy(batch_in_epoch=11)
+    with pytest.raises(ValueError, match=re.escape("batch_in_epoch (11ba) cannot exceed batch (10ba)")):
+        dataclasses.replace(timestamp, batch_in_epoch=11)
     with pytest.raises(TypeError):
         timestamp.copy(batches=3)  # type: ignore[call-arg]
 
