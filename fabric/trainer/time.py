@@ -318,6 +318,8 @@ class Time(Generic[TValue]):
 
     def _compared(self, other: object) -> int | float | None:
         """The number ``self`` is ordered against: a same-unit Time's or time string's value, or a plain number."""
+        if other.__class__ is Time and other._unit is self._unit:  # the per-batch case (timestamp >= max_duration)
+            return cast("int | float", other._value)
         if isinstance(other, bool):
             return None
         if isinstance(other, numbers.Real):
@@ -380,9 +382,13 @@ def _clock(name: str, value: timedelta) -> timedelta:
 def _trusted_time(value: int, unit: TimeUnit) -> Time[int]:
     """A Time built without validation, for values that are valid by construction (hot path)."""
     time: Time[int] = object.__new__(Time)
-    object.__setattr__(time, "_value", value)
-    object.__setattr__(time, "_unit", unit)
+    _set_time_value(time, value)
+    _set_time_unit(time, unit)
     return time
+
+
+_set_time_value = vars(Time)["_value"].__set__
+_set_time_unit = vars(Time)["_unit"].__set__
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -488,8 +494,8 @@ class Timestamp:
     def _unchecked_replace(self, **changes: Time[int] | timedelta) -> Timestamp:
         """:meth:`copy` without the checks, for fields valid by construction (once per batch)."""
         timestamp: Timestamp = object.__new__(Timestamp)
-        for name in _FIELD_NAMES:
-            object.__setattr__(timestamp, name, changes[name] if name in changes else getattr(self, name))
+        for name, set_field in _FIELD_SETTERS:
+            set_field(timestamp, changes[name] if name in changes else getattr(self, name))
         return timestamp
 
     # --- checkpointing ------------------------------------------------------------------------
@@ -533,7 +539,10 @@ class Timestamp:
         """The counter in ``other``'s unit and ``other`` as a Time, for a Time or time string; None otherwise."""
         if isinstance(other, str):
             other = Time.from_timestring(other)
-        return (self.get(other.unit), other) if isinstance(other, Time) else None
+        if not isinstance(other, Time):
+            return None
+        total = _TOTALS.get(other._unit)  # once per batch (``state.finished``): no unit parsing for a Time
+        return (getattr(self, total) if total is not None else self.get(other._unit)), other
 
     def __lt__(self, other: Time[Any] | str) -> bool:
         pair = self._counter_for(other)
@@ -559,6 +568,8 @@ class Timestamp:
 
 
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(Timestamp))
+#: Each field's slot setter, which a frozen dataclass's own ``__setattr__`` refuses to be (for building new values).
+_FIELD_SETTERS = tuple((name, vars(Timestamp)[name].__set__) for name in _FIELD_NAMES)
 _CLOCK_NAMES = tuple(field.name for field in dataclasses.fields(Timestamp) if isinstance(field.default, timedelta))
 #: The field that counts each unit over the whole run (not only the current epoch), for Timestamp.get.
 _TOTALS = {
