@@ -157,7 +157,7 @@ def pick_settings(given: Mapping[str, Any], environ: Mapping[str, str]) -> dict[
     return picked
 
 
-def _disagreement(explicit: Any, from_cli: Any) -> str | None:
+def _disagreement(explicit: object, from_cli: object) -> str | None:
     """``None`` when the script's value is the CLI's choice, else what differs (``""``: all of it).
 
     A strategy object agrees with a name when it is of that name's class and has its fixed settings

@@ -664,7 +664,7 @@ def _check_scheduler(scheduler: LRScheduler | None, optimizers: Sequence[Optimiz
         )
 
 
-def _as_list(items: Any) -> list[Any]:
+def _as_list(items: object) -> list[Any]:
     if items is None:
         return []
     return list(items) if isinstance(items, (list, tuple)) else [items]

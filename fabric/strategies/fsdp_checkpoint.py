@@ -224,7 +224,7 @@ def load_sharded(
     return read_whole(path, keys=rest, weights_only=weights_only, storage_options=storage_options) if rest else {}
 
 
-def _sharded_state_of(value: Any, owner_of: OwnerOf) -> Any:
+def _sharded_state_of(value: object, owner_of: OwnerOf) -> Any:
     if isinstance(value, nn.Module):
         return get_model_state_dict(value)
     if isinstance(value, Optimizer):
@@ -241,7 +241,7 @@ def _parameter_names(module: nn.Module, optimizer: Optimizer) -> list[str]:
     return [name_of[id(parameter)] for parameter in parameters]
 
 
-def _copy_tensors(value: Any) -> Any:
+def _copy_tensors(value: object) -> Any:
     """A copy of ``value`` whose tensors (shards included) are new, so loading into it changes nothing else."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()

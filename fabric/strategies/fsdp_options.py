@@ -135,7 +135,7 @@ def translate(name: str, value: Any) -> dict[str, Any]:
     )
 
 
-def sharding_strategy_name(value: Any) -> str:
+def sharding_strategy_name(value: object) -> str:
     """``FULL_SHARD``, ... from a ``ShardingStrategy`` or a string in any case."""
     name = value.name if isinstance(value, ShardingStrategy) else value.upper() if isinstance(value, str) else None
     if name not in SHARDING_STRATEGIES:
@@ -146,7 +146,7 @@ def sharding_strategy_name(value: Any) -> str:
     return name
 
 
-def shard_policy(policy: Any) -> ShardPolicy:
+def shard_policy(policy: object) -> ShardPolicy:
     """``shard_modules`` from Lightning's ``auto_wrap_policy``."""
     classes = layer_classes(policy)
     if classes is not None:
@@ -160,7 +160,7 @@ def shard_policy(policy: Any) -> ShardPolicy:
     )
 
 
-def checkpointed_classes(policy: Any) -> set[type[nn.Module]]:
+def checkpointed_classes(policy: object) -> set[type[nn.Module]]:
     """``activation_checkpointing`` from Lightning's ``activation_checkpointing_policy``."""
     classes = layer_classes(policy)
     if classes is None:
@@ -172,7 +172,7 @@ def checkpointed_classes(policy: Any) -> set[type[nn.Module]]:
     return classes
 
 
-def layer_classes(policy: Any) -> set[type[nn.Module]] | None:
+def layer_classes(policy: object) -> set[type[nn.Module]] | None:
     """The module classes a policy names (a collection, ``ModuleWrapPolicy``, a transformer policy), else ``None``."""
     if isinstance(policy, ModuleWrapPolicy):
         policy = getattr(policy, "_module_classes", None)
@@ -240,7 +240,7 @@ def _takes_fsdp1_arguments(policy: Callable[..., Any]) -> bool:
     return True
 
 
-def cpu_offload_flag(value: Any) -> bool:
+def cpu_offload_flag(value: object) -> bool:
     """``cpu_offload`` from ``True``/``False`` or FSDP1's ``CPUOffload(offload_params=...)``."""
     if isinstance(value, bool):
         return value
@@ -252,7 +252,7 @@ def cpu_offload_flag(value: Any) -> bool:
     )
 
 
-def mixed_precision_policy(value: Any) -> MixedPrecisionPolicy:
+def mixed_precision_policy(value: object) -> MixedPrecisionPolicy:
     """FSDP2's ``MixedPrecisionPolicy`` from itself or from FSDP1's ``MixedPrecision``.
 
     ``cast_forward_inputs`` is on when FSDP1 casts the root's or every unit's inputs. FSDP1's

@@ -4,10 +4,10 @@ and collectives through ``torch.distributed``."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,8 @@ from fabric.utilities.data import shard_dataloader
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.network import socket_interface_defaults
 from fabric.utilities.peer_loss import mark_lost_peer_failures
+
+T = TypeVar("T")
 
 #: torch's own default for collectives; long, because a first NCCL step can take minutes to compile.
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -330,7 +332,7 @@ class ParallelStrategy(Strategy):
     def _distributed(self) -> bool:
         return dist.is_initialized() and self.world_size > 1
 
-    def _collective(self, name: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+    def _collective(self, name: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a collective under the watch: on failure or stall it is reported by name and call site."""
         if self._watch is None:
             return function(*args, **kwargs)
@@ -342,7 +344,7 @@ class ParallelStrategy(Strategy):
         site and what the others entered, like any collective."""
         self._exchanging_gradients(super().backward, tensor, module, *args, **kwargs)
 
-    def _exchanging_gradients(self, backward: Any, *args: Any, **kwargs: Any) -> None:
+    def _exchanging_gradients(self, backward: Callable[..., object], *args: Any, **kwargs: Any) -> None:
         if self._watch is None:
             backward(*args, **kwargs)
         else:
@@ -373,7 +375,7 @@ class ParallelStrategy(Strategy):
         parse_reduce_op(reduce_op)
         if not self._distributed():
             return super().all_reduce(tensor, reduce_op)
-        return self._collective("fabric.all_reduce", distributed.all_reduce, tensor, reduce_op)  # type: ignore[no-any-return]
+        return self._collective("fabric.all_reduce", distributed.all_reduce, tensor, reduce_op)
 
 
 def _seconds(stall_threshold: timedelta | float) -> float:

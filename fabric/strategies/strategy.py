@@ -355,7 +355,7 @@ class Strategy:
         """Replace modules, optimizers and other stateful objects by their state dicts."""
         return {key: self._state_of(value) for key, value in state.items()}
 
-    def _state_of(self, obj: Any) -> Any:
+    def _state_of(self, obj: object) -> Any:
         if isinstance(obj, nn.Module):
             return self.get_module_state_dict(obj)
         if isinstance(obj, Optimizer):

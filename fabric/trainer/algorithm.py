@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from fabric.trainer.events import Event
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 
@@ -31,7 +32,7 @@ class Algorithm(ABC):
         """Whether to act at this event."""
 
     @abstractmethod
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Act: read and change ``state``; ``logger`` records what it did."""
 
     def state_dict(self) -> dict[str, Any]:

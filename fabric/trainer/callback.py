@@ -31,143 +31,148 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from fabric.trainer.events import Event
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
+
+#: What runs for an event: a callback's bound hook method, called with ``(state, logger)``.
+Handler: TypeAlias = "Callable[[State, Logger], None]"
 
 
 class Callback:
     """Base class of callbacks; every per-event method is a no-op until overridden."""
 
-    def init(self, state: State, logger: Any) -> None:
+    def init(self, state: State, logger: Logger) -> None:
         """Once, in Trainer construction, before Fabric sets the model up."""
 
-    def before_load(self, state: State, logger: Any) -> None:
+    def before_load(self, state: State, logger: Logger) -> None:
         """At the end of construction (and in ``load_checkpoint()``), before a checkpoint loads."""
 
-    def after_load(self, state: State, logger: Any) -> None:
+    def after_load(self, state: State, logger: Logger) -> None:
         """At the end of construction (and in ``load_checkpoint()``), after a checkpoint loaded."""
 
-    def fit_start(self, state: State, logger: Any) -> None:
+    def fit_start(self, state: State, logger: Logger) -> None:
         """Once per ``fit()`` call."""
 
-    def iteration_start(self, state: State, logger: Any) -> None:
+    def iteration_start(self, state: State, logger: Logger) -> None:
         """Once per ``fit()`` call (one iteration per fit)."""
 
-    def epoch_start(self, state: State, logger: Any) -> None:
+    def epoch_start(self, state: State, logger: Logger) -> None:
         """Per epoch (not again when ``fit()`` continues an epoch)."""
 
-    def before_dataloader(self, state: State, logger: Any) -> None:
+    def before_dataloader(self, state: State, logger: Logger) -> None:
         """Per batch, before fetching it."""
 
-    def after_dataloader(self, state: State, logger: Any) -> None:
+    def after_dataloader(self, state: State, logger: Logger) -> None:
         """Per batch, after fetching it."""
 
-    def batch_start(self, state: State, logger: Any) -> None:
+    def batch_start(self, state: State, logger: Logger) -> None:
         """Per batch."""
 
-    def before_train_batch(self, state: State, logger: Any) -> None:
+    def before_train_batch(self, state: State, logger: Logger) -> None:
         """Per batch, before its microbatches (per closure call with a closure optimizer)."""
 
-    def before_forward(self, state: State, logger: Any) -> None:
+    def before_forward(self, state: State, logger: Logger) -> None:
         """Per microbatch, before the forward pass."""
 
-    def after_forward(self, state: State, logger: Any) -> None:
+    def after_forward(self, state: State, logger: Logger) -> None:
         """Per microbatch, after the forward pass."""
 
-    def before_loss(self, state: State, logger: Any) -> None:
+    def before_loss(self, state: State, logger: Logger) -> None:
         """Per microbatch, before the loss."""
 
-    def after_loss(self, state: State, logger: Any) -> None:
+    def after_loss(self, state: State, logger: Logger) -> None:
         """Per microbatch, after the loss."""
 
-    def before_backward(self, state: State, logger: Any) -> None:
+    def before_backward(self, state: State, logger: Logger) -> None:
         """Per microbatch, before the backward pass."""
 
-    def after_backward(self, state: State, logger: Any) -> None:
+    def after_backward(self, state: State, logger: Logger) -> None:
         """Per microbatch, after the backward pass."""
 
-    def after_train_batch(self, state: State, logger: Any) -> None:
+    def after_train_batch(self, state: State, logger: Logger) -> None:
         """Per batch, once gradients are complete, before the optimizer step."""
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         """Per batch, after the step and the timestamp advanced."""
 
-    def batch_checkpoint(self, state: State, logger: Any) -> None:
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
         """Per batch, after ``batch_end`` and any evaluation."""
 
-    def epoch_end(self, state: State, logger: Any) -> None:
+    def epoch_end(self, state: State, logger: Logger) -> None:
         """Per epoch, at its end."""
 
-    def epoch_checkpoint(self, state: State, logger: Any) -> None:
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         """Per epoch, after ``epoch_end`` and any evaluation."""
 
-    def iteration_end(self, state: State, logger: Any) -> None:
+    def iteration_end(self, state: State, logger: Logger) -> None:
         """Once per ``fit()`` that ends (not on preemption or errors)."""
 
-    def iteration_checkpoint(self, state: State, logger: Any) -> None:
+    def iteration_checkpoint(self, state: State, logger: Logger) -> None:
         """After ``iteration_end``."""
 
-    def fit_end(self, state: State, logger: Any) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
         """Once per ``fit()`` call, at its end."""
 
-    def eval_before_all(self, state: State, logger: Any) -> None:
+    def eval_before_all(self, state: State, logger: Logger) -> None:
         """Once per evaluation round during ``fit()``."""
 
-    def eval_start(self, state: State, logger: Any) -> None:
+    def eval_start(self, state: State, logger: Logger) -> None:
         """Per evaluation dataloader."""
 
-    def eval_batch_start(self, state: State, logger: Any) -> None:
+    def eval_batch_start(self, state: State, logger: Logger) -> None:
         """Per evaluation batch."""
 
-    def eval_before_forward(self, state: State, logger: Any) -> None:
+    def eval_before_forward(self, state: State, logger: Logger) -> None:
         """Per evaluation batch, before the forward pass."""
 
-    def eval_after_forward(self, state: State, logger: Any) -> None:
+    def eval_after_forward(self, state: State, logger: Logger) -> None:
         """Per evaluation batch, after the forward pass."""
 
-    def eval_batch_end(self, state: State, logger: Any) -> None:
+    def eval_batch_end(self, state: State, logger: Logger) -> None:
         """Per evaluation batch, at its end."""
 
-    def eval_end(self, state: State, logger: Any) -> None:
+    def eval_end(self, state: State, logger: Logger) -> None:
         """Per evaluation dataloader, at its end."""
 
-    def eval_after_all(self, state: State, logger: Any) -> None:
+    def eval_after_all(self, state: State, logger: Logger) -> None:
         """Once per evaluation round during ``fit()``, at its end."""
 
-    def eval_standalone_start(self, state: State, logger: Any) -> None:
+    def eval_standalone_start(self, state: State, logger: Logger) -> None:
         """At the start of ``Trainer.eval()``."""
 
-    def eval_standalone_end(self, state: State, logger: Any) -> None:
+    def eval_standalone_end(self, state: State, logger: Logger) -> None:
         """At the end of ``Trainer.eval()``."""
 
-    def predict_start(self, state: State, logger: Any) -> None:
+    def predict_start(self, state: State, logger: Logger) -> None:
         """Once per ``predict()`` call."""
 
-    def predict_batch_start(self, state: State, logger: Any) -> None:
+    def predict_batch_start(self, state: State, logger: Logger) -> None:
         """Per predict batch."""
 
-    def predict_before_forward(self, state: State, logger: Any) -> None:
+    def predict_before_forward(self, state: State, logger: Logger) -> None:
         """Per predict batch, before the forward pass."""
 
-    def predict_after_forward(self, state: State, logger: Any) -> None:
+    def predict_after_forward(self, state: State, logger: Logger) -> None:
         """Per predict batch, after the forward pass."""
 
-    def predict_batch_end(self, state: State, logger: Any) -> None:
+    def predict_batch_end(self, state: State, logger: Logger) -> None:
         """Per predict batch, at its end."""
 
-    def predict_end(self, state: State, logger: Any) -> None:
+    def predict_end(self, state: State, logger: Logger) -> None:
         """Once per ``predict()`` call, at its end."""
 
-    def run_event(self, event: Event, state: State, logger: Any) -> None:
+    def run_event(self, event: Event, state: State, logger: Logger) -> None:
         """Called for every event when overridden; by default dispatches to the event's method."""
         getattr(self, event.value)(state, logger)
 
-    def close(self, state: State, logger: Any) -> None:
+    def close(self, state: State, logger: Logger) -> None:
         """Called once by ``Trainer.close()``, before any callback's :meth:`post_close`."""
 
     def post_close(self) -> None:
@@ -179,7 +184,7 @@ class Callback:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
 
-    def handlers(self) -> dict[Event, Any]:
+    def handlers(self) -> dict[Event, Handler]:
         """The bound methods to call per event: only the ones this callback's class overrides."""
         if type(self).run_event is not Callback.run_event:
             return {event: _every_event(self, event) for event in Event}
@@ -190,8 +195,8 @@ class Callback:
         }
 
 
-def _every_event(callback: Callback, event: Event) -> Any:
-    def handler(state: State, logger: Any) -> None:
+def _every_event(callback: Callback, event: Event) -> Handler:
+    def handler(state: State, logger: Logger) -> None:
         callback.run_event(event, state, logger)
 
     return handler
@@ -225,7 +230,7 @@ def warn_unknown_hooks(callback: Callback) -> None:
             )
 
 
-def _takes_state_and_logger(method: Any) -> bool:
+def _takes_state_and_logger(method: Callable[..., Any]) -> bool:
     try:
         parameters = list(inspect.signature(method).parameters)
     except (TypeError, ValueError):

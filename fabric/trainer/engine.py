@@ -8,23 +8,21 @@ algorithms (they observe what algorithms did), and loggers run after callbacks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.callback import Callback, warn_unknown_hooks
+from fabric.trainer.callback import Callback, Handler, warn_unknown_hooks
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.passes import DEFAULT_PASSES, AlgorithmPass, check_compatibility
 from fabric.trainer.state import State
-
-Handler = Callable[[State, Any], None]
 
 
 class Engine:
     def __init__(
         self,
         state: State,
-        logger: Any,
+        logger: Logger,
         algorithms: Sequence[Algorithm] = (),
         callbacks: Sequence[Callback] = (),
         loggers: Sequence[Callback] = (),

@@ -31,7 +31,7 @@ from fabric.trainer.intervals import IntervalInput
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.metrics import compute_metrics, update_metric
 from fabric.trainer.microbatch import is_out_of_memory
-from fabric.trainer.state import State, loader_length
+from fabric.trainer.state import State, loader_length, require_fabric
 from fabric.trainer.time import Timestamp
 
 
@@ -165,7 +165,7 @@ def _run_evaluator(
     state.eval_batches = batches_in(evaluator)
     state.eval_timestamp = Timestamp()
     run_event(Event.EVAL_START)
-    spec, fabric = evaluator.data_spec, state.fabric
+    spec, fabric = evaluator.data_spec, require_fabric(state)
     microbatch_size = evaluator.device_eval_microbatch_size
     in_use = evaluator.auto_microbatch_size if microbatch_size == "auto" else microbatch_size
     state.device_eval_microbatch_size = in_use  # type: ignore[assignment]
@@ -198,7 +198,9 @@ def _run_evaluator(
     run_event(Event.EVAL_END)
 
 
-def _forward(state: State, run_event: Callable[[Event], None], eval_forward: Any, batch: Any) -> tuple[Any, Any]:
+def _forward(
+    state: State, run_event: Callable[[Event], None], eval_forward: Callable[[Any], Any] | None, batch: Any
+) -> tuple[Any, Any]:
     """One forward with its events; returns ``(batch, outputs)`` for the metrics."""
     state.batch = batch
     run_event(Event.EVAL_BEFORE_FORWARD)
@@ -208,11 +210,15 @@ def _forward(state: State, run_event: Callable[[Event], None], eval_forward: Any
 
 
 def _forward_auto(
-    state: State, run_event: Callable[[Event], None], eval_forward: Any, evaluator: Evaluator, samples: int
+    state: State,
+    run_event: Callable[[Event], None],
+    eval_forward: Callable[[Any], Any] | None,
+    evaluator: Evaluator,
+    samples: int,
 ) -> list[tuple[Any, Any]]:
     """The batch's forwards at the evaluator's current microbatch size (first the whole batch), halved after an
     out-of-memory error on any rank until every rank's forwards fit; the size found is kept for the next batch."""
-    fabric, batch = state.fabric, state.batch
+    fabric, batch = require_fabric(state), state.batch
     size = evaluator.auto_microbatch_size or samples
     while True:
         failure: BaseException | None = None

@@ -8,11 +8,14 @@ which :class:`CallableMetric` averages over samples and all-reduces through Fabr
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fabric.trainer.model import TrainerModel
+
+if TYPE_CHECKING:
+    from fabric.fabric import Fabric
 
 MetricFunction = Callable[[Any, Any], "float | torch.Tensor"]
 
@@ -20,7 +23,7 @@ MetricFunction = Callable[[Any, Any], "float | torch.Tensor"]
 class CallableMetric:
     """The sample-weighted mean of ``function(outputs, batch)`` over every batch since :meth:`reset`."""
 
-    def __init__(self, function: MetricFunction, fabric: Any = None) -> None:
+    def __init__(self, function: MetricFunction, fabric: Fabric | None = None) -> None:
         self.function, self.fabric = function, fabric
         self._total = torch.zeros((), dtype=torch.float64)
         self._samples = 0
@@ -46,7 +49,7 @@ class CallableMetric:
         return f"CallableMetric({getattr(self.function, '__name__', self.function)!r})"
 
 
-def model_metrics(model: Any, is_train: bool, fabric: Any) -> dict[str, Any]:
+def model_metrics(model: object, is_train: bool, fabric: Fabric) -> dict[str, Any]:
     """The model's metrics as objects with update/compute/reset, on Fabric's device."""
     get_metrics = getattr(model, "get_metrics", None)
     if get_metrics is None:

@@ -66,7 +66,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import torch
 from torch import nn
@@ -128,7 +128,7 @@ def translate_fabric_choices(
     choices: Mapping[str, Any],
     device: str | None,
     deepspeed_config: Mapping[str, Any] | None,
-    parallelism_config: Any = None,
+    parallelism_config: object = None,
     model: nn.Module | None = None,
 ) -> dict[str, Any]:
     """``choices`` (the Trainer's Fabric arguments) with ``device``, ``precision="amp"``, ``deepspeed_config`` and
@@ -157,7 +157,7 @@ def translate_fabric_choices(
     return translated
 
 
-def _accelerator_for(device: str, accelerator: Any) -> Any:
+def _accelerator_for(device: str, accelerator: object) -> Any:
     if device not in _DEVICES:
         raise ValueError(
             f"device={device!r} is not valid. Accepted: {', '.join(map(repr, _DEVICES))} (Composer's name for "
@@ -173,7 +173,7 @@ def _accelerator_for(device: str, accelerator: Any) -> Any:
     )
 
 
-def _deepspeed_strategy(config: Mapping[str, Any], strategy: Any) -> Any:
+def _deepspeed_strategy(config: Mapping[str, Any], strategy: object) -> Any:
     if not isinstance(config, Mapping):
         raise TypeError(f"deepspeed_config must be a dict (DeepSpeed's JSON config), got {type(config).__name__}.")
     if strategy not in (None, "auto", "deepspeed"):
@@ -217,7 +217,7 @@ def check_grad_accum(grad_accum: int | str | None, microbatch_size: int | str | 
     return None
 
 
-def microbatch_size_for(grad_accum: int, dataloader: Any) -> int | None:
+def microbatch_size_for(grad_accum: int, dataloader: object) -> int | None:
     """Samples per microbatch so a batch of the train dataloader runs as ``grad_accum`` microbatches."""
     size = getattr(dataloader, "batch_size", None)
     if isinstance(size, bool) or not isinstance(size, int):
@@ -237,14 +237,14 @@ def microbatch_size_for(grad_accum: int, dataloader: Any) -> int | None:
 # --- Composer's other Trainer arguments -------------------------------------------------------------
 
 
-def check_subset_num_batches(value: Any, name: str) -> int:
+def check_subset_num_batches(value: object, name: str) -> int:
     """``train_subset_num_batches`` / ``eval_subset_num_batches``: ``-1`` (all) or a positive int."""
     if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
         raise ValueError(f"{name}={value!r} is not valid. Accepted: -1 (every batch) or a positive int.")
     return value
 
 
-def check_spin_dataloaders(spin: Any, dataloader: Any, keeps_own_position: Callable[[Any], bool]) -> None:
+def check_spin_dataloaders(spin: object, dataloader: object, keeps_own_position: Callable[[Any], bool]) -> None:
     """``spin_dataloaders``: ``True`` changes nothing; ``False`` only for a loader that resumes itself."""
     if not isinstance(spin, bool):
         raise ValueError(f"spin_dataloaders={spin!r} is not valid. Accepted: True or False.")
@@ -258,7 +258,7 @@ def check_spin_dataloaders(spin: Any, dataloader: Any, keeps_own_position: Calla
     )
 
 
-def apply_dist_timeout(fabric: Fabric, dist_timeout: Any, fabric_given: bool) -> None:
+def apply_dist_timeout(fabric: Fabric, dist_timeout: object, fabric_given: bool) -> None:
     """``dist_timeout`` (seconds) as the strategy's process-group and collective timeout, set before the launch."""
     if dist_timeout is None:
         return
@@ -284,7 +284,7 @@ def apply_dist_timeout(fabric: Fabric, dist_timeout: Any, fabric_given: bool) ->
     strategy.process_group_options = replace(strategy.process_group_options, timeout=timeout)
 
 
-def enable_deterministic_mode(deterministic_mode: Any) -> None:
+def enable_deterministic_mode(deterministic_mode: object) -> None:
     """``deterministic_mode=True``: deterministic kernels only, as Composer's ``configure_deterministic_mode``."""
     if not isinstance(deterministic_mode, bool):
         raise ValueError(f"deterministic_mode={deterministic_mode!r} is not valid. Accepted: True or False.")
@@ -298,7 +298,7 @@ def enable_deterministic_mode(deterministic_mode: Any) -> None:
     rank_zero_warn("Deterministic mode is activated. This will negatively impact performance.")
 
 
-def check_compile_config(compile_config: Any, model: nn.Module) -> dict[str, Any] | None:
+def check_compile_config(compile_config: object, model: nn.Module) -> dict[str, Any] | None:
     """``compile_config``: None (no compile) or ``torch.compile``'s keyword arguments (``{}``: its defaults)."""
     if compile_config is None:
         return None
@@ -316,9 +316,9 @@ def check_compile_config(compile_config: Any, model: nn.Module) -> dict[str, Any
 
 
 def console_loggers(
-    log_to_console: Any,
+    log_to_console: object,
     console_log_interval: IntervalInput,
-    console_stream: Any,
+    console_stream: object,
     loggers: list[Any],
     progress_bar: bool,
 ) -> list[Any]:
@@ -340,17 +340,17 @@ def console_loggers(
     return [*loggers, console]
 
 
-def _console_stream(stream: Any) -> TextIO | None:
+def _console_stream(stream: object) -> TextIO | None:
     if stream == "stdout":
         return None  # ConsoleLogger then prints to sys.stdout as it is at the time of printing
     if stream == "stderr":
         return sys.stderr
     if hasattr(stream, "write") and not isinstance(stream, str):
-        return stream  # type: ignore[no-any-return]
+        return cast(TextIO, stream)  # anything with write() is taken for a text stream
     raise ValueError(f"console_stream={stream!r} is not valid. Accepted: 'stdout', 'stderr' or a text stream.")
 
 
-def strict_model_weights(load_strict: bool, load_strict_model_weights: Any) -> bool:
+def strict_model_weights(load_strict: bool, load_strict_model_weights: object) -> bool:
     """``load_strict_model_weights`` (Composer's name) or ``load_strict``; both given must agree."""
     if load_strict_model_weights is None:
         return load_strict
@@ -366,7 +366,7 @@ def strict_model_weights(load_strict: bool, load_strict_model_weights: Any) -> b
     return load_strict_model_weights
 
 
-def check_exclude_algorithms(names: Any) -> tuple[str, ...]:
+def check_exclude_algorithms(names: object) -> tuple[str, ...]:
     """``load_exclude_algorithms``: algorithm class names (``"BlurPool"``)."""
     if names is None:
         return ()
@@ -387,7 +387,7 @@ def without_excluded(records: Sequence[Mapping[str, Any]], excluded: Sequence[st
     return [record for record in records if str(record["algorithm"]).rpartition(".")[2] not in excluded]
 
 
-def algorithm_passes(passes: Any) -> list[AlgorithmPass]:
+def algorithm_passes(passes: object) -> list[AlgorithmPass]:
     """The default passes with Composer's ``algorithm_passes`` added: a function is appended, ``(function, index)``
     inserted at ``index`` (``-1``: appended), in the order given."""
     merged = list(DEFAULT_PASSES)
@@ -407,7 +407,7 @@ def algorithm_passes(passes: Any) -> list[AlgorithmPass]:
     return merged
 
 
-def _passes_error(value: Any) -> str:
+def _passes_error(value: object) -> str:
     return (
         f"algorithm_passes has {value!r}. Accepted: a function (algorithms, event) -> list of algorithms, a "
         "(function, index) pair, or a list of those."

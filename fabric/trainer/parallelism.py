@@ -135,7 +135,7 @@ _BOOLEAN_KEYS = (
 ACCEPTED = ("sharding_strategy", "state_dict_type", "mixed_precision", *_BOOLEAN_KEYS, *_DEFAULT_ONLY)
 
 
-def fsdp_strategy_from(parallelism_config: Any, model: nn.Module) -> FSDPStrategy | None:
+def fsdp_strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStrategy | None:
     """The FSDPStrategy Composer's ``parallelism_config`` describes for ``model``, or None without an fsdp section."""
     if parallelism_config is None:
         return None
@@ -207,7 +207,7 @@ def _build(config: dict[str, Any], model: nn.Module) -> FSDPStrategy:
     return strategy
 
 
-def _state_dict_type(value: Any) -> str:
+def _state_dict_type(value: object) -> str:
     if value in ("full", "sharded"):
         return str(value)
     if value == "local":
@@ -279,7 +279,7 @@ def _checkpointed_classes(model: nn.Module) -> set[type[nn.Module]]:
     return classes
 
 
-def _mixed_precision(value: Any) -> Any:
+def _mixed_precision(value: object) -> Any:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if value == "FULL":

@@ -16,7 +16,7 @@ from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
 from fabric.trainer.data_spec import DataSpec
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
-from fabric.trainer.state import State
+from fabric.trainer.state import State, require_fabric
 from fabric.trainer.time import Timestamp
 from fabric.utilities.apply_func import move_data_to_device
 
@@ -43,7 +43,7 @@ def run_prediction(
             for index, batch in enumerate(dataloader):
                 if index == subset_num_batches:
                     break
-                state.batch = spec.prepare(batch, state.fabric.to_device) if spec.transforms else batch
+                state.batch = spec.prepare(batch, require_fabric(state).to_device) if spec.transforms else batch
                 run_event(Event.PREDICT_BATCH_START)
                 run_event(Event.PREDICT_BEFORE_FORWARD)
                 state.outputs = model(state.batch)
@@ -51,7 +51,7 @@ def run_prediction(
                 if return_outputs:
                     outputs.append(move_data_to_device(state.outputs, torch.device("cpu")))
                 state.predict_timestamp = state.predict_timestamp.to_next_batch(
-                    spec.get_num_samples_in_batch(state.batch) * state.fabric.world_size
+                    spec.get_num_samples_in_batch(state.batch) * require_fabric(state).world_size
                 )
                 run_event(Event.PREDICT_BATCH_END)
             run_event(Event.PREDICT_END)

@@ -39,9 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.events import Event
+from fabric.trainer.state import require_fabric
 from fabric.utilities.profiler import TraceProfiler, check_filename, check_schedule
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 #: Event -> (ranges to close, in order; ranges to open).
@@ -140,21 +142,21 @@ class Profiler(Callback):
             **{event: self._marker(event, *ranges) for event, ranges in _RANGES.items()},
         }
 
-    def fit_start(self, state: State, logger: Any) -> None:
+    def fit_start(self, state: State, logger: Logger) -> None:
         self.close()  # an earlier fit() that raised left its profiler running
         self.profiler = TraceProfiler(
             self.folder.format(run_name=self.run_name),
-            rank=state.fabric.global_rank,
+            rank=require_fabric(state).global_rank,
             first_step=int(state.timestamp.batch),
             **asdict(self.schedule),
             **self._options,
         )
         self.profiler.start()
 
-    def fit_end(self, state: State, logger: Any) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
         self.close()
 
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """``Trainer.close()``: stop a profiler that a failed ``fit()`` left running (writing what it recorded)."""
         if self.profiler is not None:
             self.profiler.stop()
@@ -166,7 +168,7 @@ class Profiler(Callback):
         names_to_open = tuple(f"trainer/{name}" for name in open_)
         step = event is Event.BATCH_END
 
-        def mark(state: State, logger: Any) -> None:
+        def mark(state: State, logger: Logger) -> None:
             profiler = self.profiler
             if profiler is None:
                 return

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.optim import Optimizer
 
 from fabric.trainer.time import Time, Timestamp, TimeUnit, elapsed_fraction
+
+if TYPE_CHECKING:
+    from fabric.fabric import Fabric
 
 
 def loader_length(loader: Iterable[Any]) -> int | None:
@@ -49,8 +52,9 @@ class State:
     metrics: dict[str, Any] = field(default_factory=dict)
     algorithms: list[Any] = field(default_factory=list)
     callbacks: list[Any] = field(default_factory=list)
-    #: The Fabric the trainer runs on: ``state.fabric.world_size``, ``.device``, ``.all_reduce`` for callbacks.
-    fabric: Any = None
+    #: The Fabric the trainer runs on: ``state.fabric.world_size``, ``.device``, ``.all_reduce`` for callbacks;
+    #: None in a State made outside a Trainer (see :func:`require_fabric`).
+    fabric: Fabric | None = None
     #: The run's name (the Trainer's ``run_name``, the same on every rank): loggers name their runs after it.
     run_name: str | None = None
     #: Samples per forward/backward pass; None trains each batch in one pass.
@@ -92,3 +96,14 @@ class State:
     def finished(self) -> bool:
         """Whether ``max_duration`` has been reached."""
         return self.max_duration is not None and bool(self.timestamp >= self.max_duration)
+
+
+def require_fabric(state: State) -> Fabric:
+    """``state.fabric``, for the code that runs only under a Trainer (which always sets it); callbacks that also work
+    on a bare State check ``state.fabric is None`` themselves. A function rather than a method, so that stand-ins
+    for a State (a ``SimpleNamespace`` in a test) need no more than ``fabric``."""
+    if state.fabric is None:
+        raise RuntimeError(
+            "This needs the Trainer's Fabric, and state.fabric is None (a State made outside a Trainer)."
+        )
+    return state.fabric

@@ -26,6 +26,7 @@ from torch.optim import Optimizer
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -131,7 +132,7 @@ class SurgeryAlgorithm(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         self.apply_surgery(state.model, state.optimizers)
 
     @abstractmethod

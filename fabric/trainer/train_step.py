@@ -32,7 +32,7 @@ import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.optim import Optimizer
@@ -44,8 +44,12 @@ from fabric.trainer.events import Event
 from fabric.trainer.metrics import update_metric
 from fabric.trainer.microbatch import is_out_of_memory
 from fabric.trainer.schedulers import LRSchedule
-from fabric.trainer.state import State
-from fabric.wrappers import unwrap_optimizer
+from fabric.trainer.state import State, require_fabric
+from fabric.wrappers import FabricModule, unwrap_optimizer
+
+if TYPE_CHECKING:
+    from fabric.fabric import Fabric
+    from fabric.plugins.precision.precision import Precision
 
 TokenCounter = Callable[[Any], int]
 
@@ -74,7 +78,7 @@ class TrainStep:
         token_counter: TokenCounter = count_tokens,
     ) -> None:
         self.state, self.engine = state, engine
-        self.fabric = state.fabric
+        self.fabric = require_fabric(state)
         self.lr_schedule = lr_schedule
         self.torch_schedulers = tuple(torch_schedulers)
         self.step_schedulers_every_batch = step_schedulers_every_batch
@@ -94,6 +98,11 @@ class TrainStep:
         """Train with microbatches of ``microbatch_size`` samples (``"auto"``: halved on out-of-memory errors)."""
         self.auto_microbatching = microbatch_size == "auto"
         self.state.device_train_microbatch_size = None if self.auto_microbatching else microbatch_size  # type: ignore[assignment]
+
+    @property
+    def _model(self) -> FabricModule:
+        """The state's model, which the Trainer set up with its Fabric before any batch trains."""
+        return cast(FabricModule, self.state.model)
 
     def schedule_lr(self) -> None:
         """Set the learning rates of the batch about to run (``timestamp.batch``), before any of its events."""
@@ -178,7 +187,7 @@ class TrainStep:
         last = len(microbatches) - 1
         total_loss: torch.Tensor | None = None
         for index, microbatch in enumerate(microbatches):
-            with self.fabric.no_backward_sync(self.state.model, enabled=index < last):
+            with self.fabric.no_backward_sync(self._model, enabled=index < last):
                 loss = self._train_microbatch(microbatch, self.data_spec.get_num_samples_in_batch(microbatch) / samples)
             total_loss = loss if total_loss is None else total_loss + loss
         assert total_loss is not None
@@ -186,7 +195,7 @@ class TrainStep:
 
     def _train_microbatch(self, microbatch: Any, weight: float) -> torch.Tensor:
         state, run_event = self.state, self.engine.run_event
-        model: Any = state.model
+        model = self._model
         state.batch = microbatch
         run_event(Event.BEFORE_FORWARD)
         state.outputs = model(state.batch)
@@ -215,7 +224,7 @@ class TrainStep:
         last = len(losses) - 1
         for index, (loss, optimizer) in enumerate(zip(losses, self.state.optimizers, strict=True)):
             inputs = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-            self.fabric.backward(loss * weight, model=self.state.model, inputs=inputs, retain_graph=index < last)
+            self.fabric.backward(loss * weight, model=self._model, inputs=inputs, retain_graph=index < last)
         return torch.stack([loss.detach() for loss in losses]).sum()
 
     def _train_with_auto_microbatches(self, batch: Any, samples: int) -> torch.Tensor:
@@ -229,7 +238,7 @@ class TrainStep:
             failure: BaseException | None = None
             try:
                 # Gradients are synced by hand below, after every rank agreed the batch fitted.
-                with fabric.no_backward_sync(state.model, enabled=distributed):
+                with fabric.no_backward_sync(self._model, enabled=distributed):
                     total_loss = self._train_microbatches(batch, samples, size)
             except BaseException as error:
                 if not is_out_of_memory(error):
@@ -252,7 +261,7 @@ class TrainStep:
             state.device_train_microbatch_size = max(1, size // 2)
 
 
-def _all_reduce_gradients(fabric: Any, optimizers: Sequence[Optimizer]) -> None:
+def _all_reduce_gradients(fabric: Fabric, optimizers: Sequence[Optimizer]) -> None:
     """Average gradients over ranks in one flat all-reduce (what DDP would have done in the backward)."""
     grads = [
         p.grad
@@ -271,7 +280,9 @@ def _all_reduce_gradients(fabric: Any, optimizers: Sequence[Optimizer]) -> None:
         offset += grad.numel()
 
 
-def check_closure_optimizers(optimizers: Sequence[Optimizer], fabric: Any, precision: Any = None) -> bool:
+def check_closure_optimizers(
+    optimizers: Sequence[Optimizer], fabric: Fabric, precision: Precision | None = None
+) -> bool:
     """Whether an optimizer's ``step`` requires a closure (LBFGS); raises where the set-up (with ``precision``, a
     precision plugin about to replace the strategy's, if given) cannot step with one."""
     needing = [

@@ -19,11 +19,15 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fabric.utilities.peer_loss import PEER_GONE_EXPLANATION, collective_lost_a_peer
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
 
 #: Seconds between two looks of the watcher thread (publishing a changed record, checking for a stall).
 PUBLISH_INTERVAL = 0.5
@@ -109,7 +113,7 @@ class CollectiveWatch:
             the report off.
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int, timeout: timedelta, stall_threshold: float) -> None:
+    def __init__(self, store: Store, rank: int, world_size: int, timeout: timedelta, stall_threshold: float) -> None:
         from torch.distributed.distributed_c10d import PrefixStore
 
         self._store = PrefixStore("fabric/collectives", store)
@@ -124,18 +128,25 @@ class CollectiveWatch:
         self._thread = threading.Thread(target=self._watch, daemon=True, name="fabric-collective-watch")
         self._thread.start()
 
-    def call(self, name: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(self, name: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run the collective ``function(*args, **kwargs)`` as this rank's next collective, named ``name``."""
         return self._run(name, function, args, kwargs, explain_any_error=True)
 
-    def call_computation(self, name: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+    def call_computation(self, name: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``function``, a computation with a collective inside (a backward pass and its gradient all-reduce),
         as this rank's next collective: published and stall-reported like one. Only an error after (nearly)
         the whole timeout is explained as a wait for the others; the computation's own errors (a shape
         mismatch, DDP's unused-parameter check) pass unchanged."""
         return self._run(name, function, args, kwargs, explain_any_error=False)
 
-    def _run(self, name: str, function: Any, args: Any, kwargs: Any, explain_any_error: bool) -> Any:
+    def _run(
+        self,
+        name: str,
+        function: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        explain_any_error: bool,
+    ) -> T:
         self._count += 1
         entry = Entry(self._count, name, *call_site(), time.monotonic())
         self._last = self._waiting = entry

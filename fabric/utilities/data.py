@@ -99,7 +99,7 @@ def shards_itself(dataset: IterableDataset[Any]) -> bool:
     return known or split_by_node
 
 
-def _shard_sampler(dataloader: DataLoader[Any], sampler: Any, num_replicas: int, rank: int) -> Sampler[Any]:
+def _shard_sampler(dataloader: DataLoader[Any], sampler: Iterable[Any], num_replicas: int, rank: int) -> Sampler[Any]:
     if isinstance(sampler, (RandomSampler, _SequentialSampler)):
         return DistributedSampler(
             dataloader.dataset,

@@ -7,10 +7,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+T = TypeVar("T")
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
 REDUCE_OPS: tuple[ReduceOp, ...] = ("mean", "sum", "max", "min")
@@ -25,7 +30,7 @@ def parse_reduce_op(reduce_op: str) -> ReduceOp:
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
-def all_reduce(tensor: torch.Tensor, reduce_op: ReduceOp, group: Any = None) -> torch.Tensor:
+def all_reduce(tensor: torch.Tensor, reduce_op: ReduceOp, group: ProcessGroup | None = None) -> torch.Tensor:
     """Reduce ``tensor`` across ranks into a new tensor (the input is left untouched)."""
     result = tensor.clone()
     if reduce_op == "mean" and not torch.is_floating_point(result):
@@ -36,7 +41,9 @@ def all_reduce(tensor: torch.Tensor, reduce_op: ReduceOp, group: Any = None) -> 
     return result
 
 
-def all_gather(tensor: torch.Tensor, sync_grads: bool = False, group: Any = None) -> torch.Tensor | list[torch.Tensor]:
+def all_gather(
+    tensor: torch.Tensor, sync_grads: bool = False, group: ProcessGroup | None = None
+) -> torch.Tensor | list[torch.Tensor]:
     """Gather ``tensor`` from every rank: a ``(world_size, ...)`` tensor, or a list if first dims differ.
 
     With ``sync_grads=True`` gradients flow back to each rank's input through the gather.
@@ -64,7 +71,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
     """``all_gather`` whose backward sends each rank the sum over ranks of the gradient of its piece."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> tuple[torch.Tensor, ...]:
+    def forward(ctx: Any, tensor: torch.Tensor, group: ProcessGroup | None) -> tuple[torch.Tensor, ...]:
         ctx.group = group
         gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
         dist.all_gather(gathered, tensor, group=group)
@@ -77,13 +84,13 @@ class _AllGatherWithGrad(torch.autograd.Function):
         return stacked[dist.get_rank(ctx.group)], None
 
 
-def _gather_shapes(tensor: torch.Tensor, group: Any) -> list[tuple[int, ...]]:
+def _gather_shapes(tensor: torch.Tensor, group: ProcessGroup | None) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...] | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(shapes, tuple(tensor.shape), group=group)
     return [shape for shape in shapes if shape is not None]
 
 
-def broadcast_object(obj: Any, src: int, group: Any = None) -> Any:
+def broadcast_object(obj: T, src: int, group: ProcessGroup | None = None) -> T:
     """Send a tensor or any picklable object from rank ``src`` to every rank."""
     container = [obj]
     dist.broadcast_object_list(container, src=src, group=group)

@@ -13,7 +13,7 @@ from fabric.trainer.callback import Callback
 from fabric.trainer.engine import Engine
 from fabric.trainer.events import Event
 from fabric.trainer.passes import sort_to_front
-from fabric.trainer.state import State
+from fabric.trainer.state import State, require_fabric
 from fabric.trainer.time import Time, Timestamp
 
 
@@ -151,6 +151,16 @@ def test_state_elapsed_duration_and_stop_training() -> None:
     assert not state.finished
     state.stop_training()
     assert state.finished and state.max_duration == Time.from_batch(4)
+
+
+def test_require_fabric_says_what_is_missing() -> None:
+    """Code that needs the Trainer's Fabric, run on a State made without one, names the cause."""
+    state = _state()
+    with pytest.raises(RuntimeError, match=r"state\.fabric is None"):
+        require_fabric(state)
+    fabric = object()
+    state.fabric = fabric
+    assert require_fabric(state) is fabric
 
 
 def test_max_duration_in_dur_is_rejected() -> None:

@@ -4,9 +4,12 @@ each kind of storage guarantees about a write."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 
 def filesystem(path: PathType, storage_options: StorageOptions = None) -> tuple[Any, str]:
@@ -27,7 +30,7 @@ def filesystem(path: PathType, storage_options: StorageOptions = None) -> tuple[
 OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci", "memory"})
 
 
-def writes_objects_whole(fs: Any) -> bool:
+def writes_objects_whole(fs: AbstractFileSystem) -> bool:
     """Whether ``fs`` (an fsspec filesystem) is an object store, whose writes are atomic per object."""
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     return bool(OBJECT_STORE_PROTOCOLS.intersection(protocols))

@@ -24,7 +24,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 try:
     import fcntl
@@ -97,7 +100,7 @@ def remove_abandoned(target: Path, kinds: tuple[str, ...] = ("tmp",)) -> None:
                     remove_temporary(Path(entry.path))
 
 
-def remove_abandoned_remote(fs: Any, target_path: str, kinds: tuple[str, ...] = ("tmp",)) -> None:
+def remove_abandoned_remote(fs: AbstractFileSystem, target_path: str, kinds: tuple[str, ...] = ("tmp",)) -> None:
     """Delete the temporaries of ``target_path`` on the fsspec filesystem ``fs`` (an object store) that nothing
     has written to for :data:`ABANDONED_AFTER` seconds; one whose time is unknown is kept."""
     parent, _, name = target_path.rstrip("/").rpartition("/")
@@ -154,7 +157,7 @@ def remove_temporary(path: Path) -> None:
             path.unlink()
 
 
-def _last_written(fs: Any, info: dict[str, Any]) -> float | None:
+def _last_written(fs: AbstractFileSystem, info: dict[str, Any]) -> float | None:
     """When the remote file ``info`` (from ``fs.ls(detail=True)``), or the newest object under a directory
     (a prefix, which often has no time of its own), was last written; ``None`` if the store does not say."""
     times = [_timestamp(info)]

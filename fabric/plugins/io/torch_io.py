@@ -6,7 +6,7 @@ import io
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from fabric.plugins.io.temporaries import (
 )
 from fabric.plugins.io.write_errors import disk_full_error, is_disk_full
 from fabric.utilities.exceptions import CheckpointError, CheckpointNotFoundError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 
 class TorchCheckpointIO(CheckpointIO):
@@ -116,7 +119,7 @@ def _save_local(checkpoint: dict[str, Any], target: str) -> None:
     remove_abandoned(Path(target))
 
 
-def _save_remote(fs: Any, checkpoint: dict[str, Any], parent: str, filename: str) -> None:
+def _save_remote(fs: AbstractFileSystem, checkpoint: dict[str, Any], parent: str, filename: str) -> None:
     """On a remote filesystem without atomic writes: a temporary sibling, moved over the target once whole;
     temporaries that killed saves left are removed by their age (no lock can be checked there)."""
     temporary = f"{parent}/{temporary_sibling(Path(filename)).name}"
@@ -151,12 +154,12 @@ def _publish_local(temporary: str, target: str) -> None:
         os.close(directory)
 
 
-def _discard(fs: Any, temporary: str) -> None:
+def _discard(fs: AbstractFileSystem, temporary: str) -> None:
     if fs.exists(temporary):
         fs.rm(temporary)
 
 
-def _is_local(fs: Any) -> bool:
+def _is_local(fs: AbstractFileSystem) -> bool:
     from fsspec.implementations.local import LocalFileSystem
 
     return isinstance(fs, LocalFileSystem)

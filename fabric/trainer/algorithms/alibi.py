@@ -42,6 +42,7 @@ from torch.optim import Optimizer
 from fabric.trainer.algorithms.seq_length_warmup import set_batch_sequence_length
 from fabric.trainer.algorithms.transformer_paths import disable_fused_transformer_paths
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules, share_tensors, update_params_in_optimizer
 
@@ -283,7 +284,7 @@ class Alibi(SurgeryAlgorithm):
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT or (event == Event.AFTER_DATALOADER and self.train_sequence_length_scaling != 1)
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.INIT:
             super().apply(event, state, logger)
             return

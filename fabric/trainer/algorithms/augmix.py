@@ -35,6 +35,7 @@ from fabric.trainer.algorithms.augmentation_primitives import (
     resolve_augmentation_set,
 )
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 
@@ -118,7 +119,7 @@ class AugMix(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event is Event.FIT_START
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         add_dataset_transform("AugMix", state, self.transform)
 
     def __repr__(self) -> str:

@@ -20,6 +20,7 @@ import torch
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 
@@ -109,7 +110,7 @@ class ColOut(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_DATALOADER
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         inputs = get_batch_item(state.batch, self.input_key)
         masks = self._masks(state.batch, inputs)
         dropped, dropped_masks = colout_images_and_masks(inputs, masks, self.p_row, self.p_col, self.batch)

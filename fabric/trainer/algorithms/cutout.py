@@ -10,13 +10,12 @@ Inputs are ``(N, ..., H, W)``; every channel of a pixel is zeroed.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 
@@ -66,7 +65,7 @@ class CutOut(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_DATALOADER
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         inputs = get_batch_item(state.batch, self.input_key)
         state.batch = set_batch_item(state.batch, self.input_key, cutout_batch(inputs, self.num_holes, self.length))
 

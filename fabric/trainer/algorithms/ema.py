@@ -30,6 +30,7 @@ from torch import nn
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 from fabric.trainer.time import Time, TimeUnit
 
@@ -117,7 +118,7 @@ class EMA(Algorithm):
             return count % int(self.update_interval.value) == 0 and time_reached(state, self.ema_start)
         return event in _EVAL_ROUND_EVENTS and self.averages is not None
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         tensors = self._model_tensors(state)
         if event is self._update_event:
             if self.averages is None:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch import nn
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 CLIPPING_TYPES = ("norm", "value", "adaptive")
@@ -83,7 +83,7 @@ class GradientClipping(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_TRAIN_BATCH or event is Event.INIT
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event is Event.INIT:
             if state.fabric is not None and state.fabric.strategy.engine_handles_gradients:
                 raise ValueError(

@@ -34,6 +34,7 @@ from torch import nn
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 from fabric.trainer.surgery import replace_modules
 from fabric.trainer.time import TimeUnit
@@ -155,7 +156,7 @@ class GyroDropout(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event is Event.FIT_START and not self.layers
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         iters_per_epoch, max_epoch = training_steps(state)
         apply_gyro_dropout(state.model, iters_per_epoch, max_epoch, self.p, self.sigma, self.tau)
         self.layers = list(dict.fromkeys(m for m in state.model.modules() if isinstance(m, GyroDropoutLayer)))

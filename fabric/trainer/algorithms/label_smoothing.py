@@ -20,6 +20,7 @@ from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
 from fabric.trainer.algorithms.mixup import to_probabilities
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 
@@ -48,7 +49,7 @@ class LabelSmoothing(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event is Event.BEFORE_LOSS:
             self._original_targets = get_batch_item(state.batch, self.target_key)
             smoothed = smooth_labels(state.outputs, self._original_targets, self.smoothing)

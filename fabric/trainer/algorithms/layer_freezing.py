@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 _INTERVAL_EVENTS = {"epoch": Event.EPOCH_END, "batch": Event.BATCH_END}
@@ -90,7 +91,7 @@ class LayerFreezing(Algorithm):
             self._state = state
         return event is _INTERVAL_EVENTS[self.interval]
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         elapsed = float(state.get_elapsed_duration())
         self.frozen_layers = freeze_layers(state.model, state.optimizers, elapsed, self.freeze_start, self.freeze_level)
         if logger is not None:

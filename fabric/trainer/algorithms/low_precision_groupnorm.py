@@ -31,6 +31,7 @@ from fabric.trainer.algorithms.low_precision_layernorm import (
     warn_no_effect,
 )
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules, share_tensors
 
@@ -83,7 +84,7 @@ class LowPrecisionGroupNorm(SurgeryAlgorithm):
     #: The state dict keeps its keys and shapes: a checkpoint loads into an unmodified model.
     changes_module_structure = False
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         precision = run_precision(state)
         if not is_mixed_precision(precision):
             warn_no_effect("LowPrecisionGroupNorm", precision)

@@ -26,6 +26,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules, share_tensors
 
@@ -126,7 +127,7 @@ class LowPrecisionLayerNorm(SurgeryAlgorithm):
     #: The state dict keeps its keys and shapes: a checkpoint loads into an unmodified model.
     changes_module_structure = False
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         precision = run_precision(state)
         if not is_mixed_precision(precision):
             warn_no_effect("LowPrecisionLayerNorm", precision)

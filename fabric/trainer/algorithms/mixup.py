@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 
@@ -120,7 +121,7 @@ class MixingAlgorithm(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS)
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event is Event.BEFORE_FORWARD:
             inputs = get_batch_item(state.batch, self.input_key)
             self._original = (inputs, get_batch_item(state.batch, self.target_key))

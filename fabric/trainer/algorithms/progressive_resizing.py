@@ -13,7 +13,6 @@ Event: ``AFTER_DATALOADER``, on the whole batch. Inputs are ``(N, C, H, W)``.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 MODES = ("resize", "crop")
@@ -113,7 +113,7 @@ class ProgressiveResizing(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_DATALOADER
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         scale = resize_scale(
             float(state.get_elapsed_duration()), self.initial_scale, self.delay_fraction, self.finetune_fraction
         )

@@ -32,6 +32,7 @@ from fabric.trainer.algorithms.augmentation_primitives import (
     resolve_augmentation_set,
 )
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 
@@ -86,7 +87,7 @@ class RandAugment(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event is Event.FIT_START
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         add_dataset_transform("RandAugment", state, self.transform)
 
     def __repr__(self) -> str:

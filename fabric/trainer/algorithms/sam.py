@@ -37,6 +37,7 @@ from fabric.trainer.algorithms.cutmix import CutMix
 from fabric.trainer.algorithms.label_smoothing import LabelSmoothing
 from fabric.trainer.algorithms.mixup import MixUp
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.microbatch import batch_size as count_samples
 from fabric.trainer.microbatch import loss_weight, split_batch
 from fabric.trainer.state import State
@@ -81,7 +82,7 @@ class SAM(Algorithm):
             return True
         return event is Event.AFTER_TRAIN_BATCH and int(state.timestamp.batch) % self.interval == 0
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         if not self._checked:
             if _uses_grad_scaler(state):
                 raise ValueError(

@@ -28,6 +28,7 @@ from torch import nn
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, index_batch, set_batch_item
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.microbatch import batch_size
 from fabric.trainer.state import State
 
@@ -131,7 +132,7 @@ class SelectiveBackprop(Algorithm):
             self.interrupt,
         )
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         if not self._loss_checked:
             self._check_model_loss(state.model)
             self._loss_checked = True

@@ -20,6 +20,7 @@ import torch
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 
 
@@ -78,7 +79,7 @@ class SeqLengthWarmup(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_DATALOADER
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         length = warmup_length(
             float(state.get_elapsed_duration()), self.duration, self.min_seq_length, self.max_seq_length, self.step_size
         )

@@ -33,6 +33,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 from fabric.trainer.surgery import SurgeryAlgorithm
 from fabric.trainer.time import Time, TimeUnit, elapsed_fraction
@@ -156,7 +157,7 @@ class StochasticDepth(SurgeryAlgorithm):
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT or (event == Event.BATCH_START and self.drop_warmup.value > 0)
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.INIT:
             super().apply(event, state, logger)
         else:

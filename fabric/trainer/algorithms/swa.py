@@ -27,6 +27,7 @@ from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.ema import model_tensors, time_reached
 from fabric.trainer.events import Event
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.state import State
 from fabric.trainer.time import Time, TimeUnit
 from fabric.wrappers import FabricModule
@@ -88,7 +89,7 @@ class SWA(Algorithm):
             return False
         return int(state.timestamp.get(self.update_interval.unit)) % int(self.update_interval.value) == 0
 
-    def apply(self, event: Event, state: State, logger: Any) -> None:
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event is Event.BEFORE_TRAIN_BATCH:
             self._set_swa_lr(state)
             return

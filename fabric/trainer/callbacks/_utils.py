@@ -82,7 +82,7 @@ def uses_clock(template: str) -> bool:
     return bool(used - {"run_name", "rank"})
 
 
-def check_local_files(owner: str, remote_file_name: str | None, overwrite: Any) -> bool:
+def check_local_files(owner: str, remote_file_name: str | None, overwrite: object) -> bool:
     """Composer's ``remote_file_name`` (an upload) must be None: these callbacks write to their folder only.
     Returns ``overwrite``, checked to be a bool."""
     if remote_file_name is not None:
@@ -95,7 +95,7 @@ def check_local_files(owner: str, remote_file_name: str | None, overwrite: Any) 
     return overwrite
 
 
-def check_count(value: Any, what: str, minimum: int) -> int:
+def check_count(value: object, what: str, minimum: int) -> int:
     """``value`` if it is a whole number (not a bool) of at least ``minimum``; else a ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{what} must be a whole number, at least {minimum}; got {value!r}.")

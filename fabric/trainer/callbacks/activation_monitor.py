@@ -16,6 +16,7 @@ from fabric.trainer.time import Time
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 #: The name of the model itself (the root module, whose name in ``named_modules`` is empty).
@@ -66,11 +67,11 @@ class ActivationMonitor(Callback):
         self._recorded: dict[str, torch.Tensor] = {}
         self._last_logged: int | None = None  # the interval-unit count last logged
 
-    def before_forward(self, state: State, logger: Any) -> None:
+    def before_forward(self, state: State, logger: Logger) -> None:
         if self._due(state) and not self._handles:
             self._attach(user_model(state))
 
-    def after_forward(self, state: State, logger: Any) -> None:
+    def after_forward(self, state: State, logger: Logger) -> None:
         if not self._handles:
             return
         self._detach()
@@ -80,7 +81,7 @@ class ActivationMonitor(Callback):
             values = torch.stack(list(recorded.values())).tolist()  # one sync for all of them
             self._log(dict(zip(recorded, values, strict=True)), int(state.timestamp.batch) + 1, logger)
 
-    def fit_end(self, state: State, logger: Any) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
         self._detach()  # a forward that raised left them on
 
     def _due(self, state: State) -> bool:
@@ -106,7 +107,7 @@ class ActivationMonitor(Callback):
         return False
 
     def _hook(self, name: str) -> Any:
-        def record(module: nn.Module, inputs: Any, output: Any) -> None:
+        def record(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
             with torch.no_grad():
                 for index, value in enumerate(inputs):
                     self._record(name, f"_input.{index}", value)
@@ -117,7 +118,7 @@ class ActivationMonitor(Callback):
 
         return record
 
-    def _record(self, name: str, suffix: str, value: Any) -> None:
+    def _record(self, name: str, suffix: str, value: object) -> None:
         """The statistics of ``value``, or of the tensors nested in it (``<name>_<i>``)."""
         if isinstance(value, torch.Tensor):
             if value.is_floating_point() and value.numel() > 0:
@@ -130,7 +131,7 @@ class ActivationMonitor(Callback):
             for index, item in enumerate(value):
                 self._record(f"{name}_{index}", suffix, item)
 
-    def _log(self, metrics: dict[str, float], step: int, logger: Any) -> None:
+    def _log(self, metrics: dict[str, float], step: int, logger: Logger) -> None:
         from fabric.trainer.loggers.wandb_logger import WandBLogger  # imports no wandb
 
         wandb = [each for each in logger.destinations if isinstance(each, WandBLogger)]
@@ -157,5 +158,5 @@ def activation_statistics(value: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def _is_ignore_rule(rule: Any) -> bool:
+def _is_ignore_rule(rule: object) -> bool:
     return isinstance(rule, str) or (isinstance(rule, type) and issubclass(rule, nn.Module))

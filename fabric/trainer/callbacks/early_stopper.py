@@ -16,6 +16,7 @@ from fabric.trainer.callback import Callback
 from fabric.trainer.time import Time, Timestamp, TimeUnit
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 #: ``comparator(a, b)`` is true when ``a`` is better than ``b`` (``operator.lt``: lower is better).
@@ -61,11 +62,11 @@ class MetricWatcher(Callback, ABC):
     def is_better(self, value: float, reference: float) -> bool:
         return bool(self.comparator(value, reference))
 
-    def eval_end(self, state: State, logger: Any) -> None:
+    def eval_end(self, state: State, logger: Logger) -> None:
         if self.dataloader_label != TRAIN_LABEL and state.dataloader_label == self.dataloader_label:
             self.on_metric(state, self._read(state))
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         if self.dataloader_label == TRAIN_LABEL:
             self.on_metric(state, self._read(state))
 

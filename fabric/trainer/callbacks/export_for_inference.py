@@ -16,6 +16,7 @@ from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_file_name, check_name, format_name, global_rank, user_model
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 #: The accepted ``save_format`` values and the default file name of each.
@@ -64,7 +65,7 @@ class ExportForInference(Callback):
         transforms: Sequence[Callable[[nn.Module], nn.Module]] | None = None,
         input_names: Sequence[str] | None = None,
         output_names: Sequence[str] | None = None,
-        save_object_store: Any = None,
+        save_object_store: object = None,
         dynamic_batch: bool = True,
     ) -> None:
         if save_format not in SAVE_FORMATS:
@@ -108,11 +109,11 @@ class ExportForInference(Callback):
         self.exported_path: str | None = None
         self._first_batch: Any = None
 
-    def before_forward(self, state: State, logger: Any) -> None:
+    def before_forward(self, state: State, logger: Logger) -> None:
         if self.sample_input is None and self._first_batch is None:
             self._first_batch = _on_cpu(state.batch)
 
-    def fit_end(self, state: State, logger: Any) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
         if global_rank(state) == 0:
             self._export(state)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch.optim import Optimizer
 
@@ -11,6 +11,7 @@ from fabric.trainer.callback import Callback
 from fabric.wrappers import FabricOptimizer
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 
@@ -21,7 +22,7 @@ class LRMonitor(Callback):
     optimizers share a class, the second and later get a numeric suffix (``lr-SGD-1/group0``).
     """
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         seen: Counter[str] = Counter()
         values: dict[str, float] = {}
         for optimizer in state.optimizers:

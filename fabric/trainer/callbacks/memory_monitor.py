@@ -6,15 +6,18 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_count, training_device, world_size
+from fabric.trainer.state import require_fabric
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
+    from fabric.utilities.distributed import ReduceOp
 
 #: Composer's default ``torch.cuda.memory_stats`` keys and the names they are logged under (after ``memory/``).
 CUDA_MEMORY_KEYS: dict[str, str] = {
@@ -65,7 +68,7 @@ class MemoryMonitor(Callback):
         self.memory_keys = dict(memory_keys) if memory_keys is not None else None
         self.dist_aggregate_batch_interval = dist_aggregate_batch_interval
 
-    def after_train_batch(self, state: State, logger: Any) -> None:
+    def after_train_batch(self, state: State, logger: Logger) -> None:
         device = training_device(state)
         if device.type == "cuda":
             report = cuda_memory_report(device, self.memory_keys or CUDA_MEMORY_KEYS)
@@ -130,8 +133,9 @@ def _aggregated(state: State, report: dict[str, float]) -> dict[str, float]:
     names = list(report)
     values = torch.tensor([report[name] for name in names], dtype=torch.float64)
     aggregated = {}
-    for suffix, op in (("avg", "mean"), ("min", "min"), ("max", "max")):
-        reduced = state.fabric.all_reduce(values, reduce_op=op).tolist()
+    reductions: tuple[tuple[str, ReduceOp], ...] = (("avg", "mean"), ("min", "min"), ("max", "max"))
+    for suffix, op in reductions:
+        reduced = require_fabric(state).all_reduce(values, reduce_op=op).tolist()
         aggregated.update({f"{name}_{suffix}": value for name, value in zip(names, reduced, strict=True)})
     return aggregated
 

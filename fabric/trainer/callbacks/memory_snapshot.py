@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +23,7 @@ from fabric.trainer.time import Time
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 
@@ -69,15 +70,15 @@ class MemorySnapshot(Callback):
         self._started_at: int | None = None  # the clock, in the interval's unit, when recording started
         self._enabled: bool | None = None  # None until the device is known
 
-    def init(self, state: State, logger: Any) -> None:
+    def init(self, state: State, logger: Logger) -> None:
         self._check_device(state)
 
-    def batch_start(self, state: State, logger: Any) -> None:
+    def batch_start(self, state: State, logger: Logger) -> None:
         if self._check_device(state) and self._started_at is None and self._batches_to_skip == 0:
             torch.cuda.memory._record_memory_history(enabled="all", max_entries=self.max_entries)
             self._started_at = int(state.timestamp.get(self.interval.unit))
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         if not self._enabled:
             return
         if self._batches_to_skip > 0:
@@ -90,7 +91,7 @@ class MemorySnapshot(Callback):
             finally:
                 self._stop()
 
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Stop a recording that training ended in the middle of."""
         self._stop()
 

@@ -11,6 +11,7 @@ import torch
 from fabric.trainer.callback import Callback
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 
@@ -22,7 +23,7 @@ class NaNMonitor(Callback):
     rather than training on garbage for hours.
     """
 
-    def after_loss(self, state: State, logger: Any) -> None:
+    def after_loss(self, state: State, logger: Logger) -> None:
         if not _is_finite(state.loss):
             raise RuntimeError(
                 f"The loss is not finite at batch index {int(state.timestamp.batch)} "

@@ -22,6 +22,7 @@ from fabric.trainer.callbacks._utils import (
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 #: The files written per out-of-memory error: ``<filename><suffix>``, as Composer names them.
@@ -70,13 +71,13 @@ class OOMObserver(Callback):
         self._set_up = False
         self._enabled = False
 
-    def init(self, state: State, logger: Any) -> None:
+    def init(self, state: State, logger: Logger) -> None:
         self._set_up_once(state)
 
-    def fit_start(self, state: State, logger: Any) -> None:
+    def fit_start(self, state: State, logger: Logger) -> None:
         self._set_up_once(state)  # when INIT was not seen (a callback added to a running trainer)
 
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Stop recording; the observer cannot be detached, so it stays but does nothing."""
         if self._enabled:
             self._enabled = False

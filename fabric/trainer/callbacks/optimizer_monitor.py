@@ -13,6 +13,7 @@ from fabric.trainer.callbacks._utils import check_count, user_model
 from fabric.wrappers import unwrap_optimizer
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 #: Optimizer state entries holding a first moment: Adam's family, and SGD's momentum.
@@ -62,14 +63,14 @@ class OptimizerMonitor(Callback):
     def _logs(self, step: int) -> bool:
         return step % self.batch_log_interval == 0
 
-    def batch_start(self, state: State, logger: Any) -> None:
+    def batch_start(self, state: State, logger: Logger) -> None:
         self._before_step = None
         if self.log_update_norms and self._logs(int(state.timestamp.batch) + 1):
             self._before_step = {
                 name: parameter.detach().clone() for name, parameter in _trained_parameters(user_model(state))
             }
 
-    def after_train_batch(self, state: State, logger: Any) -> None:
+    def after_train_batch(self, state: State, logger: Logger) -> None:
         step = int(state.timestamp.batch) + 1  # the batch being trained, as its loss
         if not self._logs(step):
             return
@@ -83,7 +84,7 @@ class OptimizerMonitor(Callback):
         if metrics:
             logger.log_metrics(metrics, step=step)
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         step = int(state.timestamp.batch)  # advanced past the batch just trained
         before, self._before_step = self._before_step, None
         if not self._logs(step):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabric.trainer.callback import Callback
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 
@@ -26,11 +27,11 @@ class RuntimeEstimator(Callback):
         self._batches_seen = 0
         self._start: tuple[float, float] | None = None  # (seconds, progress) when the measurement began
 
-    def batch_start(self, state: State, logger: Any) -> None:
+    def batch_start(self, state: State, logger: Logger) -> None:
         if self._batches_seen == self.skip_batches:
             self._start = (state.timestamp.total_wct.total_seconds(), _progress(state))
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         self._batches_seen += 1
         if self._start is None:
             return

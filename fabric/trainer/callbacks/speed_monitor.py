@@ -10,6 +10,7 @@ from fabric.trainer.callback import Callback
 from fabric.utilities.throughput import Throughput
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
     from fabric.trainer.time import Timestamp
 
@@ -68,17 +69,17 @@ class SpeedMonitor(Callback):
         throughput.update(time=0.0, batches=0, samples=0, lengths=0 if counts_tokens else None)
         return throughput
 
-    def fit_start(self, state: State, logger: Any) -> None:
+    def fit_start(self, state: State, logger: Logger) -> None:
         if self.flops_available_per_device is not None and _flops_per_batch(state) is None:
             raise ValueError(
                 f"SpeedMonitor(flops_available_per_device=...) computes MFU from the model's FLOPs, but "
                 f"{type(state.model).__name__} has no flops_per_batch(batch) method."
             )
 
-    def batch_start(self, state: State, logger: Any) -> None:
+    def batch_start(self, state: State, logger: Logger) -> None:
         self._batch_start = state.timestamp
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         now, before = state.timestamp, self._batch_start
         if before is None:
             raise RuntimeError("SpeedMonitor saw BATCH_END without BATCH_START, so it cannot count the batch.")

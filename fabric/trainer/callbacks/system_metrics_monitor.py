@@ -10,8 +10,10 @@ import torch
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import training_device, world_size
+from fabric.trainer.state import require_fabric
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 #: Per-GPU metrics (Composer's names) and how to read them from ``torch.cuda`` (through NVML).
@@ -50,7 +52,7 @@ class SystemMetricsMonitor(Callback):
         self._checked = False  # whether the device was looked at
         psutil.cpu_percent(interval=None)  # starts the count that the first batch's reading ends
 
-    def init(self, state: State, logger: Any) -> None:
+    def init(self, state: State, logger: Logger) -> None:
         self._check_device(state)
 
     def _check_device(self, state: State) -> None:
@@ -70,7 +72,7 @@ class SystemMetricsMonitor(Callback):
             ) from None
         self._gpu = device
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         self._check_device(state)
         metrics = self._node_metrics()
         if self._gpu is not None:
@@ -101,7 +103,7 @@ class SystemMetricsMonitor(Callback):
             dtype=torch.float64,
         )
         # One row per rank; all ranks reach every BATCH_END, so the gather cannot hang.
-        per_rank = state.fabric.all_gather(values).cpu() if world_size(state) > 1 else values.unsqueeze(0)
+        per_rank = require_fabric(state).all_gather(values).cpu() if world_size(state) > 1 else values.unsqueeze(0)
         metrics = {}
         for column, name in enumerate(GPU_METRICS):
             ranks = per_rank[:, column]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabric.trainer.callbacks.early_stopper import Comparator, MetricWatcher
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 
@@ -46,7 +47,7 @@ class ThresholdStopper(MetricWatcher):
         else:
             self._stop_at_epoch_end = True
 
-    def epoch_end(self, state: State, logger: Any) -> None:
+    def epoch_end(self, state: State, logger: Logger) -> None:
         if self._stop_at_epoch_end:
             state.stop_training()
 

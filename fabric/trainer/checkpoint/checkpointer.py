@@ -18,7 +18,7 @@ import re
 from collections.abc import Collection
 from concurrent.futures import Future
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,10 +28,13 @@ from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
 from fabric.trainer.checkpoint.storage import Folder, checkpoints_in, format_name
 from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
-from fabric.trainer.state import State
+from fabric.trainer.state import State, require_fabric
 from fabric.trainer.surgery import surgery_records
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from fabric.fabric import Fabric
 
 #: The version of the checkpoint format this code writes, and the newest it reads.
 _FORMAT_VERSION = 1
@@ -65,7 +68,7 @@ class TrainerCheckpointer:
     ) -> Future[None]:
         """Write a checkpoint of the Trainer to ``path`` (every rank must call this); the future completes when
         it is complete at ``path`` (at once, unless ``async_save`` writes it in the background)."""
-        fabric = self.state.fabric
+        fabric = require_fabric(self.state)
         options: dict[str, Any] = {
             "storage_options": storage_options if storage_options is not None else self.storage_options,
             "async_save": async_save,
@@ -101,8 +104,8 @@ class TrainerCheckpointer:
             self.trainer_state.ignore = frozenset(key for key in ignore_keys if key in SECTIONS)
             entries["trainer"] = self.trainer_state
             if "rng" not in ignore_keys:
-                entries["rng"] = RngStates(self.state.fabric)
-        fabric = self.state.fabric
+                entries["rng"] = RngStates(require_fabric(self.state))
+        fabric = require_fabric(self.state)
         check_format(read_meta(path, fabric.strategy.checkpoint_io, self.storage_options), path)
         fabric.load(path, entries, strict=strict, storage_options=self.storage_options)
         rng = entries.get("rng")
@@ -113,7 +116,7 @@ class TrainerCheckpointer:
         return {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.state.optimizers)}
 
     def _restore_rng(self, rng: dict[str, Any]) -> None:
-        fabric = self.state.fabric
+        fabric = require_fabric(self.state)
         saved_world_size = len(rng["torch"])
         if saved_world_size != fabric.world_size:
             rank_zero_warn(
@@ -136,7 +139,7 @@ class RngStates:
     load succeeded. Saving and loading it are collectives, as are ``fabric.save`` and ``fabric.load``.
     """
 
-    def __init__(self, fabric: Any) -> None:
+    def __init__(self, fabric: Fabric) -> None:
         self.fabric = fabric
         self.loaded: dict[str, Any] | None = None
 
@@ -173,7 +176,7 @@ def find_resume_checkpoint(
     return folder.join(found[-1][1]) if found else None
 
 
-def check_format(meta: Any, path: str) -> None:
+def check_format(meta: object, path: str) -> None:
     """Refuse what this version cannot load as a Trainer checkpoint: one without our format marker in its
     ``meta`` (not written by the Trainer), of a foreign format, or of a newer version of ours."""
     not_ours = (

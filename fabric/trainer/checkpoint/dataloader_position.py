@@ -72,7 +72,7 @@ def capture_epoch_start(dataloader: Iterable[Any]) -> dict[str, Any]:
     }
 
 
-def has_state_protocol(obj: Any) -> bool:
+def has_state_protocol(obj: object) -> bool:
     """Whether ``obj`` saves and restores its own state: ``state_dict()`` takes no argument and
     ``load_state_dict(state)`` one. A method of another signature (mosaicml-streaming's
     ``StreamingDataset.state_dict(num_samples, from_beginning)``) is never called blindly."""
@@ -81,7 +81,7 @@ def has_state_protocol(obj: Any) -> bool:
     )
 
 
-def keeps_own_position(dataloader: Any) -> bool:
+def keeps_own_position(dataloader: object) -> bool:
     """Whether the loader itself knows how far into the epoch it is and resumes there (mosaicml-streaming's
     ``StreamingDataLoader``, torchdata's ``StatefulDataLoader``): then its ``state_dict()`` is the position."""
     return has_state_protocol(dataloader)
@@ -94,7 +94,7 @@ def capture_loader_state(dataloader: Any) -> Any:
     return state
 
 
-def _callable_with(function: Any, arguments: int) -> bool:
+def _callable_with(function: object, arguments: int) -> bool:
     if not callable(function):
         return False
     try:
@@ -165,7 +165,7 @@ def _resumed_batches(
 class _Once:
     """Calls ``function(argument)`` the first time it is called, and does nothing after that."""
 
-    def __init__(self, function: Callable[[Any], None], argument: Any) -> None:
+    def __init__(self, function: Callable[[Any], None], argument: object) -> None:
         self._function: Callable[[Any], None] | None = function
         self._argument = argument
 
@@ -246,7 +246,7 @@ def _generators(dataloader: Iterable[Any], samplers: list[Any]) -> list[torch.Ge
     return found
 
 
-def _has_epoch(sampler: Any) -> bool:
+def _has_epoch(sampler: object) -> bool:
     epoch = getattr(sampler, "epoch", None)
     return isinstance(epoch, int) and not isinstance(epoch, bool)
 
@@ -278,7 +278,7 @@ def _index_skip_obstacle(dataloader: Iterable[Any]) -> str | None:
 # --- putting the epoch start back --------------------------------------------------------------------
 
 
-def _check_epoch_start(dataloader: Iterable[Any], epoch_start: Any) -> None:
+def _check_epoch_start(dataloader: Iterable[Any], epoch_start: object) -> None:
     """Raise before anything changes unless ``epoch_start`` was captured from a loader built like this one."""
     if not isinstance(epoch_start, Mapping) or epoch_start.get("format") != _FORMAT:
         raise ValueError(
@@ -356,7 +356,7 @@ def _hand_over_workers(dataloader: Iterable[Any], resumed: Iterable[Any]) -> Non
         object.__setattr__(dataloader, "_iterator", workers)
 
 
-def _check_loadable(value: Any, where: str) -> None:
+def _check_loadable(value: object, where: str) -> None:
     """Raise unless ``value`` holds only what ``torch.load(weights_only=True)`` reads back."""
     if isinstance(value, Mapping):
         for key, item in value.items():

@@ -36,6 +36,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import torch
+from torch import nn
 
 from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.trainer.checkpoint.checkpointer import (
@@ -47,7 +48,7 @@ from fabric.trainer.checkpoint.checkpointer import (
     read_meta,
 )
 from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
-from fabric.trainer.state import State
+from fabric.trainer.state import State, require_fabric
 from fabric.trainer.surgery import surgery_records
 
 #: Composer's path for each part of this Trainer's checkpoint (other than the model's keys).
@@ -76,7 +77,7 @@ _REFUSED = {
 }
 
 
-def check_ignore_paths(paths: Any, name: str) -> tuple[str, ...]:
+def check_ignore_paths(paths: object, name: str) -> tuple[str, ...]:
     """``paths`` as a tuple of Composer path globs (or plain part names); ``ValueError`` naming what is refused."""
     if isinstance(paths, str) or not isinstance(paths, Iterable) or callable(paths):
         raise ValueError(
@@ -154,7 +155,7 @@ def _names_something(path: str) -> bool:
     return bool(matched_parts([path])) or path in ABSENT or path.startswith("state/model/")
 
 
-def _model_keys(model: Any) -> list[str]:
+def _model_keys(model: nn.Module) -> list[str]:
     """The keys of the model's state dict (its parameters and buffers), without gathering a sharded model."""
     module = getattr(model, "module", model)
     return [name for name, _ in (*module.named_parameters(), *module.named_buffers())]
@@ -194,7 +195,7 @@ class MetricStates:
             state.metrics.update(_unblob(state_dict["metric_values"]))
 
 
-def _metric_state(metric: Any) -> dict[str, Any] | None:
+def _metric_state(metric: object) -> dict[str, Any] | None:
     """A metric's accumulated state: a torchmetrics ``metric_state`` (every state, persistent or not), another
     object's ``state_dict()``, or None for objects without one (the Trainer's averages of plain callables)."""
     states = getattr(metric, "metric_state", None)
@@ -217,7 +218,7 @@ def _load_metrics(metrics: Mapping[str, Any], saved: Mapping[str, Any]) -> None:
             metric.load_state_dict(values)
 
 
-def _to_cpu(value: Any) -> Any:
+def _to_cpu(value: object) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().clone()
     if isinstance(value, list):
@@ -225,7 +226,7 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def _to_device(value: Any, device: Any) -> Any:
+def _to_device(value: object, device: torch.device | None) -> Any:
     if isinstance(value, torch.Tensor) and device is not None:
         return value.to(device)
     if isinstance(value, list):
@@ -233,13 +234,13 @@ def _to_device(value: Any, device: Any) -> Any:
     return value
 
 
-def _blob(value: Any) -> bytes:
+def _blob(value: object) -> bytes:
     buffer = io.BytesIO()
     torch.save(value, buffer)
     return buffer.getvalue()
 
 
-def _unblob(blob: Any) -> Any:
+def _unblob(blob: object) -> Any:
     if not isinstance(blob, bytes):
         raise ValueError(f"the metrics entry holds a {type(blob).__name__} where a serialized value belongs")
     return torch.load(io.BytesIO(blob), weights_only=True)
@@ -289,7 +290,7 @@ class SelectiveCheckpointer(TrainerCheckpointer):
 
     def _check_strategy(self) -> None:
         """Refuse, when the Trainer is built, what this strategy's checkpoints cannot leave out."""
-        strategy = self.state.fabric.strategy
+        strategy = require_fabric(self.state).strategy
         if self._keeps_model_key is not None and strategy.saves_on_every_rank:
             raise ValueError(
                 f"save_ignore_keys={list(self.save_ignore_keys)} leaves single weights out of the model, which "
@@ -309,7 +310,7 @@ class SelectiveCheckpointer(TrainerCheckpointer):
         storage_options: StorageOptions = None,
         async_save: bool = False,
     ) -> Future[None]:
-        fabric = self.state.fabric
+        fabric = require_fabric(self.state)
         left_out = self.left_out
         options: dict[str, Any] = {
             "storage_options": storage_options if storage_options is not None else self.storage_options,
@@ -347,7 +348,7 @@ class SelectiveCheckpointer(TrainerCheckpointer):
         """Restore from ``path``, skipping ``ignore_keys`` (part names or Composer paths) and the parts the save left
         out; on any error nothing changed."""
         skipped = load_parts(ignore_keys)
-        fabric = self.state.fabric
+        fabric = require_fabric(self.state)
         meta = read_meta(path, fabric.strategy.checkpoint_io, self.storage_options)
         check_format(meta, path)
         skipped |= {part for part in meta.get("ignored", ()) if part in PARTS}  # (a sharded save drops an empty list)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fabric.utilities.exit_codes import PREEMPTED_EXIT_CODE
+
+if TYPE_CHECKING:
+    from fabric.fabric import Fabric
 
 __all__ = ["PREEMPTED_EXIT_CODE", "PreemptionWatch", "TrainingPreempted"]
 
@@ -54,7 +57,7 @@ class PreemptionWatch:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
 
-    def requested_anywhere(self, fabric: Any) -> bool:
+    def requested_anywhere(self, fabric: Fabric) -> bool:
         """Whether any rank received SIGTERM; every rank gets the same answer (one small all-reduce)."""
         if fabric.world_size == 1:
             return self.requested

@@ -8,6 +8,7 @@ and of a fixed shape per kind, so every rank's states can be all-gathered into o
 from __future__ import annotations
 
 import random
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ def capture_rng_state() -> dict[str, torch.Tensor]:
     return state
 
 
-def _numpy() -> Any:
+def _numpy() -> ModuleType | None:
     """The numpy module, or None where it is not installed."""
     if not _NUMPY_AVAILABLE:
         return None
@@ -47,7 +48,7 @@ def _numpy() -> Any:
     return numpy
 
 
-def _int64_tensor(values: tuple[int, ...], numpy: Any) -> torch.Tensor:
+def _int64_tensor(values: tuple[int, ...], numpy: ModuleType | None) -> torch.Tensor:
     if numpy is None:
         return torch.tensor(values, dtype=torch.int64)
     return torch.from_numpy(numpy.array(values, dtype=numpy.int64))

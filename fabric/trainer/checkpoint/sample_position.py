@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, SequentialSampler
 
 from fabric.utilities.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from fabric.trainer.checkpoint.trainer_state import DataPosition
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class EpochOrder:
         return cls(int(state["num_samples"]), bool(state["shuffle"]), int(state["seed"]), int(state["epoch"]))
 
 
-def epoch_order(dataloader: Any) -> EpochOrder | None:
+def epoch_order(dataloader: object) -> EpochOrder | None:
     """The order of ``dataloader``'s current epoch if it does not depend on the number of ranks, else None."""
     if not isinstance(dataloader, DataLoader) or isinstance(dataloader.dataset, IterableDataset):
         return None
@@ -80,7 +83,7 @@ def trained_in_layout(order: EpochOrder, world_size: int, batch_size: int, batch
     return trained
 
 
-def layout_batch_size(dataloader: Any) -> int | None:
+def layout_batch_size(dataloader: object) -> int | None:
     """Samples per batch on each rank, or None when the loader does not batch with a fixed size."""
     batch_sampler = getattr(dataloader, "batch_sampler", None)
     if type(batch_sampler) is BatchSampler:
@@ -171,7 +174,7 @@ class PlannedBatches:
 
 
 def samples_record(
-    dataloader: Any, world_size: int, batches_done: int, epoch_plan: tuple[EpochPlan, int] | None
+    dataloader: object, world_size: int, batches_done: int, epoch_plan: tuple[EpochPlan, int] | None
 ) -> dict[str, Any] | None:
     """What a checkpoint taken ``batches_done`` batches into the epoch records for a resume by samples: the
     dataset's length and the batch size (to refuse a resume that cannot keep the position), and, for an order
@@ -193,7 +196,7 @@ def samples_record(
     return record
 
 
-def layout_change(position: Any, dataloader: Any, world_size: int) -> str | None:
+def layout_change(position: DataPosition, dataloader: object, world_size: int) -> str | None:
     """How this run's layout differs from the checkpoint's ("2 rank(s) -> 1, batch size 8 -> 16"), or None."""
     changes = []
     if position.world_size != world_size:
@@ -205,7 +208,7 @@ def layout_change(position: Any, dataloader: Any, world_size: int) -> str | None
     return ", ".join(changes) or None
 
 
-def check_resumable(position: Any, dataloader: Any, world_size: int) -> None:
+def check_resumable(position: DataPosition, dataloader: object, world_size: int) -> None:
     """Refuse, before anything is loaded, a mid-epoch position this run cannot continue without losing or
     repeating samples: another dataset length, or another layout where the epoch's order is unknown."""
     samples = position.samples or {}
@@ -232,7 +235,7 @@ def count_untrained(samples: dict[str, Any]) -> int:
     return length - int(unpack(samples["trained"], length).sum())
 
 
-def resumed_plan(samples: dict[str, Any], dataloader: Any, world_size: int) -> EpochPlan:
+def resumed_plan(samples: dict[str, Any], dataloader: object, world_size: int) -> EpochPlan:
     """The plan of the rest of the epoch on this run's ranks, in this run's batch size."""
     order = EpochOrder.from_state_dict(samples["order"])
     batch_size = layout_batch_size(dataloader)
@@ -240,7 +243,7 @@ def resumed_plan(samples: dict[str, Any], dataloader: Any, world_size: int) -> E
     return EpochPlan(order, unpack(samples["trained"], order.num_samples), world_size, batch_size)
 
 
-def planned_epoch(dataloader: Any, batches: list[list[int]], epoch_start: dict[str, Any]) -> Iterator[Any]:
+def planned_epoch(dataloader: Iterable[Any], batches: list[list[int]], epoch_start: dict[str, Any]) -> Iterator[Any]:
     """The loader's batches for ``batches`` (its own fetching, collation and device), then the loader set to
     go on with the next epoch as the interrupted run would have."""
     from fabric.wrappers import FabricDataLoader

@@ -38,7 +38,8 @@ from fabric.trainer.checkpoint.storage import (
 )
 from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalInput, create_interval, fires_once
-from fabric.trainer.state import State
+from fabric.trainer.loggers.logger import Logger
+from fabric.trainer.state import State, require_fabric
 
 #: ``save(path, weights_only, storage_options, async_save)``: write a Trainer checkpoint (a collective call);
 #: the future completes when the checkpoint is complete.
@@ -124,15 +125,15 @@ class CheckpointSaver(Callback):
             raise RuntimeError("CheckpointSaver is not bound to a Trainer yet.")
         return self._folder
 
-    def batch_checkpoint(self, state: State, logger: Any) -> None:
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
         if self.interval(state, Event.BATCH_END):
             self.save(state)
 
-    def epoch_checkpoint(self, state: State, logger: Any) -> None:
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         if self.interval(state, Event.EPOCH_END):
             self.save(state)
 
-    def fit_end(self, state: State, logger: Any) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
         try:
             self.wait()
         finally:
@@ -141,7 +142,7 @@ class CheckpointSaver(Callback):
     def save(self, state: State) -> str:
         """Save now (on every rank: it is a collective); returns the checkpoint's URL."""
         assert self._save is not None, "bind() first"
-        fabric, folder = state.fabric, self.folder
+        fabric, folder = require_fabric(state), self.folder
         name = format_name(self.filename, self._name_values(state))
         if not self.overwrite and fabric.broadcast(folder.exists(name) if fabric.is_global_zero else False):
             raise FileExistsError(
@@ -173,7 +174,7 @@ class CheckpointSaver(Callback):
         if self._uploader is not None:
             self._uploader.wait()
 
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         try:
             if self._uploader is not None:
                 self._uploader.close()

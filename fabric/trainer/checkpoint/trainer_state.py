@@ -32,14 +32,14 @@ SECTIONS = ("timestamp", "schedulers", "algorithms", "callbacks", "dataloader", 
 _EMPTY_SECTIONS: dict[str, Any] = {"schedulers": [], "algorithms": {}, "callbacks": {}}
 
 
-def _blob(value: Any) -> bytes:
+def _blob(value: object) -> bytes:
     """``value`` serialized whole (tensors, ints, strings, lists and dicts: it loads with ``weights_only=True``)."""
     buffer = io.BytesIO()
     torch.save(value, buffer)
     return buffer.getvalue()
 
 
-def _unblob(blob: Any) -> Any:
+def _unblob(blob: object) -> Any:
     if blob is None:  # a checkpoint written before these were blobs had no such entry
         return None
     if not isinstance(blob, bytes):
@@ -176,7 +176,9 @@ class TrainerCheckpointState:
         return objects
 
     @staticmethod
-    def _check_names(section: str, expected: Any, state_dict: Mapping[str, Any], sections: Sequence[str]) -> None:
+    def _check_names(
+        section: str, expected: int | Collection[str], state_dict: Mapping[str, Any], sections: Sequence[str]
+    ) -> None:
         """The checkpoint must hold exactly this trainer's schedulers/algorithms/callbacks (by count or name)."""
         if section not in sections:
             return

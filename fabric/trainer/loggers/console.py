@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalInput, create_interval
 from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 
@@ -38,21 +39,21 @@ class ConsoleLogger(LoggerDestination):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         (self._eval_values if self._evaluating else self._train_values).update(metrics)
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         if self.log_interval(state, Event.BATCH_END):
             self._print_line(state, "train", self._train_values)
 
-    def epoch_end(self, state: State, logger: Any) -> None:
+    def epoch_end(self, state: State, logger: Logger) -> None:
         if self.log_interval(state, Event.EPOCH_END):
             self._print_line(state, "train", self._train_values)
 
-    def fit_end(self, state: State, logger: Any) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
         self._print_line(state, "train", self._train_values)
 
-    def eval_start(self, state: State, logger: Any) -> None:
+    def eval_start(self, state: State, logger: Logger) -> None:
         self._evaluating = True
 
-    def eval_end(self, state: State, logger: Any) -> None:
+    def eval_end(self, state: State, logger: Logger) -> None:
         self._evaluating = False
         self._print_line(state, state.dataloader_label or "eval", self._eval_values)
 

@@ -7,31 +7,21 @@ overrides (a progress bar redraws at ``batch_end``). Values reach it through the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from fabric.trainer.callback import Callback
+from fabric.trainer.loggers.logger import Logger, LogSink
 
 if TYPE_CHECKING:
     from fabric.trainer.state import State
 
 
-class LoggerDestination(Callback):
+class LoggerDestination(Callback, LogSink):
     """Base class of the trainer's loggers; every method is a no-op until overridden."""
 
     #: Whether ranks other than global rank 0 keep this destination. Files and bars are written once,
     #: by rank 0; an in-memory record for tests may want every rank's values.
     all_ranks: ClassVar[bool] = False
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Record scalar values (``{"loss/train/total": 0.25}``) at ``step`` (the global batch count)."""
-
-    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
-        """Record the run's configuration once."""
-
-    def log_exception(self, exception: BaseException) -> None:
-        """``fit()`` or ``eval()`` is ending with ``exception`` (Composer's name): a tracker marks its run failed
-        (or killed, for ``KeyboardInterrupt``/``SystemExit``), so a crashed run never reads as finished."""
-
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Flush and release files or bars; ``Trainer.close()`` calls it with its state and logger, as Composer's."""

@@ -19,6 +19,7 @@ from fabric.loggers.logger import Logger as FabricLogger
 from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 _P = ParamSpec("_P")
@@ -38,10 +39,10 @@ class FabricLoggerDestination(LoggerDestination):
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         self.logger.log_hyperparams(hyperparameters)
 
-    def fit_end(self, state: State, logger: Any) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
         self.logger.save()  # the files are complete once fit() returns, before close()
 
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         self.logger.finalize("success")
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 
@@ -41,11 +42,11 @@ class FileLogger(LoggerDestination):
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         self._write("".join(f"[hyperparameter] {name}: {value}\n" for name, value in hyperparameters.items()))
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         if self._file is not None and int(state.timestamp.batch) % self.flush_interval == 0:
             self._file.flush()
 
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Flush and close the file; a value logged afterwards reopens it and appends."""
         if self._file is not None:
             self._file.close()

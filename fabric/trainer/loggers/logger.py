@@ -14,21 +14,42 @@ benchmarks and most ranks) it returns before converting anything, so logging cos
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 
 import torch
+from typing_extensions import TypeVar
 
 from fabric.loggers.logger import scalar
-from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
     from fabric.trainer.state import State
 
 
-class Logger:
-    def __init__(self, state: State, destinations: Sequence[LoggerDestination] = ()) -> None:
+class LogSink:
+    """What a :class:`Logger` writes to: the logging half of a ``LoggerDestination`` (its other half, the
+    event hooks, is ``Callback``'s). Kept apart from ``Callback`` so that the Logger, which every callback
+    receives, does not depend on the callback module (that would be an import cycle)."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record scalar values (``{"loss/train/total": 0.25}``) at ``step`` (the global batch count)."""
+
+    def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
+        """Record the run's configuration once."""
+
+    def log_exception(self, exception: BaseException) -> None:
+        """``fit()`` or ``eval()`` is ending with ``exception`` (Composer's name): a tracker marks its run failed
+        (or killed, for ``KeyboardInterrupt``/``SystemExit``), so a crashed run never reads as finished."""
+
+
+#: The kind of sink a Logger holds. Callbacks and algorithms see a plain ``Logger`` (of ``LogSink``s); the
+#: Trainer's own is a ``Logger[LoggerDestination]``, whose destinations it also registers as callbacks.
+SinkT = TypeVar("SinkT", bound=LogSink, default=LogSink, covariant=True)
+
+
+class Logger(Generic[SinkT]):
+    def __init__(self, state: State, destinations: Sequence[SinkT] = ()) -> None:
         self.state = state
-        self.destinations: tuple[LoggerDestination, ...] = tuple(destinations)
+        self.destinations: tuple[SinkT, ...] = tuple(destinations)
 
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
         """Send scalar ``metrics`` to every destination, at ``step`` (default: batches trained so far)."""

@@ -28,6 +28,7 @@ from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 
@@ -65,7 +66,7 @@ class MLFlowLogger(LoggerDestination):
         self._warned = False
         self._dropped = 0
 
-    def init(self, state: State, logger: Any) -> None:
+    def init(self, state: State, logger: Logger) -> None:
         if self.run_name is None:
             self.run_name = state.run_name
 
@@ -84,7 +85,7 @@ class MLFlowLogger(LoggerDestination):
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per call
             client.log_batch(self.run_id, params=params[start : start + 100])
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         if self._pending and int(state.timestamp.batch) % self.flush_interval == 0:
             self.flush()
 
@@ -121,7 +122,7 @@ class MLFlowLogger(LoggerDestination):
         """End the run as FAILED (KILLED for ``KeyboardInterrupt``, ``SystemExit`` and preemption)."""
         self._end("KILLED" if isinstance(exception, (KeyboardInterrupt, SystemExit)) else "FAILED")
 
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Write what is buffered and end the run (FINISHED, unless it failed). A later value starts a new run."""
         self._end("FINISHED")
 

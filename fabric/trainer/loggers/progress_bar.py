@@ -12,6 +12,7 @@ from fabric.trainer.time import TimeUnit
 if TYPE_CHECKING:
     from tqdm import tqdm
 
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 LOSS_NAME = "loss/train/total"
@@ -40,7 +41,7 @@ class ProgressBarLogger(LoggerDestination):
         if LOSS_NAME in metrics:
             self._latest_loss = metrics[LOSS_NAME]
 
-    def fit_start(self, state: State, logger: Any) -> None:
+    def fit_start(self, state: State, logger: Logger) -> None:
         self._close_train_bar()
         total = _batches_in_run(state)
         self._bar_per_epoch = total is None
@@ -48,13 +49,13 @@ class ProgressBarLogger(LoggerDestination):
             done = min(int(state.timestamp.batch), total)  # a resumed run starts part-way
             self._train_bar = self._new_bar("train", total, initial=done, leave=True)
 
-    def epoch_start(self, state: State, logger: Any) -> None:
+    def epoch_start(self, state: State, logger: Logger) -> None:
         if self._bar_per_epoch:
             self._close_train_bar()
             description = f"train epoch {int(state.timestamp.epoch)}"
             self._train_bar = self._new_bar(description, state.dataloader_len, leave=True)
 
-    def batch_end(self, state: State, logger: Any) -> None:
+    def batch_end(self, state: State, logger: Logger) -> None:
         if self._train_bar is None:
             return
         postfix: dict[str, Any] = {"epoch": int(state.timestamp.epoch)}
@@ -63,27 +64,27 @@ class ProgressBarLogger(LoggerDestination):
         self._train_bar.set_postfix(postfix, refresh=False)  # drawn by update(), at tqdm's refresh rate
         self._train_bar.update(1)
 
-    def epoch_end(self, state: State, logger: Any) -> None:
+    def epoch_end(self, state: State, logger: Logger) -> None:
         if self._bar_per_epoch:
             self._close_train_bar()
 
-    def fit_end(self, state: State, logger: Any) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
         self._close_train_bar()
 
-    def eval_start(self, state: State, logger: Any) -> None:
+    def eval_start(self, state: State, logger: Logger) -> None:
         self._close_eval_bar()
         label = state.dataloader_label or "eval"
         description = "eval" if label == "eval" else f"eval {label}"
         self._eval_bar = self._new_bar(description, state.eval_batches, leave=False)
 
-    def eval_batch_end(self, state: State, logger: Any) -> None:
+    def eval_batch_end(self, state: State, logger: Logger) -> None:
         if self._eval_bar is not None:
             self._eval_bar.update(1)
 
-    def eval_end(self, state: State, logger: Any) -> None:
+    def eval_end(self, state: State, logger: Logger) -> None:
         self._close_eval_bar()
 
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         self._close_eval_bar()
         self._close_train_bar()
 

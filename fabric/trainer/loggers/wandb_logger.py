@@ -30,6 +30,7 @@ from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.state import State
 
 _OWN_OPTIONS = ("project", "group", "name", "entity", "tags")
@@ -68,7 +69,7 @@ class WandBLogger(LoggerDestination):
         self._logged_checkpoints: set[str] = set()
         self._warned_remote = False
 
-    def init(self, state: State, logger: Any) -> None:
+    def init(self, state: State, logger: Logger) -> None:
         if self.init_kwargs["name"] is None:
             self.init_kwargs["name"] = state.run_name
 
@@ -78,13 +79,13 @@ class WandBLogger(LoggerDestination):
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         self._start().config.update(dict(hyperparameters), allow_val_change=True)
 
-    def batch_checkpoint(self, state: State, logger: Any) -> None:
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self._log_new_checkpoints(state)
 
-    def epoch_checkpoint(self, state: State, logger: Any) -> None:
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         self._log_new_checkpoints(state)
 
-    def fit_end(self, state: State, logger: Any) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
         self._log_new_checkpoints(state)
 
     def log_exception(self, exception: BaseException) -> None:
@@ -93,7 +94,7 @@ class WandBLogger(LoggerDestination):
         code = exception.code if isinstance(exception, SystemExit) and isinstance(exception.code, int) else 1
         self._finish(code or 1)
 
-    def close(self, state: State | None = None, logger: Any = None) -> None:
+    def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Finish the run (exit code 0, unless it failed). A later value starts a new run."""
         self._finish(0)
 

@@ -56,7 +56,9 @@ class FabricRoute(FabricLogger):
         self.facade.log_hyperparameters(params_to_dict(params))
 
 
-def connect_loggers(state: State, fabric: Fabric, loggers: Sequence[Any], progress_bar: bool) -> Logger:
+def connect_loggers(
+    state: State, fabric: Fabric, loggers: Sequence[Any], progress_bar: bool
+) -> Logger[LoggerDestination]:
     """The Trainer's facade over ``loggers`` and ``fabric``'s own loggers; ``fabric.log`` reaches the first ones."""
     held = [logger for logger in fabric.loggers if not isinstance(logger, FabricRoute)]  # an earlier Trainer's route
     own = as_destinations(loggers, progress_bar, fabric.global_rank)
