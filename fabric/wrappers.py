@@ -24,6 +24,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_data_to_device
@@ -68,6 +69,7 @@ class FabricModule(SetUpByFabric, nn.Module):
             return tensor.device
         return self._strategy.root_device
 
+    @override
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         precision = self._strategy.precision
         if precision.forward_is_identity:
@@ -120,10 +122,12 @@ class FabricModule(SetUpByFabric, nn.Module):
         )
 
     # ``state_dict`` and friends act on the original module so checkpoints carry no wrapper prefix.
+    @override
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """The original module's state dict, as the strategy presents it (full tensors under ZeRO-3)."""
         return self._strategy.module_state_dict(self._original_module, *args, **kwargs)
 
+    @override
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         """Load into the original module; a module built with ``empty_init=True`` may run from then on."""
         result = self._original_module.load_state_dict(state_dict, strict=strict, assign=assign)

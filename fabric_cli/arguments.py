@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import click
+from typing_extensions import override
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ def _given_twice(first: str, again: Sequence[str], script: str | None) -> str:
 class ScriptCommand(click.Command):
     """A click command ``[OPTIONS] SCRIPT [SCRIPT_ARGS]...`` whose options may also follow SCRIPT."""
 
+    @override
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         own, script_args = split_arguments(OptionNames.of(self.get_params(ctx)), args)
         return super().parse_args(ctx, [*own, "--", *script_args])
@@ -126,6 +128,7 @@ class DefaultCommandGroup(click.Group):
 
     default_command = "model"
 
+    @override
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
             args = [self.default_command, *args]

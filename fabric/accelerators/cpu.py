@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import torch
+from typing_extensions import override
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.utilities.device_parser import ALL, AUTO, DeviceRequest
@@ -18,13 +19,16 @@ class CPUAccelerator(Accelerator):
     device_type = "cpu"
 
     @staticmethod
+    @override
     def is_available() -> bool:
         return True
 
     @staticmethod
+    @override
     def device_count() -> int:
         return os.cpu_count() or 1
 
+    @override
     def resolve_devices(self, request: DeviceRequest) -> list[torch.device]:
         """``auto`` is one process, ``-1`` one per core, ``N`` is N processes; indices make no sense here."""
         if isinstance(request, tuple):

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
+from typing_extensions import override
 
 from fabric.loggers.logger import Logger, next_version, params_to_dict, prepare_metrics, version_dir_name
 from fabric.utilities.rank_zero import rank_zero_only
@@ -60,10 +61,12 @@ class CSVLogger(Logger):
         self._storage: tuple[AbstractFileSystem, str] | None = None  # filesystem and path of the log dir
 
     @property
+    @override
     def name(self) -> str:
         return self._name
 
     @property
+    @override
     def version(self) -> int | str:
         """The run's version; when none was given, the next free number, chosen on first access."""
         if self._version is None:
@@ -71,14 +74,17 @@ class CSVLogger(Logger):
         return self._version
 
     @property
+    @override
     def root_dir(self) -> str:
         return self._root_dir
 
     @property
+    @override
     def log_dir(self) -> str:
         return os.path.join(self._root_dir, self._name, version_dir_name(self.version))
 
     @rank_zero_only
+    @override
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
         """Buffer one row; ``step`` defaults to the number of rows logged before this one."""
         row = prepare_metrics(metrics, self._prefix)
@@ -92,6 +98,7 @@ class CSVLogger(Logger):
             self.save()
 
     @rank_zero_only
+    @override
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
         """Merge ``params`` into earlier ones and write them all to ``hparams.json`` right away.
 
@@ -103,6 +110,7 @@ class CSVLogger(Logger):
             json.dump(self._hparams, file, indent=2, default=str)
 
     @rank_zero_only
+    @override
     def save(self) -> None:
         """Write the buffered rows to ``metrics.csv``."""
         if not self._rows:

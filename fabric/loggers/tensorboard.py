@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning_utilities.core.imports import RequirementCache
+from typing_extensions import override
 
 from fabric.loggers.logger import Logger, next_version, params_to_dict, prepare_metrics, version_dir_name
 from fabric.utilities.lazy import install_hint
@@ -59,10 +60,12 @@ class TensorBoardLogger(Logger):
         self._calls = 0  # log_metrics calls so far, the step used when none is given
 
     @property
+    @override
     def name(self) -> str:
         return self._name
 
     @property
+    @override
     def version(self) -> int | str:
         """The run's version; when none was given, the next free number, chosen on first access."""
         if self._version is None:
@@ -70,10 +73,12 @@ class TensorBoardLogger(Logger):
         return self._version
 
     @property
+    @override
     def root_dir(self) -> str:
         return self._root_dir
 
     @property
+    @override
     def log_dir(self) -> str:
         return os.path.join(self._root_dir, self._name, version_dir_name(self.version))
 
@@ -87,6 +92,7 @@ class TensorBoardLogger(Logger):
         return self._writer()
 
     @rank_zero_only
+    @override
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
         """Add one scalar per key; ``step`` defaults to the number of earlier calls."""
         writer = self._writer()
@@ -95,6 +101,7 @@ class TensorBoardLogger(Logger):
         self._calls += 1
 
     @rank_zero_only
+    @override
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
         """Write the hyperparameters for TensorBoard's HPARAMS tab.
 
@@ -106,12 +113,14 @@ class TensorBoardLogger(Logger):
         self._writer().add_hparams(_flatten(params_to_dict(params)), metrics, run_name=".")
 
     @rank_zero_only
+    @override
     def save(self) -> None:
         """Flush pending events to disk."""
         if self._summary_writer is not None:
             self._summary_writer.flush()
 
     @rank_zero_only
+    @override
     def finalize(self, status: str) -> None:
         """Flush and close the event file; logging again afterwards starts a new event file."""
         if self._summary_writer is not None:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
 
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.multiprocessing import MultiProcessLauncher
@@ -52,23 +53,28 @@ class DDPStrategy(ParallelStrategy):
         }
 
     @property
+    @override
     def launcher(self) -> Launcher | None:
         if self._launcher is None and self.start_method != "popen":
             self._launcher = MultiProcessLauncher(self.num_processes, self.cluster_environment, self.start_method)
         return super().launcher  # "popen": the script is re-run
 
     @property
+    @override
     def launch_needs_function(self) -> bool:
         return self.start_method != "popen"
 
     @property
+    @override
     def replicates_gradients(self) -> bool:
         return True
 
+    @override
     def setup_module(self, module: nn.Module) -> nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
 
+    @override
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
         """Skip the gradient all-reduce (DDP's ``no_sync``) during gradient-accumulation steps."""
         if enabled and isinstance(module, DistributedDataParallel):

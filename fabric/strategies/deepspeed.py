@@ -35,7 +35,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import DataLoader
-from typing_extensions import Unpack
+from typing_extensions import Unpack, override
 
 from fabric.plugins.io import deepspeed_checkpoint as checkpoints
 from fabric.plugins.io.background_saves import finished
@@ -100,6 +100,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         # Engines that step a scheduler from setup(): its step count after the engine's last step.
         self._scheduler_epochs: dict[DeepSpeedEngine, int] = {}
 
+    @override
     def _connected(self) -> None:
         """Settle the config against Fabric's precision and world size, so a conflict fails now."""
         self._config = complete_config(
@@ -124,9 +125,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         return zero_stage(self.config)
 
     @property
+    @override
     def engine_handles_gradients(self) -> bool:
         return True
 
+    @override
     def setup_environment(self) -> None:
         """Join the process group, then hand it to DeepSpeed's communication layer.
 
@@ -145,6 +148,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     # --- modules and optimizers -------------------------------------------------------------------
 
+    @override
     def setup_module_and_optimizers(
         self, module: nn.Module, optimizers: Sequence[Optimizer], scheduler: LRScheduler | None = None
     ) -> tuple[nn.Module, list[Optimizer]]:
@@ -166,11 +170,13 @@ class DeepSpeedStrategy(ParallelStrategy):
             self._scheduler_epochs[engine] = scheduler.last_epoch
         return engine, list(optimizers)
 
+    @override
     def setup_module(self, module: nn.Module) -> nn.Module:
         """An engine without an optimizer (for evaluation); train with ``fabric.setup(model, optimizer)``."""
         engine: nn.Module = self._initialize(module, None)
         return engine
 
+    @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         raise ValueError(
             "DeepSpeed builds one engine from a model and its optimizer: set them up together with "
@@ -185,11 +191,13 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._engines.append((module, optimizer, engine))
         return engine
 
+    @override
     def module_to_device(self, module: nn.Module) -> None:
         """Under ZeRO-3 the engine places the (partitioned) parameters itself."""
         if self.zero_stage != 3:
             super().module_to_device(module)
 
+    @override
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """Under ZeRO-3, ``deepspeed.zero.Init`` partitions each parameter as soon as it is created."""
         context = super().module_init_context(empty_init)
@@ -201,6 +209,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         context.enter_context(deepspeed.zero.Init(config_dict_or_path=self.config))  # type: ignore[attr-defined]
         return context
 
+    @override
     def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Shard like DDP; the batch size also becomes DeepSpeed's micro batch size unless configured."""
         self._batch_size = dataloader.batch_size
@@ -208,6 +217,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     # --- the step -----------------------------------------------------------------------------------
 
+    @override
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         engine = self._engine(module=module) if module is not None else self._only_engine()
         self.backward_in_progress = True
@@ -216,6 +226,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         finally:
             self.backward_in_progress = False
 
+    @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
         if closure is not None:
             raise ValueError(
@@ -240,11 +251,13 @@ class DeepSpeedStrategy(ParallelStrategy):
             "scheduler=) after every optimizer step, so its schedule runs ahead. Remove your scheduler.step() call."
         )
 
+    @override
     def optimizer_zero_grad(self, optimizer: Optimizer, set_to_none: bool = True) -> None:
         """Through DeepSpeed's optimizer: the torch optimizer's groups now hold DeepSpeed's flat float32
         partitions, whose gradient buffers (kept across steps when offloading) must not be dropped."""
         self._engine(optimizer=optimizer).optimizer.zero_grad(set_to_none=set_to_none)
 
+    @override
     def clip_gradients_norm(
         self,
         module: nn.Module,
@@ -258,11 +271,13 @@ class DeepSpeedStrategy(ParallelStrategy):
             f"set 'gradient_clipping': {max_norm} in the DeepSpeed config instead."
         )
 
+    @override
     def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
         raise RuntimeError(
             "DeepSpeed does not clip gradients by value; clip by norm with 'gradient_clipping' in its config."
         )
 
+    @override
     def module_state_dict(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         """Full tensors on every rank, also under ZeRO-3, where each rank holds only a partition of each parameter.
 
@@ -287,6 +302,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                     state[key] = value.detach().clone()
         return state
 
+    @override
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """This rank's shard of the optimizer state, as DeepSpeed keeps it."""
         state: dict[str, Any] = self._engine(optimizer=optimizer).optimizer.state_dict()
@@ -312,20 +328,24 @@ class DeepSpeedStrategy(ParallelStrategy):
     # --- checkpoints ------------------------------------------------------------------------------
 
     @property
+    @override
     def saves_on_every_rank(self) -> bool:
         return True
 
+    @override
     def default_precision(self) -> str | None:
         """The precision the config enables (``fp16`` -> ``"16-mixed"``, ``bf16`` -> ``"bf16-mixed"``), as
         Composer reads a ``deepspeed_config``'s precision when the Trainer was given none."""
         return precision_from_config(self._user_config)
 
+    @override
     def checkpoint_io_refusal(self) -> str | None:
         return (
             "DeepSpeedStrategy saves through the DeepSpeed engine's own checkpointing, not through a CheckpointIO "
             "plugin, which would be ignored. Remove the plugin."
         )
 
+    @override
     def save_checkpoint(
         self,
         path: PathType,
@@ -379,6 +399,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             raise CheckpointError(error)
         return finished()
 
+    @override
     def load_checkpoint(
         self,
         path: PathType,

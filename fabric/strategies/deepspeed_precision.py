@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from fabric.plugins.precision.dtypes import PRECISION_DTYPES
 from fabric.plugins.precision.precision import Precision
@@ -30,11 +31,14 @@ class DeepSpeedPrecision(Precision):
         self.dtype = PRECISION_DTYPES[precision]
 
     @property
+    @override
     def forward_is_identity(self) -> bool:  # type: ignore[override]
         return self.dtype == torch.float32
 
+    @override
     def convert_input(self, data: Any) -> Any:
         return convert_floating_tensors(data, self.dtype)
 
+    @override
     def convert_output(self, data: Any) -> Any:
         return convert_floating_tensors(data, torch.get_default_dtype(), src=(self.dtype,))

@@ -31,6 +31,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.formats import CheckpointFormat, recognise
@@ -152,6 +153,7 @@ class FSDPStrategy(ParallelStrategy):
 
     # --- configuration -------------------------------------------------------------------------------
 
+    @override
     def configuration_error(self) -> str | None:
         own_error = super().configuration_error()
         if own_error is not None:
@@ -165,6 +167,7 @@ class FSDPStrategy(ParallelStrategy):
             return f"FSDPStrategy(hybrid_shard=True) needs equal nodes; {self.world_size} ranks on {self.num_nodes}."
         return None
 
+    @override
     def checkpoint_io_refusal(self) -> str | None:
         if self.state_dict_type == "full":
             return None
@@ -181,6 +184,7 @@ class FSDPStrategy(ParallelStrategy):
             raise RuntimeError("FSDPStrategy has no device mesh yet: call fabric.launch() first.")
         return self._mesh
 
+    @override
     def setup_environment(self) -> None:
         super().setup_environment()
         shape, names = mesh_layout(self.world_size, self.num_nodes, self.hybrid_shard, self.replicate_only)
@@ -188,6 +192,7 @@ class FSDPStrategy(ParallelStrategy):
 
     # --- modules -------------------------------------------------------------------------------------
 
+    @override
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """With ``empty_init=True`` modules are built on the meta device (no memory); ``setup`` shards them
         and then materialises only this rank's shards."""
@@ -198,10 +203,12 @@ class FSDPStrategy(ParallelStrategy):
         stack.enter_context(self.precision.module_init_context())
         return stack
 
+    @override
     def module_to_device(self, module: nn.Module) -> None:
         if not _has_meta_tensors(module):  # meta modules are materialised shard by shard in setup_module
             super().module_to_device(module)
 
+    @override
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Shard ``module`` (see :meth:`_shard`) and materialise a meta module; with ``sync_module_states``
         rank 0's parameters and buffers are broadcast first."""
@@ -290,6 +297,7 @@ class FSDPStrategy(ParallelStrategy):
 
     # --- optimizers ----------------------------------------------------------------------------------
 
+    @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Re-point an optimizer built from the original parameters at their sharded replacements."""
         if not any(isinstance(p, DTensor) for p in _optimizer_parameters(optimizer)) and optimizer.state:
@@ -325,12 +333,14 @@ class FSDPStrategy(ParallelStrategy):
 
     # --- the step ------------------------------------------------------------------------------------
 
+    @override
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
         """Accumulate unreduced gradients locally (``set_requires_gradient_sync(False)``) inside the context."""
         if enabled and isinstance(module, FSDPModule):
             return _gradient_sync_disabled(module)
         return contextlib.nullcontext()
 
+    @override
     def clip_gradients_norm(
         self,
         module: nn.Module,
@@ -363,24 +373,30 @@ class FSDPStrategy(ParallelStrategy):
 
     # --- checkpoints -----------------------------------------------------------------------------------
 
+    @override
     def get_module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """The full (unsharded) state dict, gathered on rank 0 (other ranks get an empty dict)."""
         return checkpoints.full_module_state(module)
 
+    @override
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The full optimizer state in ``optimizer.state_dict()`` form, gathered on rank 0."""
         return checkpoints.full_optimizer_state(self.owner_of(optimizer), optimizer)
 
+    @override
     def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any], strict: bool = True) -> None:
         checkpoints.load_full_module_state(module, state_dict, strict)
 
+    @override
     def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
         checkpoints.load_full_optimizer_state(self.owner_of(optimizer), optimizer, state_dict)
 
     @property
+    @override
     def saves_on_every_rank(self) -> bool:
         return self.state_dict_type == "sharded"
 
+    @override
     def save_checkpoint(
         self,
         path: PathType,
@@ -400,6 +416,7 @@ class FSDPStrategy(ParallelStrategy):
         background = (self.background_saves, self.background_group()) if async_save else None
         return checkpoints.save_sharded(path, state, self.owner_of, self.precision, self, storage_options, background)
 
+    @override
     def load_checkpoint(
         self,
         path: PathType,

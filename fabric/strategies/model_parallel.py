@@ -20,7 +20,7 @@ from typing import Any, Literal
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from typing_extensions import Unpack
+from typing_extensions import Unpack, override
 
 from fabric.strategies.fsdp import FSDPStrategy, StateDictType
 from fabric.strategies.parallel import ParallelArgs, ParallelStrategy, refuse_unexpected_arguments
@@ -105,6 +105,7 @@ class ModelParallelStrategy(FSDPStrategy):
         self.data_parallel_size = data_parallel_size
         self.tensor_parallel_size = tensor_parallel_size
 
+    @override
     def configuration_error(self) -> str | None:
         own_error = ParallelStrategy.configuration_error(self)  # FSDP's own checks do not apply
         if own_error is not None:
@@ -119,6 +120,7 @@ class ModelParallelStrategy(FSDPStrategy):
         """The resolved ``(data_parallel, tensor_parallel)`` sizes."""
         return mesh_shape(self.world_size, self.num_nodes, self.data_parallel_size, self.tensor_parallel_size)
 
+    @override
     def setup_environment(self) -> None:
         ParallelStrategy.setup_environment(self)
         self._mesh = init_device_mesh(self.root_device.type, self.mesh_shape(), mesh_dim_names=MESH_DIM_NAMES)
@@ -132,11 +134,13 @@ class ModelParallelStrategy(FSDPStrategy):
         return self.mesh[MESH_DIM_NAMES[1]]
 
     @property
+    @override
     def data_parallel_shard(self) -> tuple[int, int]:
         """Split over the data-parallel dimension: a tensor-parallel group shares its batches."""
         mesh = self.data_parallel_mesh
         return mesh.size(), mesh.get_local_rank()
 
+    @override
     def _shard(self, module: nn.Module) -> nn.Module:
         assert self.parallelize_fn is not None  # checked at construction
         parallelized = self.parallelize_fn(module, self.mesh)

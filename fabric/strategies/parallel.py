@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
-from typing_extensions import TypedDict, Unpack
+from typing_extensions import TypedDict, Unpack, override
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments import (
@@ -143,6 +143,7 @@ class ParallelStrategy(Strategy):
         self._watch: CollectiveWatch | None = None
         self._replaced_variables: dict[str, str | None] | None = None  # what setup_environment exported over
 
+    @override
     def _configure_processes(
         self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment | None
     ) -> None:
@@ -153,6 +154,7 @@ class ParallelStrategy(Strategy):
         self._assign_local_ranks()
 
     @property
+    @override
     def own_cluster_environment(self) -> ClusterEnvironment | None:
         return self._cluster_environment
 
@@ -178,37 +180,45 @@ class ParallelStrategy(Strategy):
         return self._num_nodes
 
     @property
+    @override
     def needs_launch(self) -> bool:
         return not self.cluster_environment.creates_processes_externally
 
     @property
+    @override
     def launcher(self) -> Launcher | None:
         if self._launcher is None:
             self._launcher = SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
         return self._launcher
 
     @property
+    @override
     def module_calls_need_wrapper(self) -> bool:
         """DDP, FSDP and DeepSpeed all do their work around ``module(...)``, even with one process."""
         return True
 
     @property
+    @override
     def global_rank(self) -> int:
         return self.cluster_environment.global_rank()
 
     @property
+    @override
     def local_rank(self) -> int:
         return self.cluster_environment.local_rank()
 
     @property
+    @override
     def node_rank(self) -> int:
         return self.cluster_environment.node_rank()
 
     @property
+    @override
     def world_size(self) -> int:
         return self.cluster_environment.world_size()
 
     @property
+    @override
     def root_device(self) -> torch.device:
         return self.parallel_devices[self.local_rank]
 
@@ -217,6 +227,7 @@ class ParallelStrategy(Strategy):
         """``(replicas, index)``: how many ranks split the data, and which share is this rank's."""
         return self.world_size, self.global_rank
 
+    @override
     def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Give this rank only its share of the data (see :attr:`data_parallel_shard`)."""
         replicas, index = self.data_parallel_shard
@@ -245,6 +256,7 @@ class ParallelStrategy(Strategy):
             environment.set_world_size(self.num_processes * self.num_nodes)
             environment.set_global_rank(environment.node_rank() * self.num_processes + environment.local_rank())
 
+    @override
     def setup_environment(self) -> None:
         """Join the process group (rank 0 hosts the rendezvous) and claim this rank's device."""
         self._assign_local_ranks()
@@ -307,6 +319,7 @@ class ParallelStrategy(Strategy):
 
         return {"store": PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)}
 
+    @override
     def teardown(self) -> None:
         self.background_saves.wait()  # its collectives need the process group
         if self._watch is not None:
@@ -338,6 +351,7 @@ class ParallelStrategy(Strategy):
             return function(*args, **kwargs)
         return self._watch.call(name, function, *args, **kwargs)
 
+    @override
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         """Under the collective watch: the gradient exchange inside (DDP's all-reduce, FSDP's reduce-scatter)
         waits for every rank, so a rank left there by one that skipped its backward is reported by name, call
@@ -350,6 +364,7 @@ class ParallelStrategy(Strategy):
         else:
             self._watch.call_computation("fabric.backward", backward, *args, **kwargs)
 
+    @override
     def barrier(self, name: str | None = None) -> None:
         if self._distributed():
             # monitored_barrier (gloo) also names the ranks that did not arrive
@@ -361,16 +376,19 @@ class ParallelStrategy(Strategy):
                 wait_all_ranks=True,
             )
 
+    @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not self._distributed():
             return obj
         return self._collective("fabric.broadcast", distributed.broadcast_object, obj, src)
 
+    @override
     def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> Any:
         if not self._distributed():
             return tensor.unsqueeze(0)
         return self._collective("fabric.all_gather", distributed.all_gather, tensor, sync_grads)
 
+    @override
     def all_reduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = "mean") -> torch.Tensor:
         parse_reduce_op(reduce_op)
         if not self._distributed():

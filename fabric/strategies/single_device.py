@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
@@ -23,6 +24,7 @@ class SingleDeviceStrategy(Strategy):
         super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
         self._device = torch.device(device) if device is not None else None
 
+    @override
     def _configure_processes(
         self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment | None
     ) -> None:
@@ -35,11 +37,13 @@ class SingleDeviceStrategy(Strategy):
             self._device = devices[0]
 
     @property
+    @override
     def root_device(self) -> torch.device:
         if self._device is None:
             raise RuntimeError("SingleDeviceStrategy has no device yet; it must be set up through Fabric.")
         return self._device
 
     @property
+    @override
     def replicates_gradients(self) -> bool:
         return True  # the one process holds every gradient

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from typing_extensions import override
 
 from fabric.trainer.model import ComposerModel, TrainerModel, batch_targets
 
@@ -65,12 +66,15 @@ class TrainerClassifier(TrainerModel):
             "val_metrics", val_metrics, {"MulticlassAccuracy": accuracy, "CrossEntropy": self._cross_entropy}
         )
 
+    @override
     def forward(self, batch: Any) -> Any:
         return self.module(batch_inputs(batch))
 
+    @override
     def loss(self, outputs: Any, batch: Any) -> Any:
         return self.loss_fn(outputs, batch_targets(batch))
 
+    @override
     def get_metrics(self, is_train: bool = False) -> Mapping[str, Any]:
         return self._train_metrics if is_train else self._val_metrics
 

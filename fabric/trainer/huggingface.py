@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from typing_extensions import override
 
 from fabric.plugins.io.temporaries import owned_temporary, remove_abandoned, remove_temporary, temporary_sibling
 from fabric.trainer.model import TrainerModel
@@ -88,6 +89,7 @@ class HuggingFaceModel(TrainerModel):
     def config(self) -> Any:
         return self.model.config
 
+    @override
     def forward(self, batch: Any) -> Any:
         if not isinstance(batch, Mapping):
             raise TypeError(
@@ -97,6 +99,7 @@ class HuggingFaceModel(TrainerModel):
         inputs = batch if self._inputs is None else {key: value for key, value in batch.items() if key in self._inputs}
         return self.model(**inputs)
 
+    @override
     def loss(self, outputs: Any, batch: Any) -> torch.Tensor:
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
         if loss is None:
@@ -119,9 +122,11 @@ class HuggingFaceModel(TrainerModel):
         pad = getattr(self.tokenizer, "pad_token_id", None)
         return int((input_ids != pad).sum().item()) if pad is not None else int(input_ids.numel())
 
+    @override
     def get_metrics(self, is_train: bool = False) -> Mapping[str, Any]:
         return self.train_metrics if is_train else self.val_metrics
 
+    @override
     def update_metric(self, batch: Any, outputs: Any, metric: Any) -> None:
         """Feed ``(logits, labels)`` to a metric object; for causal LMs the logits of position t meet label t+1."""
         logits, labels = outputs["logits"], batch["labels"]
@@ -129,6 +134,7 @@ class HuggingFaceModel(TrainerModel):
             logits, labels = logits[:, :-1], labels[:, 1:]
         metric.update(logits, labels)
 
+    @override
     def get_extra_state(self) -> dict[str, Any]:
         """Saved with the weights, for :func:`write_huggingface_pretrained`: the config (JSON), the model's class
         and the tokenizer's ``save_pretrained`` files (name -> bytes) when there is a tokenizer."""
@@ -140,6 +146,7 @@ class HuggingFaceModel(TrainerModel):
             extra["tokenizer"] = self._tokenizer_files
         return extra
 
+    @override
     def set_extra_state(self, state: Any) -> None:
         """A checkpoint of another model class fails here, naming both."""
         saved = state.get("class") if isinstance(state, Mapping) else None

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from typing_extensions import override
+
 from fabric.trainer.events import Event
 from fabric.trainer.state import State
 from fabric.trainer.time import Time, TimeUnit
@@ -99,6 +101,7 @@ class _CountInterval(_Interval):
         self.event = Event.EPOCH_END if unit is TimeUnit.EPOCH else Event.BATCH_END
         self._crossing = _Crossing() if unit in (TimeUnit.SAMPLE, TimeUnit.TOKEN) else None
 
+    @override
     def _due(self, state: State, event: Event) -> bool:
         if event is not self.event:
             return False
@@ -128,6 +131,7 @@ class _DurationInterval(_Interval):
                 f"{self.name} in 'ep' or 'ba', or max_duration in 'ba', or give the dataset a __len__."
             )
 
+    @override
     def _due(self, state: State, event: Event) -> bool:
         if event is not Event.BATCH_END:
             return False

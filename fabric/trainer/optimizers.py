@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch.optim import SGD, Adam
+from typing_extensions import override
 
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
@@ -23,6 +24,7 @@ class _DecoupledStep(torch.optim.Optimizer):
     """The step both optimizers share: the schedule-scaled decay, then the torch optimizer's own step."""
 
     @torch.no_grad()
+    @override
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         loss = _evaluate(closure)
         _decay_weights(self)

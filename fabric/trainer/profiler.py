@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import override
+
 from fabric.trainer.callback import Callback
 from fabric.trainer.events import Event
 from fabric.trainer.state import require_fabric
@@ -135,6 +137,7 @@ class Profiler(Callback):
         """Called by the Trainer: the run name that fills ``{run_name}`` in the folder."""
         self.run_name = run_name
 
+    @override
     def handlers(self) -> dict[Event, Callable[[State, Any], None]]:
         return {
             Event.FIT_START: self.fit_start,
@@ -142,6 +145,7 @@ class Profiler(Callback):
             **{event: self._marker(event, *ranges) for event, ranges in _RANGES.items()},
         }
 
+    @override
     def fit_start(self, state: State, logger: Logger) -> None:
         self.close()  # an earlier fit() that raised left its profiler running
         self.profiler = TraceProfiler(
@@ -153,9 +157,11 @@ class Profiler(Callback):
         )
         self.profiler.start()
 
+    @override
     def fit_end(self, state: State, logger: Logger) -> None:
         self.close()
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """``Trainer.close()``: stop a profiler that a failed ``fit()`` left running (writing what it recorded)."""
         if self.profiler is not None:

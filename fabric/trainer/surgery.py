@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypeVar
 
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
@@ -129,9 +130,11 @@ class SurgeryAlgorithm(Algorithm):
     #: after it loads only into a model that went through it too (False for ChannelsLast: memory format only).
     changes_module_structure: ClassVar[bool] = True
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         self.apply_surgery(state.model, state.optimizers)
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
+from typing_extensions import override
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -71,6 +72,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
     """``all_gather`` whose backward sends each rank the sum over ranks of the gradient of its piece."""
 
     @staticmethod
+    @override
     def forward(ctx: Any, tensor: torch.Tensor, group: ProcessGroup | None) -> tuple[torch.Tensor, ...]:
         ctx.group = group
         gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
@@ -78,6 +80,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
         return tuple(gathered)
 
     @staticmethod
+    @override
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
         stacked = torch.stack(grads)
         dist.all_reduce(stacked, op=dist.ReduceOp.SUM, group=ctx.group)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from fabric.plugins.environments.torchelastic import TorchElasticEnvironment
 
 _DETECT_VARIABLES = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
@@ -19,6 +21,7 @@ class KubeflowEnvironment(TorchElasticEnvironment):
     """
 
     @classmethod
+    @override
     def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
         """Kubernetes and PyTorchJob variables are set, and torchrun's (``GROUP_RANK``, ``LOCAL_RANK``) are not."""
         environ = cls._resolve_environ(environ)
@@ -28,11 +31,14 @@ class KubeflowEnvironment(TorchElasticEnvironment):
 
     launcher_name = "Kubeflow's PyTorchJob"
 
+    @override
     def local_rank(self) -> int:
         return 0
 
+    @override
     def local_world_size(self) -> int | None:
         return 1
 
+    @override
     def node_rank(self) -> int:
         return self.global_rank()

@@ -29,15 +29,18 @@ class LocalEnvironment(ClusterEnvironment):
         self._free_port: int | None = None
 
     @property
+    @override
     def creates_processes_externally(self) -> bool:
         """``True`` only in processes that Fabric's own launcher started (it sets ``LOCAL_RANK``)."""
         return "LOCAL_RANK" in self._environ
 
     @property
+    @override
     def main_address(self) -> str:
         return self._environ.get("MASTER_ADDR", "127.0.0.1")
 
     @property
+    @override
     def main_port(self) -> int:
         """``MASTER_PORT`` if set, else a free port chosen once per object so repeated calls agree."""
         if "MASTER_PORT" in self._environ:
@@ -47,10 +50,12 @@ class LocalEnvironment(ClusterEnvironment):
         return self._free_port
 
     @classmethod
+    @override
     def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
         """Always ``True``: this is the fallback when no other environment is detected."""
         return True
 
+    @override
     def world_size(self) -> int:
         """The launcher's ``WORLD_SIZE`` in a process it started (nodes may be uneven), else the strategy's."""
         if self.creates_processes_externally and "WORLD_SIZE" in self._environ:
@@ -63,6 +68,7 @@ class LocalEnvironment(ClusterEnvironment):
             raise ValueError(f"The world size must be at least 1, got {size}.")
         self._world_size = size
 
+    @override
     def global_rank(self) -> int:
         """The launcher's ``RANK`` in a process it started, else the rank the strategy assigned."""
         if self.creates_processes_externally and "RANK" in self._environ:
@@ -75,15 +81,18 @@ class LocalEnvironment(ClusterEnvironment):
             raise ValueError(f"The global rank must be non-negative, got {rank}.")
         self._global_rank = rank
 
+    @override
     def local_rank(self) -> int:
         return self._int("LOCAL_RANK", default=0)
 
+    @override
     def local_world_size(self) -> int | None:
         """``LOCAL_WORLD_SIZE`` in a process a launcher started, when it set it."""
         if self.creates_processes_externally and "LOCAL_WORLD_SIZE" in self._environ:
             return self._int("LOCAL_WORLD_SIZE")
         return None
 
+    @override
     def launched_layout(self) -> LaunchedLayout | None:
         """Known when the launcher that set ``LOCAL_RANK`` also set ``WORLD_SIZE`` (``fabric run``, Fabric's own
         launchers, Ray Train, ...)."""
@@ -99,6 +108,7 @@ class LocalEnvironment(ClusterEnvironment):
             return self._int("GROUP_WORLD_SIZE")
         return None
 
+    @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Several nodes that Fabric starts itself need the rendezvous address and port of node 0, or node 0
         would wait forever."""
@@ -131,6 +141,7 @@ class LocalEnvironment(ClusterEnvironment):
             f"{problem}, so node 0 would wait forever for nodes that never find it. {fix}"
         )
 
+    @override
     def node_rank(self) -> int:
         """``NODE_RANK``, else ``GROUP_RANK`` (torchrun's name for it), else 0."""
         if "NODE_RANK" in self._environ:

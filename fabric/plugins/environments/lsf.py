@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 
 _DETECT_VARIABLES = (
@@ -27,15 +29,18 @@ class LSFEnvironment(ClusterEnvironment):
     launcher_name = "LSF's jsrun"
 
     @property
+    @override
     def creates_processes_externally(self) -> bool:
         return True
 
     @property
+    @override
     def main_address(self) -> str:
         """The first compute host in the rankfile."""
         return self._compute_hosts()[0]
 
     @property
+    @override
     def main_port(self) -> int:
         """``MASTER_PORT`` if set, else ``10000`` plus the last four digits of ``LSB_JOBID`` (same on every node)."""
         if "MASTER_PORT" in self._environ:
@@ -47,24 +52,30 @@ class LSFEnvironment(ClusterEnvironment):
             raise ValueError(f"Cannot derive a port from LSB_JOBID={job_id!r}; set MASTER_PORT.") from None
 
     @classmethod
+    @override
     def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
         """The LSF job id and rankfile and the ``jsrun`` rank variables are all set."""
         environ = cls._resolve_environ(environ)
         return all(name in environ for name in _DETECT_VARIABLES)
 
+    @override
     def world_size(self) -> int:
         return self._int("JSM_NAMESPACE_SIZE")
 
+    @override
     def global_rank(self) -> int:
         return self._int("JSM_NAMESPACE_RANK")
 
+    @override
     def local_rank(self) -> int:
         return self._int("JSM_NAMESPACE_LOCAL_RANK")
 
+    @override
     def local_world_size(self) -> int | None:
         """``JSM_NAMESPACE_LOCAL_SIZE`` when jsrun sets it."""
         return self._int("JSM_NAMESPACE_LOCAL_SIZE") if "JSM_NAMESPACE_LOCAL_SIZE" in self._environ else None
 
+    @override
     def node_rank(self) -> int:
         """Index of this host (``socket.gethostname()``) among the compute hosts of the rankfile."""
         hosts = self._compute_hosts()

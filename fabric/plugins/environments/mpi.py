@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from typing_extensions import override
+
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 
 #: Rendezvous port when ``MASTER_PORT`` is not set (the same default as torchrun).
@@ -25,10 +27,12 @@ class MPIEnvironment(ClusterEnvironment):
         return "OMPI_COMM_WORLD_SIZE" in self._environ
 
     @property
+    @override
     def creates_processes_externally(self) -> bool:
         return True
 
     @property
+    @override
     def main_address(self) -> str:
         return self._require(
             "MASTER_ADDR",
@@ -37,28 +41,35 @@ class MPIEnvironment(ClusterEnvironment):
         )
 
     @property
+    @override
     def main_port(self) -> int:
         return self._int("MASTER_PORT", default=DEFAULT_MPI_PORT)
 
     @classmethod
+    @override
     def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
         """OpenMPI's or MPICH/Intel MPI's world size and rank variables are set."""
         environ = cls._resolve_environ(environ)
         openmpi = "OMPI_COMM_WORLD_SIZE" in environ and "OMPI_COMM_WORLD_RANK" in environ
         return openmpi or ("PMI_SIZE" in environ and "PMI_RANK" in environ)
 
+    @override
     def world_size(self) -> int:
         return self._int("OMPI_COMM_WORLD_SIZE" if self._is_openmpi else "PMI_SIZE")
 
+    @override
     def global_rank(self) -> int:
         return self._int("OMPI_COMM_WORLD_RANK" if self._is_openmpi else "PMI_RANK")
 
+    @override
     def local_rank(self) -> int:
         return self._int("OMPI_COMM_WORLD_LOCAL_RANK" if self._is_openmpi else "MPI_LOCALRANKID")
 
+    @override
     def local_world_size(self) -> int | None:
         return self._int("OMPI_COMM_WORLD_LOCAL_SIZE" if self._is_openmpi else "MPI_LOCALNRANKS")
 
+    @override
     def node_rank(self) -> int:
         """``global_rank // processes per node``: MPI exports no node index.
 

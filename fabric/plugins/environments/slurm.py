@@ -98,10 +98,12 @@ class SLURMEnvironment(ClusterEnvironment):
     launcher_name = "SLURM's srun"
 
     @property
+    @override
     def creates_processes_externally(self) -> bool:
         return True
 
     @property
+    @override
     def main_address(self) -> str:
         """The first host of ``SLURM_NODELIST`` (or ``SLURM_JOB_NODELIST``): every task computes the same."""
         nodelist = self._environ.get("SLURM_NODELIST") or self._environ.get("SLURM_JOB_NODELIST")
@@ -110,6 +112,7 @@ class SLURMEnvironment(ClusterEnvironment):
         return expand_hostlist(nodelist)[0]
 
     @property
+    @override
     def main_port(self) -> int:
         """``MASTER_PORT`` if set, else ``10000`` plus the last four digits of ``SLURM_JOB_ID``.
 
@@ -125,6 +128,7 @@ class SLURMEnvironment(ClusterEnvironment):
             raise ValueError(f"Cannot derive a port from SLURM_JOB_ID={job_id!r}; set MASTER_PORT.") from None
 
     @classmethod
+    @override
     def detect(cls, environ: Mapping[str, str] | None = None) -> bool:
         """This process is a task of an ``srun`` job step (``SLURM_STEP_ID`` and ``SLURM_NTASKS`` are set), and
         not an interactive shell.
@@ -137,18 +141,23 @@ class SLURMEnvironment(ClusterEnvironment):
         in_step = "SLURM_STEP_ID" in environ and "SLURM_NTASKS" in environ
         return in_step and environ.get("SLURM_JOB_NAME") not in _INTERACTIVE_SHELL_JOB_NAMES
 
+    @override
     def world_size(self) -> int:
         return self._int("SLURM_NTASKS")
 
+    @override
     def global_rank(self) -> int:
         return self._int("SLURM_PROCID")
 
+    @override
     def local_rank(self) -> int:
         return self._int("SLURM_LOCALID")
 
+    @override
     def node_rank(self) -> int:
         return self._int("SLURM_NODEID")
 
+    @override
     def local_world_size(self) -> int | None:
         """This node's entry of the step's tasks per node (``SLURM_STEP_TASKS_PER_NODE``, else the job's)."""
         per_node = self._tasks_per_node()

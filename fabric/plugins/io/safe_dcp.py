@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _Em
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
+from typing_extensions import override
 
 from fabric.plugins.io.torch_io import refusal_detail
 from fabric.utilities.exceptions import CheckpointError
@@ -67,11 +68,13 @@ def _dtype_names() -> set[str]:
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP metadata, refusing every other class or function the file names."""
 
+    @override
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED_GLOBALS or (module == "torch" and name in _dtype_names()):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's checkpoint metadata")
 
+    @override
     def persistent_load(self, pid: Any) -> Any:
         raise pickle.UnpicklingError("persistent references are not part of DCP's checkpoint metadata")
 
@@ -130,6 +133,7 @@ class _SafeMetadataReader(FileSystemReader):
         with self.fs.create_stream(self._get_metadata_path(), "rb") as file:
             self._metadata = read_safe_metadata(file)
 
+    @override
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise CheckpointError(f"{os.fspath(self.path)!r} has no global {_METADATA_ENTRY!r} entry.")
@@ -169,6 +173,7 @@ def load_entry(value: io.BytesIO, entry: str) -> Any:
 class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's load planner with non-tensor entries read by :func:`load_entry`."""
 
+    @override
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn
         loaded = load_entry(value, fqn)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from typing_extensions import override
 
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
 from fabric.plugins.io.storage import filesystem, writes_objects_whole
@@ -34,6 +35,7 @@ class TorchCheckpointIO(CheckpointIO):
     object written in one request appears whole or not at all, so the checkpoint is written in place.
     """
 
+    @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: PathType, storage_options: StorageOptions = None
     ) -> None:
@@ -54,6 +56,7 @@ class TorchCheckpointIO(CheckpointIO):
                 raise disk_full_error(path) from error
             raise
 
+    @override
     def load_checkpoint(
         self, path: PathType, *, weights_only: bool = True, storage_options: StorageOptions = None
     ) -> Any:
@@ -83,6 +86,7 @@ class TorchCheckpointIO(CheckpointIO):
                     f"torch.save): {str(error) or type(error).__name__}"
                 ) from error
 
+    @override
     def remove_checkpoint(self, path: PathType, storage_options: StorageOptions = None) -> None:
         fs, target = filesystem(path, storage_options)
         if fs.exists(target):

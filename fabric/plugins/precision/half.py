@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from fabric.plugins.precision.dtypes import PRECISION_DTYPES
 from fabric.plugins.precision.precision import Precision, default_dtype
@@ -29,17 +30,22 @@ class HalfPrecision(Precision):
         self.name = precision
         self.dtype = PRECISION_DTYPES[precision]
 
+    @override
     def convert_module(self, module: nn.Module) -> nn.Module:
         return module.to(dtype=self.dtype)
 
+    @override
     def tensor_init_context(self) -> AbstractContextManager[Any]:
         return default_dtype(self.dtype)
 
+    @override
     def forward_context(self) -> AbstractContextManager[Any]:
         return default_dtype(self.dtype)
 
+    @override
     def convert_input(self, data: Any) -> Any:
         return convert_floating_tensors(data, self.dtype)
 
+    @override
     def convert_output(self, data: Any) -> Any:
         return convert_floating_tensors(data, torch.get_default_dtype(), src=(self.dtype,))

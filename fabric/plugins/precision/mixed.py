@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.plugins.precision.dtypes import PRECISION_DTYPES
 from fabric.plugins.precision.precision import Precision
@@ -46,26 +47,33 @@ class MixedPrecision(Precision):
         self.scaler = scaler
 
     @property
+    @override
     def requires_fabric_backward(self) -> bool:  # type: ignore[override]
         return self.scaler is not None
 
     @property
+    @override
     def skips_non_finite_steps(self) -> bool:  # type: ignore[override]
         return self.scaler is not None
 
     @property
+    @override
     def scales_gradients(self) -> bool:  # type: ignore[override]
         return self.scaler is not None
 
+    @override
     def forward_context(self) -> AbstractContextManager[Any]:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
+    @override
     def convert_output(self, data: Any) -> Any:
         return convert_floating_tensors(data, torch.get_default_dtype(), src=(torch.float16, torch.bfloat16))
 
+    @override
     def pre_backward(self, tensor: torch.Tensor, module: nn.Module | None) -> torch.Tensor:
         return tensor if self.scaler is None else self.scaler.scale(tensor)
 
+    @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
         if self.scaler is None:
             return super().optimizer_step(optimizer, closure)
@@ -80,13 +88,16 @@ class MixedPrecision(Precision):
         self.scaler.update()
         return output
 
+    @override
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.scaler is not None and "scaler" in state_dict:
             self.scaler.load_state_dict(state_dict["scaler"])

@@ -48,6 +48,7 @@ class MultiProcessLauncher(Launcher):
         self.start_method = start_method
 
     @property
+    @override
     def is_interactive_compatible(self) -> bool:
         return self.start_method == "fork"  # spawn must re-import the function from a file
 
@@ -56,6 +57,7 @@ class MultiProcessLauncher(Launcher):
     def runs_only_the_function(self) -> bool:
         return True
 
+    @override
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.start_method == "fork" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             raise RuntimeError(

@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
+from typing_extensions import override
+
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.process_exit import exit_process
@@ -46,9 +48,11 @@ class SubprocessScriptLauncher(Launcher):
         self._supervisor: ChildSupervisor | None = None
 
     @property
+    @override
     def is_interactive_compatible(self) -> bool:
         return False
 
+    @override
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if not self.cluster_environment.creates_processes_externally:
             oom_kills_before = oom_kill_count()

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.algorithms.seq_length_warmup import set_batch_sequence_length
 from fabric.trainer.algorithms.transformer_paths import disable_fused_transformer_paths
@@ -111,6 +112,7 @@ class AlibiMultiheadAttention(nn.MultiheadAttention):
         patched.register_buffer("slopes", alibi_slopes(attention.num_heads).to(attention.out_proj.weight.device), False)
         return patched
 
+    @override
     def forward(
         self,
         query: torch.Tensor,
@@ -281,9 +283,11 @@ class Alibi(SurgeryAlgorithm):
         self.position_embedding_names = list(position_embedding_names)
         self._warned = False
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT or (event == Event.AFTER_DATALOADER and self.train_sequence_length_scaling != 1)
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.INIT:
             super().apply(event, state, logger)
@@ -302,9 +306,11 @@ class Alibi(SurgeryAlgorithm):
         if length >= 1:
             state.batch = set_batch_sequence_length(batch, length, truncate=False)
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         apply_alibi(model, self.max_sequence_length, optimizers, self.position_embedding_names)
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {
             "max_sequence_length": self.max_sequence_length,

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.augmentation_primitives import (
@@ -116,9 +117,11 @@ class AugMix(Algorithm):
     ) -> None:
         self.transform = AugmentAndMixTransform(severity, depth, width, alpha, augmentation_set)
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event is Event.FIT_START
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         add_dataset_transform("AugMix", state, self.transform)
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules, share_tensors
 
@@ -72,11 +73,13 @@ class BlurConv2d(nn.Conv2d):
         )
         return share_tensors(conv, blurred)
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.blur_first:
             return super().forward(blur_2d(input))
         return blur_2d(super().forward(input), self.blur_stride)
 
+    @override
     def extra_repr(self) -> str:
         base = super().extra_repr()  # type: ignore[no-untyped-call]
         return f"{base}, blur_first={self.blur_first}, blur_stride={self.blur_stride}"
@@ -93,9 +96,11 @@ class MaxBlurPool2d(nn.Module):
     def from_maxpool(cls, pool: nn.MaxPool2d) -> MaxBlurPool2d:
         return cls(pool.kernel_size, pool.stride, pool.padding)
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return blur_2d(F.max_pool2d(input, self.kernel_size, stride=1, padding=self.padding), self.stride)
 
+    @override
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
@@ -151,6 +156,7 @@ class BlurPool(SurgeryAlgorithm):
         self.replace_convs, self.replace_maxpools = replace_convs, replace_maxpools
         self.blur_first, self.min_channels = blur_first, min_channels
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         replaced = apply_blurpool(model, optimizers, **self.hparams())
         if not replaced:
@@ -160,6 +166,7 @@ class BlurPool(SurgeryAlgorithm):
                 stacklevel=2,
             )
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {
             "replace_convs": self.replace_convs,

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.surgery import SurgeryAlgorithm
 
@@ -77,8 +78,10 @@ class ChannelsLast(SurgeryAlgorithm):
 
     changes_module_structure = False
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         apply_channels_last(model)
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {}

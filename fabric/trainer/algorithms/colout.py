@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
@@ -107,9 +108,11 @@ class ColOut(Algorithm):
         self.input_key = check_batch_key("input_key", input_key)
         self.target_key = check_batch_key("target_key", target_key)
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_DATALOADER
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         inputs = get_batch_item(state.batch, self.input_key)
         masks = self._masks(state.batch, inputs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.algorithms.batch import BatchKey
 from fabric.trainer.algorithms.mixup import MixingAlgorithm, check_alpha, random_permutation, sample_mixing
@@ -67,5 +68,6 @@ class CutMix(MixingAlgorithm):
     ) -> None:
         super().__init__(alpha, False, input_key, target_key, num_classes)
 
+    @override
     def mix(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         return _cutmix(inputs, self.alpha, None)

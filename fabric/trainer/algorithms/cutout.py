@@ -11,6 +11,7 @@ Inputs are ``(N, ..., H, W)``; every channel of a pixel is zeroed.
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
@@ -62,9 +63,11 @@ class CutOut(Algorithm):
         self.num_holes, self.length = num_holes, length
         self.input_key = check_batch_key("input_key", input_key)
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_DATALOADER
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         inputs = get_batch_item(state.batch, self.input_key)
         state.batch = set_batch_item(state.batch, self.input_key, cutout_batch(inputs, self.num_holes, self.length))

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
@@ -112,12 +113,14 @@ class EMA(Algorithm):
         self.averages: list[torch.Tensor] | None = None
         self._swapped = False
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         if event is self._update_event:
             count = int(state.timestamp.get(self.update_interval.unit))
             return count % int(self.update_interval.value) == 0 and time_reached(state, self.ema_start)
         return event in _EVAL_ROUND_EVENTS and self.averages is not None
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         tensors = self._model_tensors(state)
         if event is self._update_event:
@@ -129,6 +132,7 @@ class EMA(Algorithm):
             self._swap(tensors)
 
     @contextmanager
+    @override
     def exported_weights(self, state: State) -> Iterator[None]:
         """The model holds the average inside (once averaging started): what a weights-only checkpoint saves."""
         swap = self.averages is not None and not self._swapped  # during evaluation it holds the average already
@@ -164,9 +168,11 @@ class EMA(Algorithm):
         for average, tensor in zip(self.averages, model_tensors(model), strict=True):
             tensor.copy_(average)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"averages": None if self.averages is None else [a.clone() for a in self.averages]}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         averages = state_dict["averages"]
         self.averages = None if averages is None else [average.clone() for average in averages]

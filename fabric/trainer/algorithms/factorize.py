@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.algorithms.transformer_paths import disable_fused_transformer_paths
 from fabric.trainer.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules
@@ -68,6 +69,7 @@ class _LowRankPair(nn.Module):
                 factorized.second.bias.copy_(original.bias)
         return factorized
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         output: torch.Tensor = self.second(self.first(input))
         return output
@@ -184,6 +186,7 @@ class Factorize(SurgeryAlgorithm):
         self.min_channels, self.latent_channels = min_channels, latent_channels
         self.min_features, self.latent_features = min_features, latent_features
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         if not apply_factorization(model, optimizers, **self.hparams()):
             warnings.warn(
@@ -192,6 +195,7 @@ class Factorize(SurgeryAlgorithm):
                 stacklevel=2,
             )
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {
             "factorize_convs": self.factorize_convs,

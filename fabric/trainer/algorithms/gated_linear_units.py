@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.algorithms.transformer_paths import disable_fused_transformer_paths
 from fabric.trainer.surgery import SurgeryAlgorithm, update_params_in_optimizer
@@ -117,11 +118,13 @@ class GatedLinearUnit(nn.Module):
         )
         self.act_fn = act_fn
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         gate: torch.Tensor = self.act_fn(self.gated_layer(input))
         value: torch.Tensor = self.non_gated_layer(input)
         return gate * value
 
+    @override
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, act_fn={self.act_fn!r}"
 
@@ -200,6 +203,7 @@ class GatedLinearUnits(SurgeryAlgorithm):
                 raise ValueError(f"GatedLinearUnits: {name}={value!r} must be True or False.")
         self.gated_layer_bias, self.non_gated_layer_bias = gated_layer_bias, non_gated_layer_bias
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         converted = apply_gated_linear_units(
             model, optimizers, self.act_fn, self.gated_layer_bias, self.non_gated_layer_bias
@@ -209,6 +213,7 @@ class GatedLinearUnits(SurgeryAlgorithm):
                 f"GatedLinearUnits: every transformer layer of {type(model).__name__} is already gated.", stacklevel=2
             )
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {
             "act_fn": self._act_fn_name,

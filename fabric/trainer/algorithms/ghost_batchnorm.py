@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.surgery import ModuleFactory, SurgeryAlgorithm, replace_modules, share_tensors
 
@@ -48,6 +49,7 @@ class _GhostBatchNorm(_BatchNorm):
         ghost.ghost_batch_size = ghost_batch_size
         return share_tensors(batchnorm, ghost)
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return super().forward(input)
@@ -75,6 +77,7 @@ class _GhostBatchNorm(_BatchNorm):
         self.running_mean.lerp_(mean, factor)
         self.running_var.lerp_(var, factor)
 
+    @override
     def extra_repr(self) -> str:
         base = super().extra_repr()  # type: ignore[no-untyped-call]
         return f"{base}, ghost_batch_size={self.ghost_batch_size}"
@@ -131,9 +134,11 @@ class GhostBatchNorm(SurgeryAlgorithm):
         _check_ghost_batch_size(ghost_batch_size)
         self.ghost_batch_size = ghost_batch_size
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         if not apply_ghost_batchnorm(model, self.ghost_batch_size, optimizers):
             warnings.warn(f"GhostBatchNorm found no BatchNorm1d/2d/3d in {type(model).__name__}.", stacklevel=2)
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {"ghost_batch_size": self.ghost_batch_size}

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
@@ -80,9 +81,11 @@ class GradientClipping(Algorithm):
         _check_clipping(clipping_type, clipping_threshold)
         self.clipping_type, self.clipping_threshold = clipping_type, float(clipping_threshold)
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_TRAIN_BATCH or event is Event.INIT
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event is Event.INIT:
             if state.fabric is not None and state.fabric.strategy.engine_handles_gradients:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
@@ -70,6 +71,7 @@ class GyroDropoutLayer(nn.Module):
         self.preselect_masks: torch.Tensor | None = None
         self.selected_masks: torch.Tensor | None = None
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return input
@@ -107,6 +109,7 @@ class GyroDropoutLayer(nn.Module):
         self.training_step = int(state["training_step"])
         self.preselect_masks, self.selected_masks = state["preselect_masks"], state["selected_masks"]
 
+    @override
     def extra_repr(self) -> str:
         return f"p={self.p}, sigma={self.sigma}, tau={self.tau}, iter_num={self.iter_num}"
 
@@ -153,9 +156,11 @@ class GyroDropout(Algorithm):
         self.layers: list[GyroDropoutLayer] = []
         self._pending: list[dict[str, Any]] | None = None
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event is Event.FIT_START and not self.layers
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         iters_per_epoch, max_epoch = training_steps(state)
         apply_gyro_dropout(state.model, iters_per_epoch, max_epoch, self.p, self.sigma, self.tau)
@@ -163,9 +168,11 @@ class GyroDropout(Algorithm):
         if self._pending is not None:
             self._restore(self._pending)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"layers": [layer.state() for layer in self.layers]}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.layers:
             self._restore(state_dict["layers"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
@@ -46,9 +47,11 @@ class LabelSmoothing(Algorithm):
         self.target_key = check_batch_key("target_key", target_key)
         self._original_targets: Any = None
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event is Event.BEFORE_LOSS:
             self._original_targets = get_batch_item(state.batch, self.target_key)

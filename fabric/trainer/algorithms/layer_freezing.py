@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
@@ -86,20 +87,24 @@ class LayerFreezing(Algorithm):
         self.frozen_layers = 0
         self._state: State | None = None
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         if event is Event.INIT:  # remember the state, so a checkpoint's freezing can be re-applied on load
             self._state = state
         return event is _INTERVAL_EVENTS[self.interval]
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         elapsed = float(state.get_elapsed_duration())
         self.frozen_layers = freeze_layers(state.model, state.optimizers, elapsed, self.freeze_start, self.freeze_level)
         if logger is not None:
             logger.log_metrics({"layer_freezing/frozen_layers": self.frozen_layers})
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"frozen_layers": self.frozen_layers}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.frozen_layers = int(state_dict["frozen_layers"])
         if self._state is not None:

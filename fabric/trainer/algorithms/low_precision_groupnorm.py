@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.algorithms.low_precision_layernorm import (
     autocast_dtype,
@@ -47,6 +48,7 @@ class LPGroupNorm(nn.GroupNorm):
         )
         return share_tensors(groupnorm, low)
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         dtype = autocast_dtype(input)
         if dtype is None:
@@ -84,6 +86,7 @@ class LowPrecisionGroupNorm(SurgeryAlgorithm):
     #: The state dict keeps its keys and shapes: a checkpoint loads into an unmodified model.
     changes_module_structure = False
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         precision = run_precision(state)
         if not is_mixed_precision(precision):
@@ -91,9 +94,11 @@ class LowPrecisionGroupNorm(SurgeryAlgorithm):
             return
         super().apply(event, state, logger)
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         if not _replace_groupnorms(model, optimizers):
             warnings.warn(f"LowPrecisionGroupNorm found no nn.GroupNorm in {type(model).__name__}.", stacklevel=2)
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {}

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.events import Event
 from fabric.trainer.loggers.logger import Logger
@@ -85,6 +86,7 @@ class LPLayerNorm(nn.LayerNorm):
         )
         return share_tensors(layernorm, low)
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         dtype = autocast_dtype(input)
         if dtype is None:
@@ -127,6 +129,7 @@ class LowPrecisionLayerNorm(SurgeryAlgorithm):
     #: The state dict keeps its keys and shapes: a checkpoint loads into an unmodified model.
     changes_module_structure = False
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         precision = run_precision(state)
         if not is_mixed_precision(precision):
@@ -134,9 +137,11 @@ class LowPrecisionLayerNorm(SurgeryAlgorithm):
             return
         super().apply(event, state, logger)
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         if not _replace_layernorms(model, optimizers):
             warnings.warn(f"LowPrecisionLayerNorm found no nn.LayerNorm in {type(model).__name__}.", stacklevel=2)
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {}

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
@@ -118,9 +119,11 @@ class MixingAlgorithm(Algorithm):
     def mix(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """``(mixed_inputs, permutation, mixing)``, where ``mixing`` is the share of each permuted partner."""
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS)
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event is Event.BEFORE_FORWARD:
             inputs = get_batch_item(state.batch, self.input_key)
@@ -175,5 +178,6 @@ class MixUp(MixingAlgorithm):
     ) -> None:
         super().__init__(alpha, interpolate_loss, input_key, target_key, num_classes)
 
+    @override
     def mix(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         return _mixup(inputs, self.alpha, None)

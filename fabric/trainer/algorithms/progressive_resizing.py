@@ -16,6 +16,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
@@ -110,9 +111,11 @@ class ProgressiveResizing(Algorithm):
         self.input_key = check_batch_key("input_key", input_key)
         self.target_key = check_batch_key("target_key", target_key)
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_DATALOADER
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         scale = resize_scale(
             float(state.get_elapsed_duration()), self.initial_scale, self.delay_fraction, self.finetune_fraction

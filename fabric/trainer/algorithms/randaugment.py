@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.augmentation_primitives import (
@@ -84,9 +85,11 @@ class RandAugment(Algorithm):
         self.transform = RandAugmentTransform(severity, depth, augmentation_set)
         self.severity, self.depth, self.augmentation_set = severity, depth, augmentation_set
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event is Event.FIT_START
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         add_dataset_transform("RandAugment", state, self.transform)
 

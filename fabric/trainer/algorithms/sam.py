@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.cutmix import CutMix
@@ -77,11 +78,13 @@ class SAM(Algorithm):
         self.interval = interval
         self._checked = False
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         if event is Event.INIT:
             return True
         return event is Event.AFTER_TRAIN_BATCH and int(state.timestamp.batch) % self.interval == 0
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if not self._checked:
             if _uses_grad_scaler(state):

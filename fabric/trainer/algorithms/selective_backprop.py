@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, index_batch, set_batch_item
@@ -119,6 +120,7 @@ class SelectiveBackprop(Algorithm):
         self.target_key = check_batch_key("target_key", target_key)
         self._loss_checked = loss_fn is not None
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         if event is Event.INIT:
             return not self._loss_checked
@@ -132,6 +134,7 @@ class SelectiveBackprop(Algorithm):
             self.interrupt,
         )
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if not self._loss_checked:
             self._check_model_loss(state.model)

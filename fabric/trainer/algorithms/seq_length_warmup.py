@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.events import Event
@@ -76,9 +77,11 @@ class SeqLengthWarmup(Algorithm):
         self.duration, self.min_seq_length, self.max_seq_length = duration, min_seq_length, max_seq_length
         self.step_size, self.truncate = step_size, truncate
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event is Event.AFTER_DATALOADER
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         length = warmup_length(
             float(state.get_elapsed_duration()), self.duration, self.min_seq_length, self.max_seq_length, self.step_size

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules
 
@@ -46,6 +47,7 @@ class SqueezeExcite2d(nn.Module):
             nn.Sigmoid(),
         )
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         scale: torch.Tensor = self.pool_and_mlp(input)
         return input * scale.view(*scale.shape, 1, 1)
@@ -60,6 +62,7 @@ class SqueezeExciteConv2d(nn.Module):
         self.se = SqueezeExcite2d(conv.out_channels, latent_channels)
         self.se.to(device=conv.weight.device, dtype=conv.weight.dtype)
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         output: torch.Tensor = self.se(self.conv(input))
         return output
@@ -100,6 +103,7 @@ class SqueezeExcite(SurgeryAlgorithm):
         _check(latent_channels, min_channels)
         self.latent_channels, self.min_channels = latent_channels, min_channels
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         if not apply_squeeze_excite(model, self.latent_channels, self.min_channels, optimizers):
             warnings.warn(
@@ -108,5 +112,6 @@ class SqueezeExcite(SurgeryAlgorithm):
                 stacklevel=2,
             )
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {"latent_channels": self.latent_channels, "min_channels": self.min_channels}

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.events import Event
 from fabric.trainer.loggers.logger import Logger
@@ -52,6 +53,7 @@ class DroppableBranch(nn.Module):
         self.drop_rate = drop_rate
         self._output_shapes: dict[tuple[torch.Size, torch.dtype], torch.Size] = {}
 
+    @override
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self.training:
             scaled: torch.Tensor = self.branch(input) * (1.0 - self.drop_rate)
@@ -66,13 +68,16 @@ class DroppableBranch(nn.Module):
         self._output_shapes[key] = output.shape
         return output
 
+    @override
     def get_extra_state(self) -> dict[str, float]:
         """The rate in force goes into the state dict, so a checkpoint taken during warmup reloads exactly."""
         return {"drop_rate": self.drop_rate}
 
+    @override
     def set_extra_state(self, state: dict[str, float]) -> None:
         self.drop_rate = float(state["drop_rate"])
 
+    @override
     def extra_repr(self) -> str:
         return f"drop_rate={self.drop_rate:g}, target_drop_rate={self.target_drop_rate:g}"
 
@@ -154,15 +159,18 @@ class StochasticDepth(SurgeryAlgorithm):
         self.branch_attribute, self.drop_rate, self.drop_distribution = branch_attribute, drop_rate, drop_distribution
         self.branches: list[DroppableBranch] = []
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT or (event == Event.BATCH_START and self.drop_warmup.value > 0)
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.INIT:
             super().apply(event, state, logger)
         else:
             self.set_warmup_progress(self._warmup_progress(state))
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         self.branches = apply_stochastic_depth(
             model, self._target_class, self.branch_attribute, self.drop_rate, self.drop_distribution
@@ -180,6 +188,7 @@ class StochasticDepth(SurgeryAlgorithm):
             return float(state.get_elapsed_duration()) / float(self.drop_warmup.value)
         return elapsed_fraction(state.timestamp, self.drop_warmup)
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {
             "target_layer": self.target_layer,

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
+from typing_extensions import override
 
 from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.ema import model_tensors, time_reached
@@ -80,6 +81,7 @@ class SWA(Algorithm):
         self.completed = False
         self._resumed_average: dict[str, Any] | None = None
 
+    @override
     def match(self, event: Event, state: State) -> bool:
         if self.completed or not time_reached(state, self.swa_start):
             return False
@@ -89,6 +91,7 @@ class SWA(Algorithm):
             return False
         return int(state.timestamp.get(self.update_interval.unit)) % int(self.update_interval.value) == 0
 
+    @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event is Event.BEFORE_TRAIN_BATCH:
             self._set_swa_lr(state)
@@ -126,10 +129,12 @@ class SWA(Algorithm):
             tensor.copy_(average)
         self.completed = True
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         averaged = None if self.averaged_model is None else self.averaged_model.state_dict()
         return {"averaged_model": averaged, "completed": self.completed}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.completed = state_dict["completed"]
         self._resumed_average = state_dict["averaged_model"]  # loaded into the AveragedModel built at the next update

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.surgery import SurgeryAlgorithm
 
@@ -35,6 +36,7 @@ class StandardizeWeight(nn.Module):
         super().__init__()
         self.eps = eps
 
+    @override
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
         var, mean = torch.var_mean(weight, dim=list(range(1, weight.dim())), keepdim=True, correction=0)
         return (weight - mean) / torch.sqrt(var + self.eps)
@@ -68,6 +70,7 @@ class WeightStandardization(SurgeryAlgorithm):
         _check_ignored(n_last_layers_ignore)
         self.n_last_layers_ignore = n_last_layers_ignore
 
+    @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
         if not apply_weight_standardization(model, self.n_last_layers_ignore):
             warnings.warn(
@@ -76,5 +79,6 @@ class WeightStandardization(SurgeryAlgorithm):
                 stacklevel=2,
             )
 
+    @override
     def hparams(self) -> dict[str, Any]:
         return {"n_last_layers_ignore": self.n_last_layers_ignore}

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_interval, user_model
@@ -67,10 +68,12 @@ class ActivationMonitor(Callback):
         self._recorded: dict[str, torch.Tensor] = {}
         self._last_logged: int | None = None  # the interval-unit count last logged
 
+    @override
     def before_forward(self, state: State, logger: Logger) -> None:
         if self._due(state) and not self._handles:
             self._attach(user_model(state))
 
+    @override
     def after_forward(self, state: State, logger: Logger) -> None:
         if not self._handles:
             return
@@ -81,6 +84,7 @@ class ActivationMonitor(Callback):
             values = torch.stack(list(recorded.values())).tolist()  # one sync for all of them
             self._log(dict(zip(recorded, values, strict=True)), int(state.timestamp.batch) + 1, logger)
 
+    @override
     def fit_end(self, state: State, logger: Logger) -> None:
         self._detach()  # a forward that raised left them on
 

@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import override
+
 from fabric.trainer.callback import Callback
 from fabric.trainer.time import Time, Timestamp, TimeUnit
 
@@ -62,10 +64,12 @@ class MetricWatcher(Callback, ABC):
     def is_better(self, value: float, reference: float) -> bool:
         return bool(self.comparator(value, reference))
 
+    @override
     def eval_end(self, state: State, logger: Logger) -> None:
         if self.dataloader_label != TRAIN_LABEL and state.dataloader_label == self.dataloader_label:
             self.on_metric(state, self._read(state))
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         if self.dataloader_label == TRAIN_LABEL:
             self.on_metric(state, self._read(state))
@@ -126,6 +130,7 @@ class EarlyStopper(MetricWatcher):
         self.best: float | None = None
         self.best_at: Timestamp | None = None
 
+    @override
     def on_metric(self, state: State, value: float) -> None:
         if self.best is None or self.best_at is None or self._improves(value, self.best):
             self.best, self.best_at = value, state.timestamp
@@ -137,12 +142,14 @@ class EarlyStopper(MetricWatcher):
     def _improves(self, value: float, best: float) -> bool:
         return self.is_better(value, best) and abs(value - best) > self.min_delta
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The best value and when it occurred, so a resumed run keeps counting patience from it."""
         if self.best is None or self.best_at is None:
             return {}
         return {"best": self.best, "best_at": self.best_at.state_dict()}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict:
             self.best = float(state_dict["best"])

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_file_name, check_name, format_name, global_rank, user_model
@@ -109,10 +110,12 @@ class ExportForInference(Callback):
         self.exported_path: str | None = None
         self._first_batch: Any = None
 
+    @override
     def before_forward(self, state: State, logger: Logger) -> None:
         if self.sample_input is None and self._first_batch is None:
             self._first_batch = _on_cpu(state.batch)
 
+    @override
     def fit_end(self, state: State, logger: Logger) -> None:
         if global_rank(state) == 0:
             self._export(state)

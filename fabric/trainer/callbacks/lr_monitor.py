@@ -6,6 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric.trainer.callback import Callback
 from fabric.wrappers import FabricOptimizer
@@ -22,6 +23,7 @@ class LRMonitor(Callback):
     optimizers share a class, the second and later get a numeric suffix (``lr-SGD-1/group0``).
     """
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         seen: Counter[str] = Counter()
         values: dict[str, float] = {}

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_count, training_device, world_size
@@ -68,6 +69,7 @@ class MemoryMonitor(Callback):
         self.memory_keys = dict(memory_keys) if memory_keys is not None else None
         self.dist_aggregate_batch_interval = dist_aggregate_batch_interval
 
+    @override
     def after_train_batch(self, state: State, logger: Logger) -> None:
         device = training_device(state)
         if device.type == "cuda":

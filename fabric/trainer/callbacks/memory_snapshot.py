@@ -8,6 +8,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import (
@@ -70,14 +71,17 @@ class MemorySnapshot(Callback):
         self._started_at: int | None = None  # the clock, in the interval's unit, when recording started
         self._enabled: bool | None = None  # None until the device is known
 
+    @override
     def init(self, state: State, logger: Logger) -> None:
         self._check_device(state)
 
+    @override
     def batch_start(self, state: State, logger: Logger) -> None:
         if self._check_device(state) and self._started_at is None and self._batches_to_skip == 0:
             torch.cuda.memory._record_memory_history(enabled="all", max_entries=self.max_entries)
             self._started_at = int(state.timestamp.get(self.interval.unit))
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         if not self._enabled:
             return
@@ -91,6 +95,7 @@ class MemorySnapshot(Callback):
             finally:
                 self._stop()
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Stop a recording that training ended in the middle of."""
         self._stop()

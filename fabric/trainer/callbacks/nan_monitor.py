@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.callback import Callback
 
@@ -23,6 +24,7 @@ class NaNMonitor(Callback):
     rather than training on garbage for hours.
     """
 
+    @override
     def after_loss(self, state: State, logger: Logger) -> None:
         if not _is_finite(state.loss):
             raise RuntimeError(

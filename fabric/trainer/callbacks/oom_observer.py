@@ -8,6 +8,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import (
@@ -71,12 +72,15 @@ class OOMObserver(Callback):
         self._set_up = False
         self._enabled = False
 
+    @override
     def init(self, state: State, logger: Logger) -> None:
         self._set_up_once(state)
 
+    @override
     def fit_start(self, state: State, logger: Logger) -> None:
         self._set_up_once(state)  # when INIT was not seen (a callback added to a running trainer)
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Stop recording; the observer cannot be detached, so it stays but does nothing."""
         if self._enabled:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_count, user_model
@@ -63,6 +64,7 @@ class OptimizerMonitor(Callback):
     def _logs(self, step: int) -> bool:
         return step % self.batch_log_interval == 0
 
+    @override
     def batch_start(self, state: State, logger: Logger) -> None:
         self._before_step = None
         if self.log_update_norms and self._logs(int(state.timestamp.batch) + 1):
@@ -70,6 +72,7 @@ class OptimizerMonitor(Callback):
                 name: parameter.detach().clone() for name, parameter in _trained_parameters(user_model(state))
             }
 
+    @override
     def after_train_batch(self, state: State, logger: Logger) -> None:
         step = int(state.timestamp.batch) + 1  # the batch being trained, as its loss
         if not self._logs(step):
@@ -84,6 +87,7 @@ class OptimizerMonitor(Callback):
         if metrics:
             logger.log_metrics(metrics, step=step)
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         step = int(state.timestamp.batch)  # advanced past the batch just trained
         before, self._before_step = self._before_step, None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from typing_extensions import override
+
 from fabric.trainer.callback import Callback
 
 if TYPE_CHECKING:
@@ -27,10 +29,12 @@ class RuntimeEstimator(Callback):
         self._batches_seen = 0
         self._start: tuple[float, float] | None = None  # (seconds, progress) when the measurement began
 
+    @override
     def batch_start(self, state: State, logger: Logger) -> None:
         if self._batches_seen == self.skip_batches:
             self._start = (state.timestamp.total_wct.total_seconds(), _progress(state))
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         self._batches_seen += 1
         if self._start is None:

@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import override
+
 from fabric.trainer.callback import Callback
 from fabric.utilities.throughput import Throughput
 
@@ -69,6 +71,7 @@ class SpeedMonitor(Callback):
         throughput.update(time=0.0, batches=0, samples=0, lengths=0 if counts_tokens else None)
         return throughput
 
+    @override
     def fit_start(self, state: State, logger: Logger) -> None:
         if self.flops_available_per_device is not None and _flops_per_batch(state) is None:
             raise ValueError(
@@ -76,9 +79,11 @@ class SpeedMonitor(Callback):
                 f"{type(state.model).__name__} has no flops_per_batch(batch) method."
             )
 
+    @override
     def batch_start(self, state: State, logger: Logger) -> None:
         self._batch_start = state.timestamp
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         now, before = state.timestamp, self._batch_start
         if before is None:

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import torch
+from typing_extensions import override
 
 from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import training_device, world_size
@@ -52,6 +53,7 @@ class SystemMetricsMonitor(Callback):
         self._checked = False  # whether the device was looked at
         psutil.cpu_percent(interval=None)  # starts the count that the first batch's reading ends
 
+    @override
     def init(self, state: State, logger: Logger) -> None:
         self._check_device(state)
 
@@ -72,6 +74,7 @@ class SystemMetricsMonitor(Callback):
             ) from None
         self._gpu = device
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         self._check_device(state)
         metrics = self._node_metrics()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from typing_extensions import override
+
 from fabric.trainer.callbacks.early_stopper import Comparator, MetricWatcher
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ class ThresholdStopper(MetricWatcher):
         self.stop_on_batch = stop_on_batch
         self._stop_at_epoch_end = False
 
+    @override
     def on_metric(self, state: State, value: float) -> None:
         if not self.is_better(value, self.threshold):
             return
@@ -47,6 +50,7 @@ class ThresholdStopper(MetricWatcher):
         else:
             self._stop_at_epoch_end = True
 
+    @override
     def epoch_end(self, state: State, logger: Logger) -> None:
         if self._stop_at_epoch_end:
             state.stop_training()

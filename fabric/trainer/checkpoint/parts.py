@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.trainer.checkpoint.checkpointer import (
@@ -303,6 +304,7 @@ class SelectiveCheckpointer(TrainerCheckpointer):
                 "saves them together in its engine's checkpoint. Leave them in."
             )
 
+    @override
     def save(
         self,
         path: str,
@@ -342,6 +344,7 @@ class SelectiveCheckpointer(TrainerCheckpointer):
         written = fabric.save(path, entries, **options)
         return written
 
+    @override
     def load(
         self, path: str, *, weights_only: bool = False, strict: bool = True, ignore_keys: Collection[str] = ()
     ) -> None:

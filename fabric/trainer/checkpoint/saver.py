@@ -23,6 +23,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from typing_extensions import override
+
 from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.plugins.io.temporaries import create_locked, release_lock, remove_abandoned, temporary_sibling
 from fabric.trainer.callback import Callback
@@ -125,14 +127,17 @@ class CheckpointSaver(Callback):
             raise RuntimeError("CheckpointSaver is not bound to a Trainer yet.")
         return self._folder
 
+    @override
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         if self.interval(state, Event.BATCH_END):
             self.save(state)
 
+    @override
     def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         if self.interval(state, Event.EPOCH_END):
             self.save(state)
 
+    @override
     def fit_end(self, state: State, logger: Logger) -> None:
         try:
             self.wait()
@@ -174,6 +179,7 @@ class CheckpointSaver(Callback):
         if self._uploader is not None:
             self._uploader.wait()
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         try:
             if self._uploader is not None:

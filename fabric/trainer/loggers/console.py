@@ -6,6 +6,8 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, TextIO
 
+from typing_extensions import override
+
 from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalInput, create_interval
 from fabric.trainer.loggers.destination import LoggerDestination
@@ -36,23 +38,29 @@ class ConsoleLogger(LoggerDestination):
         self._eval_values: dict[str, float] = {}
         self._evaluating = False
 
+    @override
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         (self._eval_values if self._evaluating else self._train_values).update(metrics)
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         if self.log_interval(state, Event.BATCH_END):
             self._print_line(state, "train", self._train_values)
 
+    @override
     def epoch_end(self, state: State, logger: Logger) -> None:
         if self.log_interval(state, Event.EPOCH_END):
             self._print_line(state, "train", self._train_values)
 
+    @override
     def fit_end(self, state: State, logger: Logger) -> None:
         self._print_line(state, "train", self._train_values)
 
+    @override
     def eval_start(self, state: State, logger: Logger) -> None:
         self._evaluating = True
 
+    @override
     def eval_end(self, state: State, logger: Logger) -> None:
         self._evaluating = False
         self._print_line(state, state.dataloader_label or "eval", self._eval_values)

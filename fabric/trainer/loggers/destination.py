@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from typing_extensions import override
+
 from fabric.trainer.callback import Callback
 from fabric.trainer.loggers.logger import Logger, LogSink
 
@@ -23,5 +25,6 @@ class LoggerDestination(Callback, LogSink):
     #: by rank 0; an in-memory record for tests may want every rank's values.
     all_ranks: ClassVar[bool] = False
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Flush and release files or bars; ``Trainer.close()`` calls it with its state and logger, as Composer's."""

@@ -14,6 +14,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec
 
+from typing_extensions import override
+
 from fabric.loggers import csv_logs, tensorboard
 from fabric.loggers.logger import Logger as FabricLogger
 from fabric.trainer.loggers.destination import LoggerDestination
@@ -33,15 +35,19 @@ class FabricLoggerDestination(LoggerDestination):
             raise TypeError(f"Expected a fabric.loggers.Logger (CSVLogger, TensorBoardLogger, ...), got {logger!r}.")
         self.logger = logger
 
+    @override
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.logger.log_metrics(metrics, step)
 
+    @override
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         self.logger.log_hyperparams(hyperparameters)
 
+    @override
     def fit_end(self, state: State, logger: Logger) -> None:
         self.logger.save()  # the files are complete once fit() returns, before close()
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         self.logger.finalize("success")
 

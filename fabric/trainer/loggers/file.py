@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from typing_extensions import override
+
 from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
@@ -36,16 +38,20 @@ class FileLogger(LoggerDestination):
         self.buffer_size = buffer_size
         self._file: TextIO | None = None
 
+    @override
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._write("".join(f"[batch={step}] {name}: {value}\n" for name, value in metrics.items()))
 
+    @override
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         self._write("".join(f"[hyperparameter] {name}: {value}\n" for name, value in hyperparameters.items()))
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         if self._file is not None and int(state.timestamp.batch) % self.flush_interval == 0:
             self._file.flush()
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Flush and close the file; a value logged afterwards reopens it and appends."""
         if self._file is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from typing_extensions import override
+
 from fabric.trainer.loggers.destination import LoggerDestination
 
 
@@ -21,10 +23,12 @@ class InMemoryLogger(LoggerDestination):
         self.most_recent_values: dict[str, float] = {}
         self.hyperparameters: dict[str, Any] = {}
 
+    @override
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         for name, value in metrics.items():
             self.data.setdefault(name, []).append((step, value))
             self.most_recent_values[name] = value
 
+    @override
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         self.hyperparameters.update(hyperparameters)

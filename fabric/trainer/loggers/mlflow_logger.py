@@ -23,6 +23,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import override
+
 from fabric.trainer.loggers.destination import LoggerDestination
 from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
@@ -66,10 +68,12 @@ class MLFlowLogger(LoggerDestination):
         self._warned = False
         self._dropped = 0
 
+    @override
     def init(self, state: State, logger: Logger) -> None:
         if self.run_name is None:
             self.run_name = state.run_name
 
+    @override
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._start()
         from mlflow.entities import Metric
@@ -77,6 +81,7 @@ class MLFlowLogger(LoggerDestination):
         now = int(time.time() * 1000)
         self._pending.extend(Metric(name, float(value), now, step) for name, value in metrics.items())
 
+    @override
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         client = self._start()
         from mlflow.entities import Param
@@ -85,6 +90,7 @@ class MLFlowLogger(LoggerDestination):
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per call
             client.log_batch(self.run_id, params=params[start : start + 100])
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         if self._pending and int(state.timestamp.batch) % self.flush_interval == 0:
             self.flush()
@@ -118,10 +124,12 @@ class MLFlowLogger(LoggerDestination):
             self._dropped += len(self._pending) - MAX_BUFFERED
             del self._pending[: len(self._pending) - MAX_BUFFERED]
 
+    @override
     def log_exception(self, exception: BaseException) -> None:
         """End the run as FAILED (KILLED for ``KeyboardInterrupt``, ``SystemExit`` and preemption)."""
         self._end("KILLED" if isinstance(exception, (KeyboardInterrupt, SystemExit)) else "FAILED")
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Write what is buffered and end the run (FINISHED, unless it failed). A later value starts a new run."""
         self._end("FINISHED")

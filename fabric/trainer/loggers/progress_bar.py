@@ -6,6 +6,8 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
+from typing_extensions import override
+
 from fabric.trainer.loggers.destination import LoggerDestination
 from fabric.trainer.time import TimeUnit
 
@@ -37,10 +39,12 @@ class ProgressBarLogger(LoggerDestination):
         self._eval_bar: tqdm[Any] | None = None
         self._latest_loss: float | None = None
 
+    @override
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         if LOSS_NAME in metrics:
             self._latest_loss = metrics[LOSS_NAME]
 
+    @override
     def fit_start(self, state: State, logger: Logger) -> None:
         self._close_train_bar()
         total = _batches_in_run(state)
@@ -49,12 +53,14 @@ class ProgressBarLogger(LoggerDestination):
             done = min(int(state.timestamp.batch), total)  # a resumed run starts part-way
             self._train_bar = self._new_bar("train", total, initial=done, leave=True)
 
+    @override
     def epoch_start(self, state: State, logger: Logger) -> None:
         if self._bar_per_epoch:
             self._close_train_bar()
             description = f"train epoch {int(state.timestamp.epoch)}"
             self._train_bar = self._new_bar(description, state.dataloader_len, leave=True)
 
+    @override
     def batch_end(self, state: State, logger: Logger) -> None:
         if self._train_bar is None:
             return
@@ -64,26 +70,32 @@ class ProgressBarLogger(LoggerDestination):
         self._train_bar.set_postfix(postfix, refresh=False)  # drawn by update(), at tqdm's refresh rate
         self._train_bar.update(1)
 
+    @override
     def epoch_end(self, state: State, logger: Logger) -> None:
         if self._bar_per_epoch:
             self._close_train_bar()
 
+    @override
     def fit_end(self, state: State, logger: Logger) -> None:
         self._close_train_bar()
 
+    @override
     def eval_start(self, state: State, logger: Logger) -> None:
         self._close_eval_bar()
         label = state.dataloader_label or "eval"
         description = "eval" if label == "eval" else f"eval {label}"
         self._eval_bar = self._new_bar(description, state.eval_batches, leave=False)
 
+    @override
     def eval_batch_end(self, state: State, logger: Logger) -> None:
         if self._eval_bar is not None:
             self._eval_bar.update(1)
 
+    @override
     def eval_end(self, state: State, logger: Logger) -> None:
         self._close_eval_bar()
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         self._close_eval_bar()
         self._close_train_bar()

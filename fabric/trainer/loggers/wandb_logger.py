@@ -25,6 +25,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import override
+
 from fabric.trainer.loggers.destination import LoggerDestination
 from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
@@ -69,31 +71,39 @@ class WandBLogger(LoggerDestination):
         self._logged_checkpoints: set[str] = set()
         self._warned_remote = False
 
+    @override
     def init(self, state: State, logger: Logger) -> None:
         if self.init_kwargs["name"] is None:
             self.init_kwargs["name"] = state.run_name
 
+    @override
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._start().log(dict(metrics), step=step)
 
+    @override
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         self._start().config.update(dict(hyperparameters), allow_val_change=True)
 
+    @override
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self._log_new_checkpoints(state)
 
+    @override
     def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         self._log_new_checkpoints(state)
 
+    @override
     def fit_end(self, state: State, logger: Logger) -> None:
         self._log_new_checkpoints(state)
 
+    @override
     def log_exception(self, exception: BaseException) -> None:
         """Finish the run with a non-zero exit code, so W&B shows it failed: a ``SystemExit``'s own code (the
         Trainer's preemption exits 75), else 1."""
         code = exception.code if isinstance(exception, SystemExit) and isinstance(exception.code, int) else 1
         self._finish(code or 1)
 
+    @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """Finish the run (exit code 0, unless it failed). A later value starts a new run."""
         self._finish(0)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
+from typing_extensions import override
 
 from fabric.loggers.logger import Logger as FabricLogger
 from fabric.loggers.logger import params_to_dict
@@ -42,16 +43,20 @@ class FabricRoute(FabricLogger):
         self.facade = facade
 
     @property
+    @override
     def name(self) -> str | None:
         return self.facade.state.run_name
 
     @property
+    @override
     def version(self) -> None:
         return None
 
+    @override
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
         self.facade.log_metrics(metrics, step)
 
+    @override
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
         self.facade.log_hyperparameters(params_to_dict(params))
 
