@@ -48,10 +48,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import State
 from fabric.trainer.model import TrainerModel
-from fabric.trainer.state import State
 
 IMAGE_SIZE = 16
 #: Noise standard deviation and largest shift of the benchmark's images (the patterns' values are about +-1):

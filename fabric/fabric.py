@@ -26,7 +26,6 @@ from fabric.accelerators.accelerator import Accelerator
 from fabric.connector import AcceleratorArg, Plugin, PrecisionArg, StrategyArg, resolve
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.precision.precision import Precision
-from fabric.strategies.launchers.process_exit import prepare_fast_shutdown, register_cleanup
 from fabric.strategies.strategy import CheckpointFilter, Strategy
 from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
 from fabric.utilities.compile import CompileArg, Compiler, compiler_for, uncompiled
@@ -34,10 +33,11 @@ from fabric.utilities.device_parser import DevicesArg
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.interactive import is_interactive
 from fabric.utilities.metrics_gather import gather_unpadded
+from fabric.utilities.processes.exit import prepare_fast_shutdown, register_cleanup
+from fabric.utilities.processes.workers import RankOwnedWorker
 from fabric.utilities.profiler import TraceProfiler
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
 from fabric.utilities.seed import seed_everything, seeds_workers, worker_init_function
-from fabric.utilities.worker_processes import RankOwnedWorker
 from fabric.wrappers import (
     FabricDataLoader,
     FabricModule,
@@ -355,7 +355,7 @@ class Fabric:
         ``use_distributed_sampler=False`` the sampler is left alone (the data is then not sharded). After
         ``seed_everything(workers=True)``, loaders without a ``worker_init_fn`` get one that seeds each worker
         of each rank differently. Worker processes take SIGTERM only from their rank and die with it
-        (:mod:`fabric.utilities.worker_processes`): a scheduler's SIGTERM to the whole job is the rank's to handle.
+        (:mod:`fabric.utilities.processes.workers`): a scheduler's SIGTERM to the whole job is the rank's to handle.
         """
         if not dataloaders:
             raise ValueError("setup_dataloaders() needs at least one dataloader.")

@@ -13,10 +13,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fabric.strategies.launchers.rank_environment import rank_variables, thread_defaults
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS, RUN_DIRECTORY_VARIABLE
 from fabric.utilities.device_parser import ALL, AUTO, parse_devices
 from fabric.utilities.network import SOCKET_INTERFACE_VARIABLES
+from fabric.utilities.processes.rank_environment import rank_variables, thread_defaults
 from fabric_cli.layout import Layout
 
 #: torchrun's default rendezvous port, used when several nodes must agree on one.

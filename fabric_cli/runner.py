@@ -26,10 +26,10 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from fabric.strategies.launchers.processes import describe_exit, exits_in_order, oom_kill_count, stop_processes
 from fabric.utilities.exit_codes import RankExit, failure_cause, job_exit_code
 from fabric.utilities.peer_loss import CAUSE_GRACE_SECONDS, lost_peer_marker
-from fabric.utilities.worker_processes import die_with_parent
+from fabric.utilities.processes.supervision import describe_exit, exits_in_order, oom_kill_count, stop_processes
+from fabric.utilities.processes.workers import die_with_parent
 from fabric_cli.join import join
 from fabric_cli.plan import LaunchPlan
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, one command for a machine with a CUDA GPU: the real-GPU tests (tests/gpu, marker `cuda`), the
-# CUDA tests with the runtime faked (tests/test_cuda.py), the examples that take --accelerator on cuda, and the GPU
-# benchmark (benchmarks/gpu.py). Writes one report with each part's command, exit code, time and output tail.
+# CUDA tests with the runtime faked (tests/accelerators/test_cuda.py), the examples that take --accelerator on cuda, and
+# the GPU benchmark (benchmarks/gpu.py). Writes one report with each part's command, exit code, time and output tail.
 #
 #   bash scripts/gpu_check.sh [REPORT]      # default REPORT: gpu_report.md at the repository root
 #
@@ -80,7 +80,7 @@ if [ -n "$(git -C "$ROOT" status --porcelain 2>/dev/null)" ]; then commit="$comm
 
 if [ "$has_gpu" -eq 1 ]; then
   run_part "real-GPU tests (tests/gpu)" "$ROOT" "$PYTHON" -m pytest -q -m cuda tests/gpu
-  run_part "faked-CUDA tests (tests/test_cuda.py)" "$ROOT" "$PYTHON" -m pytest -q tests/test_cuda.py
+  run_part "faked-CUDA tests (tests/accelerators/test_cuda.py)" "$ROOT" "$PYTHON" -m pytest -q tests/accelerators/test_cuda.py
   for example in train_fabric ddp_train fsdp_train trainer_train deepspeed_train; do
     script="$ROOT/examples/$example.py"
     if [ ! -f "$script" ]; then
@@ -103,7 +103,7 @@ if [ "$has_gpu" -eq 1 ]; then
 else
   echo "no CUDA GPU here: ran only the CPU-runnable parts"
   run_part "real-GPU tests (tests/gpu), collected: they skip without a GPU" "$ROOT" "$PYTHON" -m pytest -q tests/gpu
-  run_part "faked-CUDA tests (tests/test_cuda.py)" "$ROOT" "$PYTHON" -m pytest -q tests/test_cuda.py
+  run_part "faked-CUDA tests (tests/accelerators/test_cuda.py)" "$ROOT" "$PYTHON" -m pytest -q tests/accelerators/test_cuda.py
   skip_part "examples on cuda" "no CUDA GPU here"
   run_part "GPU benchmark, CPU smoke run (benchmarks/gpu.py --cpu-smoke)" "$ROOT" "$PYTHON" benchmarks/gpu.py --cpu-smoke
 fi

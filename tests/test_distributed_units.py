@@ -199,7 +199,7 @@ def test_fast_shutdown_still_writes_what_an_unclosed_file_in_a_reference_cycle_b
 
     target = tmp_path / "log.txt"
     code = f"""
-from fabric.strategies.launchers.process_exit import prepare_fast_shutdown
+from fabric.utilities.processes.exit import prepare_fast_shutdown
 class Holder:
     def __init__(self):
         self.file = open({str(target)!r}, "w")
@@ -219,7 +219,7 @@ def test_fast_shutdown_touches_no_deprecated_module_proxy_and_no_dead_weak_proxy
     code = """
 import weakref
 import torch.distributed
-from fabric.strategies.launchers.process_exit import prepare_fast_shutdown
+from fabric.utilities.processes.exit import prepare_fast_shutdown
 class Target:
     pass
 target = Target()

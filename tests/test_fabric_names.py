@@ -187,8 +187,8 @@ def test_every_strategy_class_imports_from_fabric_strategies_without_its_engine(
     code = (
         "import sys; from fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, "
         "ModelParallelStrategy, SingleDeviceStrategy; import fabric.strategies as s; "
-        "assert FSDPStrategy.__module__ == 'fabric.strategies.fsdp'; "
-        "assert DeepSpeedStrategy.__module__ == 'fabric.strategies.deepspeed'; "
+        "assert FSDPStrategy.__module__ == 'fabric.strategies.fsdp.strategy'; "
+        "assert DeepSpeedStrategy.__module__ == 'fabric.strategies.deepspeed.strategy'; "
         "assert set(s.__all__) >= {'DDPStrategy', 'DeepSpeedStrategy', 'FSDPStrategy'}; "
         "print('deepspeed' in sys.modules)"
     )

@@ -50,7 +50,7 @@ def test_gpu_check_without_a_gpu_runs_the_cpu_parts_and_reports_every_part(tmp_p
     smoke = "GPU benchmark, CPU smoke run (benchmarks/gpu.py --cpu-smoke)"
     parts = {  # each part that runs here -> what its output shows
         "real-GPU tests (tests/gpu), collected: they skip without a GPU": r"\d+ skipped in",
-        "faked-CUDA tests (tests/test_cuda.py)": r"\d+ passed in",
+        "faked-CUDA tests (tests/accelerators/test_cuda.py)": r"\d+ passed in",
         smoke: r"\| gpt \| eager \| fabric \| \S+ \| [\d.]+ \|",
     }
     for title, output in parts.items():

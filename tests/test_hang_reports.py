@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from torch.distributed import HashStore
 
+import fabric.utilities.processes.supervision as processes
 from fabric import Fabric
 from fabric.strategies.ddp import DDPStrategy
 from fabric.strategies.fsdp import FSDPStrategy
-from fabric.strategies.launchers import processes
 from fabric.utilities.collective_watch import CollectiveError, CollectiveWatch
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -9,8 +9,8 @@ from fabric.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fabric.strategies.ddp import DDPStrategy
-    from fabric.strategies.deepspeed import DeepSpeedStrategy
-    from fabric.strategies.fsdp import FSDPStrategy
+    from fabric.strategies.deepspeed.strategy import DeepSpeedStrategy
+    from fabric.strategies.fsdp.strategy import FSDPStrategy
     from fabric.strategies.model_parallel import ModelParallelStrategy
     from fabric.strategies.parallel import ParallelStrategy
     from fabric.strategies.single_device import SingleDeviceStrategy
@@ -30,8 +30,8 @@ __getattr__ = lazy_exports(
     __name__,
     {
         "DDPStrategy": "fabric.strategies.ddp",
-        "DeepSpeedStrategy": "fabric.strategies.deepspeed",
-        "FSDPStrategy": "fabric.strategies.fsdp",
+        "DeepSpeedStrategy": "fabric.strategies.deepspeed.strategy",
+        "FSDPStrategy": "fabric.strategies.fsdp.strategy",
         "ModelParallelStrategy": "fabric.strategies.model_parallel",
         "ParallelStrategy": "fabric.strategies.parallel",
         "SingleDeviceStrategy": "fabric.strategies.single_device",

@@ -9,7 +9,7 @@ the same batches.
 
 Everything after the sharding is :class:`~fabric.strategies.fsdp.FSDPStrategy`'s: optimizers built
 before setup are re-pointed, meta-device models are materialised, and checkpoints are DCP directories
-(:mod:`fabric.strategies.fsdp_checkpoint`) that load on any other mesh shape and in one process.
+(:mod:`fabric.strategies.fsdp.checkpoint`) that load on any other mesh shape and in one process.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from typing_extensions import Unpack, override
 
-from fabric.strategies.fsdp import FSDPStrategy, StateDictType
+from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
 from fabric.strategies.parallel import ParallelArgs, ParallelStrategy, refuse_unexpected_arguments
 
 #: ``parallelize_fn(model, device_mesh) -> model``: applies tensor parallelism (and optionally FSDP) in place.

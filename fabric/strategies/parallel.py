@@ -25,7 +25,6 @@ from fabric.plugins.environments import (
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.launcher import Launcher
-from fabric.strategies.launchers.rank_environment import export_variables, rank_variables, restore_variables
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 from fabric.strategies.strategy import Strategy
 from fabric.utilities import distributed
@@ -35,6 +34,7 @@ from fabric.utilities.data import shard_dataloader
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.network import socket_interface_defaults
 from fabric.utilities.peer_loss import mark_lost_peer_failures
+from fabric.utilities.processes.rank_environment import export_variables, rank_variables, restore_variables
 
 T = TypeVar("T")
 

@@ -10,8 +10,8 @@ if TYPE_CHECKING:
     from fabric.strategies.strategy import Strategy
 
 _DDP = "fabric.strategies.ddp:DDPStrategy"
-_FSDP = "fabric.strategies.fsdp:FSDPStrategy"
-_DEEPSPEED = "fabric.strategies.deepspeed:DeepSpeedStrategy"
+_FSDP = "fabric.strategies.fsdp.strategy:FSDPStrategy"
+_DEEPSPEED = "fabric.strategies.deepspeed.strategy:DeepSpeedStrategy"
 
 STRATEGY_REGISTRY: Registry[Strategy] = Registry("strategy")
 STRATEGY_REGISTRY.register(

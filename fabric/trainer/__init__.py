@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 from fabric.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from fabric.trainer.algorithm import Algorithm
-    from fabric.trainer.callback import Callback
     from fabric.trainer.classifier import ComposerClassifier, ComposerResNet, TrainerClassifier
+    from fabric.trainer.core.algorithm import Algorithm
+    from fabric.trainer.core.callback import Callback
+    from fabric.trainer.core.engine import Engine
+    from fabric.trainer.core.events import Event
+    from fabric.trainer.core.state import State
+    from fabric.trainer.core.time import Time, Timestamp, TimeUnit
     from fabric.trainer.data_spec import DataSpec
-    from fabric.trainer.engine import Engine
     from fabric.trainer.evaluation import Evaluator
-    from fabric.trainer.events import Event
     from fabric.trainer.model import ComposerModel, TrainerModel
-    from fabric.trainer.state import State
-    from fabric.trainer.time import Time, Timestamp, TimeUnit
     from fabric.trainer.trainer import Trainer
 
 __all__ = [
@@ -45,19 +45,19 @@ __all__ = [
 __getattr__ = lazy_exports(
     __name__,
     {
-        "Algorithm": "fabric.trainer.algorithm",
-        "Callback": "fabric.trainer.callback",
+        "Algorithm": "fabric.trainer.core.algorithm",
+        "Callback": "fabric.trainer.core.callback",
         "ComposerClassifier": "fabric.trainer.classifier",
         "ComposerModel": "fabric.trainer.model",
         "ComposerResNet": "fabric.trainer.classifier",
         "DataSpec": "fabric.trainer.data_spec",
-        "Engine": "fabric.trainer.engine",
+        "Engine": "fabric.trainer.core.engine",
         "Evaluator": "fabric.trainer.evaluation",
-        "Event": "fabric.trainer.events",
-        "State": "fabric.trainer.state",
-        "Time": "fabric.trainer.time",
-        "TimeUnit": "fabric.trainer.time",
-        "Timestamp": "fabric.trainer.time",
+        "Event": "fabric.trainer.core.events",
+        "State": "fabric.trainer.core.state",
+        "Time": "fabric.trainer.core.time",
+        "TimeUnit": "fabric.trainer.core.time",
+        "Timestamp": "fabric.trainer.core.time",
         "Trainer": "fabric.trainer.trainer",
         "TrainerClassifier": "fabric.trainer.classifier",
         "TrainerModel": "fabric.trainer.model",

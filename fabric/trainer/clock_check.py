@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Timestamp, TimeUnit
 from fabric.trainer.intervals import IntervalFunction, check_interval, counts_tokens
 from fabric.trainer.schedulers import LRSchedule
-from fabric.trainer.state import State
-from fabric.trainer.time import Timestamp, TimeUnit
 
 __all__ = ["ClockCheck"]
 

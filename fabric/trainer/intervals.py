@@ -20,9 +20,9 @@ from typing import Any
 
 from typing_extensions import override
 
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, TimeUnit
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, TimeUnit
 
 IntervalFunction = Callable[[State, Event], bool]
 IntervalInput = str | int | Time[Any] | IntervalFunction

@@ -72,8 +72,8 @@ import torch
 from torch import nn
 
 from fabric.accelerators.registry import GPU_ACCELERATORS
+from fabric.trainer.core.passes import DEFAULT_PASSES, AlgorithmPass
 from fabric.trainer.intervals import IntervalInput, create_interval
-from fabric.trainer.passes import DEFAULT_PASSES, AlgorithmPass
 from fabric.utilities.compile import uncompiled
 from fabric.utilities.rank_zero import rank_zero_warn
 
@@ -181,7 +181,7 @@ def _deepspeed_strategy(config: Mapping[str, Any], strategy: object) -> Any:
             f"deepspeed_config= selects the DeepSpeed strategy, but strategy={strategy!r} was given too. "
             "Pass only deepspeed_config= (or strategy=DeepSpeedStrategy(config=...))."
         )
-    from fabric.strategies.deepspeed import DeepSpeedStrategy
+    from fabric.strategies.deepspeed.strategy import DeepSpeedStrategy
 
     return DeepSpeedStrategy(config=dict(config))
 

@@ -51,7 +51,7 @@ from torch import nn
 from fabric.utilities.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
-    from fabric.strategies.fsdp import FSDPStrategy
+    from fabric.strategies.fsdp.strategy import FSDPStrategy
 
 #: Composer dtype names (``get_torch_dtype``'s) for ``mixed_precision={...}``.
 DTYPES: dict[str, torch.dtype] = {
@@ -161,7 +161,7 @@ def fsdp_strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStra
 
 
 def _build(config: dict[str, Any], model: nn.Module) -> FSDPStrategy:
-    from fabric.strategies.fsdp import FSDPStrategy
+    from fabric.strategies.fsdp.strategy import FSDPStrategy
 
     unknown = sorted(set(config) - set(ACCEPTED))
     if unknown:

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State, require_fabric
+from fabric.trainer.core.time import Timestamp
 from fabric.trainer.data_spec import DataSpec
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State, require_fabric
-from fabric.trainer.time import Timestamp
 from fabric.utilities.apply_func import move_data_to_device
 
 

@@ -39,14 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
-from fabric.trainer.events import Event
-from fabric.trainer.state import require_fabric
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import require_fabric
 from fabric.utilities.profiler import TraceProfiler, check_filename, check_schedule
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 #: Event -> (ranges to close, in order; ranges to open).
 _RANGES: dict[Event, tuple[tuple[str, ...], tuple[str, ...]]] = {

@@ -6,7 +6,7 @@ multiplier after a resume. :class:`LRSchedule` sets ``lr = initial_lr * product(
 at the start of every batch, before its forward pass: batch ``k`` (when ``timestamp.batch == k``) trains with the
 multiplier for ``t = k``, with no one-batch lag.
 
-Time arguments are :class:`~fabric.trainer.time.Time` objects or time strings (``"10ba"``, ``"2ep"``, ``"0.3dur"``),
+Time arguments are :class:`~fabric.trainer.Time` objects or time strings (``"10ba"``, ``"2ep"``, ``"0.3dur"``),
 parsed when the scheduler is built. A bare number is refused because it has no unit. At call time:
 
 * a ``ba``/``sp``/``tok`` argument is compared with ``state.timestamp.get(unit)``, the count in that unit;
@@ -45,7 +45,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from fabric.trainer.time import Time, Timestamp, TimeUnit
+from fabric.trainer.core.time import Time, Timestamp, TimeUnit
 
 __all__ = [
     "ConstantScheduler",

@@ -24,9 +24,9 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from fabric.trainer.core.time import Time, TimeUnit
 from fabric.trainer.intervals import IntervalFunction, create_interval
 from fabric.trainer.schedulers import LRSchedule
-from fabric.trainer.time import Time, TimeUnit
 from fabric.utilities.rank_zero import rank_zero_warn
 from fabric.wrappers import FabricOptimizer, unwrap_optimizer
 

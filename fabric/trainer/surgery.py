@@ -25,10 +25,10 @@ from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 

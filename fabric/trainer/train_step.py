@@ -38,13 +38,13 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State, require_fabric
 from fabric.trainer.data_spec import DataSpec
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
 from fabric.trainer.metrics import update_metric
 from fabric.trainer.microbatch import is_out_of_memory
 from fabric.trainer.schedulers import LRSchedule
-from fabric.trainer.state import State, require_fabric
 from fabric.wrappers import FabricModule, unwrap_optimizer
 
 if TYPE_CHECKING:

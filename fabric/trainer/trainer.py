@@ -8,7 +8,7 @@ The common case is short::
     trainer.fit()
 
 The model is any ``nn.Module`` with ``forward(batch)`` and ``loss(outputs, batch)`` (see
-:mod:`fabric.trainer.model`). Where every event fires is documented in :mod:`fabric.trainer.events`,
+:mod:`fabric.trainer.model`). Where every event fires is documented in :mod:`fabric.trainer.core.events`,
 :mod:`fabric.trainer.train_step` and :mod:`fabric.trainer.evaluation`.
 """
 
@@ -29,8 +29,6 @@ from torch.utils.data import DataLoader
 
 from fabric.fabric import Fabric
 from fabric.plugins.io.checkpoint_io import StorageOptions
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.callback import Callback
 from fabric.trainer.checkpoint.checkpointer import find_resume_checkpoint, read_surgery_records
 from fabric.trainer.checkpoint.dataloader_position import (
     capture_epoch_start,
@@ -52,8 +50,14 @@ from fabric.trainer.checkpoint.sample_position import (
 from fabric.trainer.checkpoint.saver import CheckpointSaver
 from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpointState
 from fabric.trainer.clock_check import ClockCheck
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.passes import AlgorithmPass
+from fabric.trainer.core.state import State, loader_length
+from fabric.trainer.core.time import Time, Timestamp, TimeUnit
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
-from fabric.trainer.engine import Engine
 from fabric.trainer.evaluation import (
     EvaluationInterrupted,
     Evaluator,
@@ -62,7 +66,6 @@ from fabric.trainer.evaluation import (
     run_evaluators,
     select_metrics,
 )
-from fabric.trainer.events import Event
 from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_interval
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
@@ -84,7 +87,6 @@ from fabric.trainer.migration import (
     translate_fabric_choices,
     without_excluded,
 )
-from fabric.trainer.passes import AlgorithmPass
 from fabric.trainer.prediction import run_prediction
 from fabric.trainer.profiler import Profiler
 from fabric.trainer.schedulers import LRSchedule
@@ -97,9 +99,7 @@ from fabric.trainer.stages import (
     setup_new_optimizers,
     switch_precision,
 )
-from fabric.trainer.state import State, loader_length
 from fabric.trainer.surgery import reapply_surgery
-from fabric.trainer.time import Time, Timestamp, TimeUnit
 from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers, count_tokens
 from fabric.utilities.cli_contract import FABRIC_CHOICES
 from fabric.utilities.rank_zero import rank_zero_warn

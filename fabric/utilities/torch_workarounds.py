@@ -59,7 +59,7 @@ TORCH_WORKAROUNDS = {
         "forward of a submodule that surgery replaced",
     ),
     "dtensor-cpu-mesh-rng": TorchWorkaround(
-        "fabric/strategies/fsdp.py",
+        "fabric/strategies/fsdp/strategy.py",
         "DTensor's random operators on a CPU mesh draw each rank's shard from its own generator: with one seed every "
         "rank's shard holds the same numbers",
     ),

@@ -25,8 +25,8 @@ from marker_payload import MarkerPayload
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
-from fabric.strategies.launchers.process_exit import exit_process
 from fabric.utilities.exceptions import CheckpointError
+from fabric.utilities.processes.exit import exit_process
 
 STEPS = 3
 LR = 0.05

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fabric import Fabric
-from fabric.strategies.launchers.process_exit import exit_process
+from fabric.utilities.processes.exit import exit_process
 
 out_dir = Path(sys.argv[1])
 fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)

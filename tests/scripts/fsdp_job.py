@@ -1,4 +1,4 @@
-"""FSDP jobs for tests/test_fsdp.py: ``python fsdp_job.py OUT_DIR train|reload [DEVICES]``.
+"""FSDP jobs for tests/strategies/test_fsdp.py: ``python fsdp_job.py OUT_DIR train|reload [DEVICES]``.
 
 ``train`` (2 ranks): trains with gradient accumulation and clipping next to a plain single-process
 reference on the full batch, saves a sharded and a full checkpoint, reloads, checks meta-device init,
@@ -174,7 +174,7 @@ if mode == "train":
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from fabric.strategies.fsdp import mesh_layout
+    from fabric.strategies.fsdp.strategy import mesh_layout
 
     shape, names = mesh_layout(fabric.world_size, 1, hybrid=True)
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)

@@ -1,5 +1,5 @@
 """A model with more parameters than each rank's memory cap, built on the meta device and trained with FSDP
-on 2 CPU ranks: ``python fsdp_memory_cap.py OUT_DIR`` (run by tests/test_sharded_memory.py).
+on 2 CPU ranks: ``python fsdp_memory_cap.py OUT_DIR`` (run by tests/strategies/test_sharded_memory.py).
 
 Each rank caps its address space (``RLIMIT_AS``) at its current virtual size plus a margin of 0.8 x the
 model's parameter bytes, then
@@ -43,7 +43,7 @@ from torch.distributed.tensor import DTensor
 
 from fabric import Fabric
 from fabric.strategies.fsdp import FSDPStrategy
-from fabric.strategies.launchers.process_exit import exit_process
+from fabric.utilities.processes.exit import exit_process
 
 WIDTH, DEPTH, TRAINED_LAYERS, MARGIN_FRACTION = 1024, 64, 2, 0.8
 ALLOCATOR_SETTINGS = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "1048576"}

@@ -1,4 +1,4 @@
-"""ModelParallelStrategy jobs for tests/test_model_parallel.py.
+"""ModelParallelStrategy jobs for tests/strategies/test_model_parallel.py.
 
 ``python model_parallel_job.py OUT_DIR train DP TP [LOAD_DIR]`` (DP x TP ranks): tensor parallelism
 (Colwise/Rowwise MLP) x FSDP2 trains from batches of ``setup_dataloaders``, clipping gradients, next to a

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.strategies.ddp import DDPStrategy
 from fabric.trainer.algorithms import EMA, GradientClipping, LabelSmoothing, LayerFreezing, MixUp
-from fabric.trainer.callback import Callback
-from fabric.trainer.state import State
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import State
 from fabric.trainer.trainer import Trainer
 
 out_dir, devices, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]

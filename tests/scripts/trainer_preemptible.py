@@ -16,7 +16,7 @@ import torch
 from sine_job import Net, sine_data
 from torch.utils.data import DataLoader
 
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
 from fabric.trainer.trainer import Trainer
 
 out_dir, wait_at = Path(sys.argv[1]), int(sys.argv[2])

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
 from fabric.trainer.trainer import Trainer
 
 folder, max_batches = sys.argv[1], int(sys.argv[2])

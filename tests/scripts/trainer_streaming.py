@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from fabric import Fabric
 from fabric.trainer import Trainer
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
 
 
 def import_streaming():

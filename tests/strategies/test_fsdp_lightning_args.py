@@ -25,8 +25,8 @@ from torch.distributed.fsdp.wrap import (
 )
 
 from fabric import Fabric
-from fabric.strategies.fsdp import FSDPStrategy, mesh_layout
-from fabric.strategies.fsdp_options import UnitsLikeFsdp1, shard_units
+from fabric.strategies.fsdp.options import UnitsLikeFsdp1, shard_units
+from fabric.strategies.fsdp.strategy import FSDPStrategy, mesh_layout
 
 
 class Block(nn.Module):

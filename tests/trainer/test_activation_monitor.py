@@ -11,7 +11,7 @@ from monitor_rig import Regressor, Rig, fit
 from torch import nn
 
 from fabric.trainer.callbacks import ActivationMonitor
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
 from fabric.trainer.loggers import WandBLogger
 
 

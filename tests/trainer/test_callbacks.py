@@ -17,7 +17,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
-from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks import (
     EarlyStopper,
     LRMonitor,
@@ -27,11 +26,12 @@ from fabric.trainer.callbacks import (
     SpeedMonitor,
     ThresholdStopper,
 )
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 from fabric.trainer.loggers import InMemoryLogger, Logger
-from fabric.trainer.state import State
-from fabric.trainer.time import Time
 
 
 class Rig:

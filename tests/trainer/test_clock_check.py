@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from fabric.trainer.clock_check import ClockCheck
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, Timestamp
 from fabric.trainer.intervals import IntervalFunction, create_interval
 from fabric.trainer.schedulers import CosineAnnealingScheduler, LinearWithWarmupScheduler, LRSchedule
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, Timestamp
 
 _NO_TOKENS = "but the first batch counted none"
 

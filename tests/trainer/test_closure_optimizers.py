@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fabric.trainer.callback import Callback
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.trainer import Trainer
 
 Batch = tuple[torch.Tensor, torch.Tensor]

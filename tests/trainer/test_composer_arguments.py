@@ -21,12 +21,12 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.passes import sort_to_front
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.console import ConsoleLogger
 from fabric.trainer.migration import REFUSED, apply_dist_timeout, translate_fabric_choices
-from fabric.trainer.passes import sort_to_front
-from fabric.trainer.state import State
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules
 from fabric.trainer.trainer import Trainer
 from fabric.utilities.exceptions import CheckpointError

@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
 from fabric.accelerators.cpu import CPUAccelerator
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import State
 from fabric.trainer.migration import translate_fabric_choices
-from fabric.trainer.state import State
 from fabric.trainer.trainer import Trainer
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -16,17 +16,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, TimeUnit
 from fabric.trainer.evaluation import Evaluator
-from fabric.trainer.events import Event
 from fabric.trainer.schedulers import (
     CosineAnnealingScheduler,
     CosineAnnealingWithWarmupScheduler,
     LinearWithWarmupScheduler,
     MultiStepScheduler,
 )
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, TimeUnit
 from fabric.trainer.trainer import Trainer
 
 Batch = tuple[torch.Tensor, torch.Tensor]

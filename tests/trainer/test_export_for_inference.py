@@ -13,7 +13,7 @@ from torch import nn
 from torch.export import Dim
 
 from fabric.trainer.callbacks import ExportForInference, ExportForInferenceCallback
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 

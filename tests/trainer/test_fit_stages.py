@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, TimeUnit
 from fabric.trainer.optimizers import DecoupledSGDW
 from fabric.trainer.schedulers import LinearScheduler
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, TimeUnit
 from fabric.trainer.trainer import Trainer
 
 Batch = tuple[torch.Tensor, torch.Tensor]

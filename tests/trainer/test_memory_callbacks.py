@@ -14,7 +14,7 @@ import torch
 from monitor_rig import Regressor, Rig, fake_cuda_fabric, fit
 
 from fabric.trainer.callbacks import MemoryMonitor, MemorySnapshot, OOMObserver
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
 
 #: A memory snapshot as torch.cuda.memory._snapshot() returns it (the parts the visualisations read).
 SNAPSHOT = {

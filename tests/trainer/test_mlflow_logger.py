@@ -15,8 +15,8 @@ mlflow = pytest.importorskip("mlflow")
 from tiny_models import Regressor, SigtermAtBatch  # noqa: E402
 
 from fabric.trainer import Trainer  # noqa: E402
-from fabric.trainer.callback import Callback  # noqa: E402
 from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
+from fabric.trainer.core.callback import Callback  # noqa: E402
 from fabric.trainer.loggers import InMemoryLogger  # noqa: E402
 from fabric.trainer.loggers.mlflow_logger import MLFlowLogger  # noqa: E402
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from fabric.trainer.core.time import Time, Timestamp
 from fabric.trainer.schedulers import (
     ConstantScheduler,
     ConstantWithWarmupScheduler,
@@ -28,7 +29,6 @@ from fabric.trainer.schedulers import (
     Scheduler,
     StepScheduler,
 )
-from fabric.trainer.time import Time, Timestamp
 
 PI = math.pi
 

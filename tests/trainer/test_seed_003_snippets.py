@@ -35,9 +35,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.trainer import Trainer
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers import InMemoryLogger
-from fabric.trainer.state import State
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

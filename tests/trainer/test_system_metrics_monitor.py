@@ -12,7 +12,7 @@ import torch
 from monitor_rig import Regressor, Rig, fake_cuda_fabric, fit
 
 from fabric.trainer.callbacks import SystemMetricsMonitor
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
 
 Memory = namedtuple("Memory", "total available percent used free")
 Disk = namedtuple("Disk", "total used free percent")

@@ -13,11 +13,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.evaluation import Evaluator
-from fabric.trainer.events import Event
 from fabric.trainer.schedulers import LinearScheduler, LinearWithWarmupScheduler
-from fabric.trainer.state import State
 from fabric.trainer.trainer import Trainer
 
 Batch = tuple[torch.Tensor, torch.Tensor]

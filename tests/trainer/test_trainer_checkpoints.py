@@ -18,10 +18,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.plugins.io.distributed_checkpoint import write_shards
-from fabric.trainer.callback import Callback
 from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import State
 from fabric.trainer.schedulers import LinearWithWarmupScheduler
-from fabric.trainer.state import State
 from fabric.trainer.trainer import Trainer
 from fabric.utilities.exceptions import CheckpointError
 

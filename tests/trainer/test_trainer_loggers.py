@@ -17,9 +17,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.loggers import CSVLogger as FabricCSVLogger
 from fabric.loggers import TensorBoardLogger as FabricTensorBoardLogger
-from fabric.trainer.callback import Callback
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 from fabric.trainer.loggers import (
     ConsoleLogger,
     CSVLogger,
@@ -31,8 +33,6 @@ from fabric.trainer.loggers import (
     ProgressBarLogger,
     TensorBoardLogger,
 )
-from fabric.trainer.state import State
-from fabric.trainer.time import Time
 
 
 class Rig:

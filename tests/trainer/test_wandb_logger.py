@@ -18,8 +18,8 @@ from tiny_models import Regressor, SigtermAtBatch  # noqa: E402
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 from fabric.trainer import Trainer  # noqa: E402
-from fabric.trainer.callback import Callback  # noqa: E402
 from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
+from fabric.trainer.core.callback import Callback  # noqa: E402
 from fabric.trainer.loggers import InMemoryLogger  # noqa: E402
 from fabric.trainer.loggers.wandb_logger import WandBLogger  # noqa: E402
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
 
 
 class Regressor(nn.Module):

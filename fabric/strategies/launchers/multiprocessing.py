@@ -24,10 +24,10 @@ from typing_extensions import override
 
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
-from fabric.strategies.launchers.process_exit import exit_process
-from fabric.strategies.launchers.processes import describe_exit, exits_in_order, oom_kill_count, stop_processes
-from fabric.strategies.launchers.rank_environment import rank_variables
 from fabric.utilities.peer_loss import peer_gone_text
+from fabric.utilities.processes.exit import exit_process
+from fabric.utilities.processes.rank_environment import rank_variables
+from fabric.utilities.processes.supervision import describe_exit, exits_in_order, oom_kill_count, stop_processes
 
 
 class RankFailedError(RuntimeError):

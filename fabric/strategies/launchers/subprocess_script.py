@@ -32,12 +32,12 @@ from typing_extensions import override
 
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric.strategies.launchers.launcher import Launcher
-from fabric.strategies.launchers.process_exit import exit_process
-from fabric.strategies.launchers.processes import describe_exit, exits_in_order, oom_kill_count, stop_processes
-from fabric.strategies.launchers.rank_environment import rank_variables, thread_defaults
 from fabric.utilities.exit_codes import RankExit, failure_cause, job_exit_code
 from fabric.utilities.peer_loss import CAUSE_GRACE_SECONDS, a_peer_left
-from fabric.utilities.worker_processes import die_with_parent
+from fabric.utilities.processes.exit import exit_process
+from fabric.utilities.processes.rank_environment import rank_variables, thread_defaults
+from fabric.utilities.processes.supervision import describe_exit, exits_in_order, oom_kill_count, stop_processes
+from fabric.utilities.processes.workers import die_with_parent
 
 
 class SubprocessScriptLauncher(Launcher):

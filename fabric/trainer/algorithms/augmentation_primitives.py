@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fabric.trainer.state import State
+from fabric.trainer.core.state import State
 
 #: ``op(image, severity, generator) -> image``.
 Augmentation = Callable[[torch.Tensor, float, torch.Generator | None], torch.Tensor]

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 
 
 def _check_probability(name: str, value: float) -> float:

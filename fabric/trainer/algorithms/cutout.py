@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 
 
 def _check_holes(num_holes: int, length: float) -> None:

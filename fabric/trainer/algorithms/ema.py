@@ -29,11 +29,11 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, TimeUnit
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, TimeUnit
 
 _INTERVAL_UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH)
 _EVAL_ROUND_OPENINGS = (Event.EVAL_BEFORE_ALL, Event.EVAL_STANDALONE_START)

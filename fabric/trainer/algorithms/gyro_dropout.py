@@ -33,12 +33,12 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import TimeUnit
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 from fabric.trainer.surgery import replace_modules
-from fabric.trainer.time import TimeUnit
 
 
 def _check(p: float, sigma: int, tau: int) -> None:

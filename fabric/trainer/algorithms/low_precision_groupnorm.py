@@ -31,9 +31,9 @@ from fabric.trainer.algorithms.low_precision_layernorm import (
     run_precision,
     warn_no_effect,
 )
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules, share_tensors
 
 

@@ -26,9 +26,9 @@ from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules, share_tensors
 
 

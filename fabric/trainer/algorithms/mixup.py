@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, set_batch_item
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 
 
 def check_alpha(owner: str, alpha: float) -> float:

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.augmentation_primitives import (
     Augmentation,
     add_dataset_transform,
@@ -32,9 +31,10 @@ from fabric.trainer.algorithms.augmentation_primitives import (
     choose,
     resolve_augmentation_set,
 )
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 
 
 def _check_depth(depth: int) -> int:

@@ -33,15 +33,15 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.cutmix import CutMix
 from fabric.trainer.algorithms.label_smoothing import LabelSmoothing
 from fabric.trainer.algorithms.mixup import MixUp
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.microbatch import batch_size as count_samples
 from fabric.trainer.microbatch import loss_weight, split_batch
-from fabric.trainer.state import State
 
 
 def _check_positive(name: str, value: float) -> float:

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 
 
 def warmup_length(elapsed: float, duration: float, min_seq_length: int, max_seq_length: int, step_size: int) -> int:

@@ -33,11 +33,11 @@ from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, TimeUnit, elapsed_fraction
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
 from fabric.trainer.surgery import SurgeryAlgorithm
-from fabric.trainer.time import Time, TimeUnit, elapsed_fraction
 
 DROP_DISTRIBUTIONS = ("linear", "uniform")
 

@@ -25,12 +25,12 @@ from torch import nn
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 from typing_extensions import override
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.ema import model_tensors, time_reached
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, TimeUnit
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, TimeUnit
 from fabric.wrappers import FabricModule
 
 _ANNEAL_STRATEGIES = ("linear", "cos")

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from fabric.trainer.time import Time, TimeUnit
+from fabric.trainer.core.time import Time, TimeUnit
 from fabric.wrappers import FabricModule
 
 if TYPE_CHECKING:
-    from fabric.trainer.state import State
+    from fabric.trainer.core.state import State
 
 #: Fields a folder or file name of a callback may use, and where their values come from.
 NAME_FIELDS = ("run_name", "rank", "epoch", "batch", "sample", "token", "batch_in_epoch")

@@ -10,15 +10,15 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_interval, user_model
-from fabric.trainer.time import Time
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.time import Time
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 #: The name of the model itself (the root module, whose name in ``named_modules`` is empty).
 ROOT_NAME = "full_model"

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
-from fabric.trainer.time import Time, Timestamp, TimeUnit
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.time import Time, Timestamp, TimeUnit
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 #: ``comparator(a, b)`` is true when ``a`` is better than ``b`` (``operator.lt``: lower is better).
 Comparator = Callable[[float, float], Any]

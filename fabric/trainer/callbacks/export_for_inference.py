@@ -13,12 +13,12 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_file_name, check_name, format_name, global_rank, user_model
+from fabric.trainer.core.callback import Callback
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 #: The accepted ``save_format`` values and the default file name of each.
 SAVE_FORMATS = {

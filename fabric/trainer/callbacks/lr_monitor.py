@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
 from fabric.wrappers import FabricOptimizer
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 
 class LRMonitor(Callback):

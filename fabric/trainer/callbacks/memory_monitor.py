@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import torch
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_count, training_device, world_size
-from fabric.trainer.state import require_fabric
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import require_fabric
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
     from fabric.utilities.distributed import ReduceOp
 
 #: Composer's default ``torch.cuda.memory_stats`` keys and the names they are logged under (after ``memory/``).

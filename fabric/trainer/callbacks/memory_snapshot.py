@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import torch
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import (
     check_count,
     check_file_name,
@@ -20,12 +19,13 @@ from fabric.trainer.callbacks._utils import (
     format_name,
     training_device,
 )
-from fabric.trainer.time import Time
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.time import Time
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 
 class MemorySnapshot(Callback):

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 
 class NaNMonitor(Callback):

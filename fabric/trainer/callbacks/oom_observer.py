@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import (
     check_count,
     check_file_name,
@@ -20,11 +19,12 @@ from fabric.trainer.callbacks._utils import (
     training_device,
     uses_clock,
 )
+from fabric.trainer.core.callback import Callback
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 #: The files written per out-of-memory error: ``<filename><suffix>``, as Composer names them.
 SNAPSHOT_SUFFIX = "_snapshot.pickle"

@@ -9,13 +9,13 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import check_count, user_model
+from fabric.trainer.core.callback import Callback
 from fabric.wrappers import unwrap_optimizer
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 #: Optimizer state entries holding a first moment: Adam's family, and SGD's momentum.
 _MOMENT_KEYS = ("exp_avg", "momentum_buffer")

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
 from fabric.utilities.throughput import Throughput
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
+    from fabric.trainer.core.time import Timestamp
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
-    from fabric.trainer.time import Timestamp
 
 #: Throughput's global rates -> the names SpeedMonitor logs.
 _LOGGED_NAMES = {

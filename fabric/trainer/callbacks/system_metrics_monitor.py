@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
 from fabric.trainer.callbacks._utils import training_device, world_size
-from fabric.trainer.state import require_fabric
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import require_fabric
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 #: Per-GPU metrics (Composer's names) and how to read them from ``torch.cuda`` (through NVML).
 GPU_METRICS = ("gpu_percentage", "memory_percentage", "gpu_temperature_C", "gpu_power_usage_W")

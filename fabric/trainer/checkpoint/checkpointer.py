@@ -28,7 +28,7 @@ from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
 from fabric.trainer.checkpoint.storage import Folder, checkpoints_in, format_name
 from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
-from fabric.trainer.state import State, require_fabric
+from fabric.trainer.core.state import State, require_fabric
 from fabric.trainer.surgery import surgery_records
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.rank_zero import rank_zero_warn

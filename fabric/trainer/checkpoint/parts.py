@@ -49,7 +49,7 @@ from fabric.trainer.checkpoint.checkpointer import (
     read_meta,
 )
 from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
-from fabric.trainer.state import State, require_fabric
+from fabric.trainer.core.state import State, require_fabric
 from fabric.trainer.surgery import surgery_records
 
 #: Composer's path for each part of this Trainer's checkpoint (other than the model's keys).

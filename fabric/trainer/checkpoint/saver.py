@@ -27,7 +27,6 @@ from typing_extensions import override
 
 from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.plugins.io.temporaries import create_locked, release_lock, remove_abandoned, temporary_sibling
-from fabric.trainer.callback import Callback
 from fabric.trainer.checkpoint.storage import (
     PROGRESS_FIELDS,
     Folder,
@@ -38,10 +37,11 @@ from fabric.trainer.checkpoint.storage import (
     format_name,
     names_differ_between_saves,
 )
-from fabric.trainer.events import Event
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State, require_fabric
 from fabric.trainer.intervals import IntervalInput, create_interval, fires_once
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.state import State, require_fabric
 
 #: ``save(path, weights_only, storage_options, async_save)``: write a Trainer checkpoint (a collective call);
 #: the future completes when the checkpoint is complete.

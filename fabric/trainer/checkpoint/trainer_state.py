@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from fabric.trainer.state import State
-from fabric.trainer.time import Timestamp
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Timestamp
 
 #: Sections of the trainer entry that ``load_ignore_keys`` may name (plus ``"optimizers"`` and ``"rng"``,
 #: which live in their own checkpoint entries).

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, TextIO
 
 from typing_extensions import override
 
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
 from fabric.trainer.intervals import IntervalInput, create_interval
 from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 
 class ConsoleLogger(LoggerDestination):

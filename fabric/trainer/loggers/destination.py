@@ -1,6 +1,6 @@
 """``LoggerDestination``: where the values that algorithms, callbacks and the loop log end up.
 
-A destination is also a :class:`~fabric.trainer.callback.Callback`, so it sees every event it
+A destination is also a :class:`~fabric.trainer.Callback`, so it sees every event it
 overrides (a progress bar redraws at ``batch_end``). Values reach it through the trainer's
 :class:`~fabric.trainer.loggers.logger.Logger`, already converted to Python numbers.
 """
@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 from typing_extensions import override
 
-from fabric.trainer.callback import Callback
+from fabric.trainer.core.callback import Callback
 from fabric.trainer.loggers.logger import Logger, LogSink
 
 if TYPE_CHECKING:
-    from fabric.trainer.state import State
+    from fabric.trainer.core.state import State
 
 
 class LoggerDestination(Callback, LogSink):

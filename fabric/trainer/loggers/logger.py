@@ -22,7 +22,7 @@ from typing_extensions import TypeVar
 from fabric.loggers.logger import scalar
 
 if TYPE_CHECKING:
-    from fabric.trainer.state import State
+    from fabric.trainer.core.state import State
 
 
 class LogSink:

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from typing_extensions import override
 
+from fabric.trainer.core.time import TimeUnit
 from fabric.trainer.loggers.destination import LoggerDestination
-from fabric.trainer.time import TimeUnit
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 LOSS_NAME = "loss/train/total"
 

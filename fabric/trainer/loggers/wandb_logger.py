@@ -32,8 +32,8 @@ from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 _OWN_OPTIONS = ("project", "group", "name", "entity", "tags")
 

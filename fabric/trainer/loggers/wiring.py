@@ -27,7 +27,7 @@ from fabric.trainer.loggers.logger import Logger
 
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
-    from fabric.trainer.state import State
+    from fabric.trainer.core.state import State
 
 #: What ``Trainer(loggers=...)`` accepts: trainer destinations and Fabric's loggers.
 LoggerInput: TypeAlias = LoggerDestination | FabricLogger

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
+from fabric.trainer.core.algorithm import Algorithm
 
 
 class TinyImageClassifier(nn.Module):

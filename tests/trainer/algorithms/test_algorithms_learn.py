@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.colout import ColOut
 from fabric.trainer.algorithms.cutmix import CutMix
 from fabric.trainer.algorithms.cutout import CutOut
@@ -24,6 +23,7 @@ from fabric.trainer.algorithms.sam import SAM
 from fabric.trainer.algorithms.selective_backprop import SelectiveBackprop
 from fabric.trainer.algorithms.seq_length_warmup import SeqLengthWarmup
 from fabric.trainer.algorithms.swa import SWA
+from fabric.trainer.core.algorithm import Algorithm
 
 IMAGE_METHODS: dict[str, Callable[[], list[Algorithm]]] = {
     "LayerFreezing": lambda: [LayerFreezing(freeze_start=0.5, freeze_level=1.0)],

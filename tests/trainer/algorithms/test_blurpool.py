@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms import BlurPool
 from fabric.trainer.algorithms.blurpool import BlurConv2d, MaxBlurPool2d, apply_blurpool, blur_2d
+from fabric.trainer.core.algorithm import Algorithm
 
 
 def _model() -> nn.Sequential:

@@ -9,12 +9,12 @@ import pytest
 import torch
 from strided_pointwise import strided_pointwise_gradients
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms import ChannelsLast
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 
 # Channels-last convolutions hit a native kernel that crashed on AVX2-only CPUs (torch 2.13): each test runs
 # in a forked child, so a crash fails one test instead of aborting the suite (tests/isolation.py).

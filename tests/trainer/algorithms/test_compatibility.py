@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 import fabric.trainer.algorithms as algorithms
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.passes import check_compatibility
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.passes import check_compatibility
 
 # Channels-last convolutions hit a native kernel that crashed on AVX2-only CPUs (torch 2.13): each test runs
 # in a forked child, so a crash fails one test instead of aborting the suite (tests/isolation.py).

@@ -11,14 +11,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.colout import ColOut
 from fabric.trainer.algorithms.cutmix import CutMix
 from fabric.trainer.algorithms.label_smoothing import LabelSmoothing, smooth_labels
 from fabric.trainer.algorithms.mixup import MixUp, mix_targets
 from fabric.trainer.algorithms.selective_backprop import SelectiveBackprop
-from fabric.trainer.callback import Callback
-from fabric.trainer.state import State
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import State
 from fabric.trainer.trainer import Trainer
 
 

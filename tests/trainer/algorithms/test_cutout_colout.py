@@ -7,10 +7,10 @@ import torch
 
 from fabric.trainer.algorithms.colout import ColOut, colout_batch
 from fabric.trainer.algorithms.cutout import CutOut, cutout_batch
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 
 
 def _box_sides(zeroed: torch.Tensor) -> tuple[int, int]:

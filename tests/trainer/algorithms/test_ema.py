@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fabric.trainer.algorithms.ema import EMA, compute_ema
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, Timestamp
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, Timestamp
 
 
 def _model() -> nn.Module:
@@ -127,7 +127,7 @@ def test_bad_arguments_fail_at_construction(kwargs: dict[str, object], message: 
 
 
 def test_the_trainer_evaluates_with_the_average_and_keeps_training_the_raw_weights() -> None:
-    from fabric.trainer.callback import Callback
+    from fabric.trainer.core.callback import Callback
     from fabric.trainer.trainer import Trainer
 
     class Regression(nn.Linear):

@@ -14,9 +14,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.trainer.algorithms.ema import EMA
-from fabric.trainer.callback import Callback
-from fabric.trainer.state import State
-from fabric.trainer.time import Time
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 from fabric.trainer.trainer import Trainer
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms import Factorize
 from fabric.trainer.algorithms.factorize import FactorizedConv2d, FactorizedLinear, apply_factorization
+from fabric.trainer.core.algorithm import Algorithm
 
 
 def _truncated_svd(matrix: torch.Tensor, rank: int) -> torch.Tensor:

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms import GhostBatchNorm
 from fabric.trainer.algorithms.ghost_batchnorm import (
     GhostBatchNorm1d,
@@ -17,6 +16,7 @@ from fabric.trainer.algorithms.ghost_batchnorm import (
     GhostBatchNorm3d,
     apply_ghost_batchnorm,
 )
+from fabric.trainer.core.algorithm import Algorithm
 
 
 def _trained_batchnorm(kind: type[nn.modules.batchnorm._BatchNorm], shape: tuple[int, ...]) -> nn.Module:

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from fabric.trainer.algorithms.gradient_clipping import GradientClipping, apply_gradient_clipping
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 
 
 def _model_with_gradients(scale: float = 10.0) -> nn.Module:

@@ -16,11 +16,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.strategies.deepspeed import DeepSpeedStrategy
 from fabric.trainer.algorithms.gradient_clipping import GradientClipping, apply_gradient_clipping
-from fabric.trainer.callback import Callback
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 from fabric.trainer.trainer import Trainer
 
 LR = 0.1

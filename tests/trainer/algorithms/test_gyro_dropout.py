@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.trainer.algorithms import GyroDropout
 from fabric.trainer.algorithms.gyro_dropout import GyroDropoutLayer, apply_gyro_dropout, training_steps
-from fabric.trainer.state import State
-from fabric.trainer.time import Time
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 
 
 def test_in_eval_the_layer_is_the_identity() -> None:

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from fabric.trainer.algorithms.layer_freezing import LayerFreezing, freeze_fraction, parameter_layers
-from fabric.trainer.callback import Callback
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, Timestamp
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, Timestamp
 
 
 def _model() -> nn.Sequential:

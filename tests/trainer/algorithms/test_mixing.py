@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.cutmix import CutMix, cutmix_batch
 from fabric.trainer.algorithms.label_smoothing import LabelSmoothing, smooth_labels
 from fabric.trainer.algorithms.mixup import MixUp, mixup_batch
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 
 CLASSES = 4
 

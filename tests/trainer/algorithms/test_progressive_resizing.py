@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from fabric.trainer.algorithms.progressive_resizing import ProgressiveResizing, resize_batch, resize_scale
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, Timestamp
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, Timestamp
 
 
 def test_scale_schedule_holds_grows_linearly_then_finetunes_at_full_size() -> None:

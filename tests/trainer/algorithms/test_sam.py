@@ -15,10 +15,10 @@ from torch import nn
 from fabric.trainer.algorithms.label_smoothing import LabelSmoothing
 from fabric.trainer.algorithms.mixup import MixUp
 from fabric.trainer.algorithms.sam import SAM
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, Timestamp
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, Timestamp
 
 
 class Regression(nn.Module):

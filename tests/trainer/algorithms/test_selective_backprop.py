@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fabric.trainer.algorithms.selective_backprop import SelectiveBackprop, should_select
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, Timestamp
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, Timestamp
 
 
 class Scorer(nn.Module):

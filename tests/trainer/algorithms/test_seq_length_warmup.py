@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from fabric.trainer.algorithms.seq_length_warmup import SeqLengthWarmup, set_batch_sequence_length, warmup_length
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, Timestamp
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, Timestamp
 
 
 def _batch() -> dict[str, object]:

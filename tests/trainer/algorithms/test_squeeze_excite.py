@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms import SqueezeExcite
 from fabric.trainer.algorithms.squeeze_excite import SqueezeExcite2d, SqueezeExciteConv2d, apply_squeeze_excite
+from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.surgery import reapply_surgery, surgery_records
 
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms import StochasticDepth
 from fabric.trainer.algorithms.stochastic_depth import DroppableBranch, apply_stochastic_depth
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, Timestamp
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, Timestamp
 
 
 class CountingBranch(nn.Module):

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms import (
     BlurPool,
     ChannelsLast,
@@ -18,16 +17,17 @@ from fabric.trainer.algorithms import (
     StochasticDepth,
     WeightStandardization,
 )
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time
 from fabric.trainer.surgery import (
     reapply_surgery,
     replace_modules,
     surgery_records,
     update_params_in_optimizer,
 )
-from fabric.trainer.time import Time
 
 
 class Doubled(nn.Module):

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from fabric.trainer.algorithms.swa import SWA
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.state import State
-from fabric.trainer.time import Time, Timestamp
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.state import State
+from fabric.trainer.core.time import Time, Timestamp
 
 
 class Normalised(nn.Module):

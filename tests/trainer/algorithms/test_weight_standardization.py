@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms import WeightStandardization
 from fabric.trainer.algorithms.weight_standardization import apply_weight_standardization
+from fabric.trainer.core.algorithm import Algorithm
 
 
 def _model() -> nn.Sequential:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
 
 
 @pytest.mark.parametrize(

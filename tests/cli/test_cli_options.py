@@ -16,7 +16,7 @@ from fabric_cli.arguments import OptionNames, split_arguments
 from fabric_cli.cli import run_model
 from fabric_cli.layout import Layout, LayoutError, resolve_layout
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 REPORT = str(SCRIPTS / "cli_report.py")
 FABRIC = [sys.executable, "-m", "fabric_cli"]
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "BASE_RANK")

@@ -15,7 +15,7 @@ import torch
 from fabric import Fabric
 from fabric.plugins.environments import find_free_port
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
 def _run(args: list[str], timeout: float = 120, **kwargs: object) -> subprocess.CompletedProcess[str]:

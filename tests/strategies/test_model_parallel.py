@@ -20,8 +20,8 @@ from torch import nn
 from fabric import Fabric
 from fabric.strategies.model_parallel import ModelParallelStrategy, mesh_shape
 
-SCRIPT = Path(__file__).parent / "scripts" / "model_parallel_job.py"
-ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).parents[1] / "scripts" / "model_parallel_job.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> None:

@@ -18,11 +18,11 @@ from torch import nn
 
 from fabric import Fabric
 from fabric.strategies import STRATEGY_REGISTRY
-from fabric.strategies.fsdp import FSDPStrategy, mesh_layout
+from fabric.strategies.fsdp.strategy import FSDPStrategy, mesh_layout
 from fabric.utilities.exceptions import CheckpointError
 
-SCRIPTS = Path(__file__).parent / "scripts"
-ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:

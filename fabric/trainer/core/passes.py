@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.events import Event
 from fabric.trainer.surgery import SurgeryAlgorithm
 
 AlgorithmPass = Callable[[Sequence[Algorithm], Event], list[Algorithm]]

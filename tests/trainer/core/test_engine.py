@@ -7,14 +7,14 @@ from typing import Any, ClassVar
 import pytest
 from torch import nn
 
-from fabric.trainer.algorithm import Algorithm
 from fabric.trainer.algorithms.ema import EMA
-from fabric.trainer.callback import Callback
-from fabric.trainer.engine import Engine
-from fabric.trainer.events import Event
-from fabric.trainer.passes import sort_to_front
-from fabric.trainer.state import State, require_fabric
-from fabric.trainer.time import Time, Timestamp
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.passes import sort_to_front
+from fabric.trainer.core.state import State, require_fabric
+from fabric.trainer.core.time import Time, Timestamp
 
 
 def _state(max_duration: str = "10ba") -> State:

@@ -18,7 +18,7 @@ from engines import NodePair
 from fabric.plugins.environments import find_free_port
 from fabric_cli.layout import Layout, resolve_layout
 
-REPORT = str(Path(__file__).parent / "scripts" / "cli_report.py")
+REPORT = str(Path(__file__).parents[1] / "scripts" / "cli_report.py")
 FABRIC = [sys.executable, "-m", "fabric_cli", "run", "model"]
 
 

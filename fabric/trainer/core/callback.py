@@ -3,7 +3,7 @@
 Override the methods named after the events you care about (``batch_end``, ``fit_start``, ...); each
 receives ``(state, logger)``. The engine precomputes which events a callback overrides and calls only
 those, so an unused hook costs nothing. Overriding :meth:`Callback.run_event` instead receives every
-event. The hooks, in the order they fire (see :mod:`fabric.trainer.events` for where)::
+event. The hooks, in the order they fire (see :mod:`fabric.trainer.core.events` for where)::
 
     init, before_load, after_load,
     fit_start, iteration_start, epoch_start,
@@ -21,7 +21,7 @@ and, outside the events, ``close(state, logger)`` and ``post_close()`` from ``Tr
 callback's ``close`` first (flush, finish uploads), then every ``post_close`` (what must wait until all
 callbacks closed).
 
-The hook methods are written out below (``tests/trainer/test_events.py`` checks they match :class:`Event`
+The hook methods are written out below (``tests/trainer/core/test_events.py`` checks they match :class:`Event`
 one to one), so IDEs and mypy see them. A public method that names no event, yet looks like a hook
 (its name is close to an event's, or it takes ``(state, logger)``), is most likely misspelt and would
 never run: :func:`warn_unknown_hooks` warns about it when the callback is registered with an engine.
@@ -34,12 +34,12 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from fabric.trainer.events import Event
+from fabric.trainer.core.events import Event
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 #: What runs for an event: a callback's bound hook method, called with ``(state, logger)``.
 Handler: TypeAlias = "Callable[[State, Logger], None]"
@@ -226,7 +226,7 @@ def warn_unknown_hooks(callback: Callback) -> None:
             closest = close[0] if close else difflib.get_close_matches(name, _EVENT_NAMES, n=1, cutoff=0.0)[0]
             rank_zero_warn(
                 f"{cls.__name__}.{name} matches no event, so it never runs as a hook; "
-                f"did you mean {closest!r}? (events: fabric.trainer.events.Event)"
+                f"did you mean {closest!r}? (events: fabric.trainer.Event)"
             )
 
 

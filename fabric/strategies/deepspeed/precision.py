@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from fabric.plugins.precision.dtypes import PRECISION_DTYPES
 from fabric.plugins.precision.precision import Precision
-from fabric.strategies.deepspeed_config import PRECISION_SECTIONS
+from fabric.strategies.deepspeed.config import PRECISION_SECTIONS
 from fabric.utilities.apply_func import convert_floating_tensors
 
 

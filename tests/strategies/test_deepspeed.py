@@ -20,10 +20,10 @@ from fabric.plugins.environments import find_free_port
 from fabric.plugins.io import deepspeed_checkpoint as checkpoints
 from fabric.plugins.io.deepspeed_safe_load import forced_safe_loading
 from fabric.strategies.deepspeed import DeepSpeedStrategy, convert_zero_checkpoint_to_fp32
-from fabric.strategies.deepspeed_config import complete_config, with_micro_batch_size
+from fabric.strategies.deepspeed.config import complete_config, with_micro_batch_size
 from fabric.utilities.exceptions import CheckpointError
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 STRATEGIES = [f"deepspeed_stage_{name}" for name in ("1", "2", "3", "2_offload", "3_offload")]
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
@@ -374,7 +374,7 @@ def test_steps_deepspeed_cannot_take_are_refused_with_the_alternative() -> None:
 
 def test_importing_fabric_and_choosing_deepspeed_does_not_import_it() -> None:
     code = (
-        "import sys; from fabric import Fabric; import fabric.strategies.deepspeed; "
+        "import sys; from fabric import Fabric; import fabric.strategies.deepspeed.strategy; "
         "Fabric(accelerator='cpu', strategy='deepspeed_stage_3', devices=2); print('deepspeed' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from fabric.trainer.time import Time, Timestamp, TimeUnit, elapsed_fraction
+from fabric.trainer.core.time import Time, Timestamp, TimeUnit, elapsed_fraction
 
 ACCEPTED = (
     "Accepted: an integer followed by ep, ba, sp or tok (e.g. '10ep', '500ba'), "

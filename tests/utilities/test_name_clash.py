@@ -11,7 +11,7 @@ from pathlib import Path
 import fabric
 import fabric_cli
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def _python(code: str, path: list[Path]) -> subprocess.CompletedProcess[str]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fabric.trainer.algorithm import Algorithm
-from fabric.trainer.callback import Callback, Handler, warn_unknown_hooks
-from fabric.trainer.events import Event
+from fabric.trainer.core.algorithm import Algorithm
+from fabric.trainer.core.callback import Callback, Handler, warn_unknown_hooks
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.passes import DEFAULT_PASSES, AlgorithmPass, check_compatibility
+from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.passes import DEFAULT_PASSES, AlgorithmPass, check_compatibility
-from fabric.trainer.state import State
 
 
 class Engine:

@@ -15,7 +15,7 @@ import torch
 
 from fabric.plugins.environments import find_free_port
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 REPORT = str(SCRIPTS / "cli_report.py")
 FABRIC = [sys.executable, "-m", "fabric_cli"]
 

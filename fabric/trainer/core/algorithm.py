@@ -1,7 +1,7 @@
 """``Algorithm``: a training method that changes the State at the events it matches.
 
 An algorithm says *when* it acts (``match``) and *what* it does (``apply``). The engine runs every
-algorithm whose ``match`` is true, in an order decided by passes (:mod:`fabric.trainer.passes`).
+algorithm whose ``match`` is true, in an order decided by passes (:mod:`fabric.trainer.core.passes`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from fabric.trainer.events import Event
+    from fabric.trainer.core.events import Event
+    from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-    from fabric.trainer.state import State
 
 
 class Algorithm(ABC):

@@ -3,8 +3,8 @@ optimizer state, and gathers a layer's full parameters just for its forward and 
 
 Built on ``torch.distributed.fsdp.fully_shard``; parameters become ``DTensor`` shards. Runs on CUDA
 (NCCL) and on CPU (gloo). Checkpoints are sharded directories by default (see
-:mod:`fabric.strategies.fsdp_checkpoint`). Lightning Fabric's arguments are translated by
-:mod:`fabric.strategies.fsdp_options`.
+:mod:`fabric.strategies.fsdp.checkpoint`). Lightning Fabric's arguments are translated by
+:mod:`fabric.strategies.fsdp.options`.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+import fabric.strategies.fsdp.checkpoint as checkpoints
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.formats import CheckpointFormat, recognise
 from fabric.plugins.precision.dtypes import mixed_dtype
-from fabric.strategies import fsdp_checkpoint as checkpoints
-from fabric.strategies.fsdp_options import ShardPolicy, UnitsLikeFsdp1, resolve_settings, shard_units
+from fabric.strategies.fsdp.options import ShardPolicy, UnitsLikeFsdp1, resolve_settings, shard_units
 from fabric.strategies.parallel import ParallelStrategy, split_common_arguments
 from fabric.strategies.strategy import CheckpointFilter
 
@@ -102,7 +102,7 @@ class FSDPStrategy(ParallelStrategy):
             and Lightning Fabric's: ``auto_wrap_policy``, ``sharding_strategy``,
             ``activation_checkpointing_policy``, ``use_orig_params=True``, ``limit_all_gathers=True``;
             translated to the settings above, or refused with a ``ValueError`` naming what to use instead
-            (:mod:`fabric.strategies.fsdp_options`). Giving one with the own argument it sets is refused.
+            (:mod:`fabric.strategies.fsdp.options`). Giving one with the own argument it sets is refused.
     """
 
     def __init__(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
-from fabric.trainer.time import Time, Timestamp, TimeUnit, elapsed_fraction
+from fabric.trainer.core.time import Time, Timestamp, TimeUnit, elapsed_fraction
 
 if TYPE_CHECKING:
     from fabric.fabric import Fabric

@@ -42,7 +42,7 @@ from fabric.plugins.io.background_saves import finished
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.deepspeed_safe_load import safe_loading
 from fabric.plugins.io.storage import is_remote
-from fabric.strategies.deepspeed_config import (
+from fabric.strategies.deepspeed.config import (
     ConfigArg,
     check_stage,
     complete_config,
@@ -51,7 +51,7 @@ from fabric.strategies.deepspeed_config import (
     with_micro_batch_size,
     zero_stage,
 )
-from fabric.strategies.deepspeed_precision import DeepSpeedPrecision
+from fabric.strategies.deepspeed.precision import DeepSpeedPrecision
 from fabric.strategies.parallel import ParallelArgs, ParallelStrategy
 from fabric.strategies.strategy import CheckpointFilter, entries_to_load, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful
@@ -71,7 +71,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     Args:
         config: a DeepSpeed config dict or the path of a JSON file. Fabric fills in what it leaves out
-            and raises if it contradicts Fabric's settings (see :mod:`fabric.strategies.deepspeed_config`).
+            and raises if it contradicts Fabric's settings (see :mod:`fabric.strategies.deepspeed.config`).
         stage: the ZeRO stage (0-3); ``None`` takes it from the config, else 2.
         offload_optimizer: keep optimizer state (and the optimizer step) on the CPU (stage 2 or 3).
         offload_parameters: keep parameters on the CPU between uses (stage 3).

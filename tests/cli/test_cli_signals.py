@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 FABRIC = [sys.executable, "-m", "fabric_cli", "run", "model"]
 
 

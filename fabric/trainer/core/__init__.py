@@ -1,0 +1,3 @@
+"""The Trainer's core, as Composer's ``composer.core``: events, the engine that runs algorithms and callbacks
+on them, the training state, time, and the Algorithm and Callback bases with the passes that order
+algorithms. Their public names are exported by :mod:`fabric.trainer`."""
