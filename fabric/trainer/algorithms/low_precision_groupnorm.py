@@ -14,9 +14,7 @@ state-dict keys), so optimizers and checkpoints need no change.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,16 +23,14 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from fabric.trainer.algorithms.low_precision_layernorm import (
+    LowPrecisionNorm,
     autocast_dtype,
     cast_to,
     is_mixed_precision,
-    run_precision,
+    replace_norms,
     warn_no_effect,
 )
-from fabric.trainer.core.events import Event
-from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
-from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules, share_tensors
+from fabric.trainer.surgery import share_tensors
 
 
 class LPGroupNorm(nn.GroupNorm):
@@ -73,32 +69,14 @@ def apply_low_precision_groupnorm(
 
 
 def _replace_groupnorms(model: nn.Module, optimizers: Sequence[Optimizer]) -> dict[str, tuple[nn.Module, nn.Module]]:
-    def low_precision(module: nn.Module, name: str) -> nn.Module:
-        assert isinstance(module, nn.GroupNorm)
-        return LPGroupNorm.from_groupnorm(module)
-
-    return replace_modules(model, {nn.GroupNorm: low_precision}, optimizers)
+    return replace_norms(model, nn.GroupNorm, LPGroupNorm.from_groupnorm, optimizers)
 
 
-class LowPrecisionGroupNorm(SurgeryAlgorithm):
+class LowPrecisionGroupNorm(LowPrecisionNorm):
     """GroupNorm in the autocast dtype, set up at INIT for mixed precision (see the module docstring)."""
 
-    #: The state dict keeps its keys and shapes: a checkpoint loads into an unmodified model.
-    changes_module_structure = False
+    norm_type = nn.GroupNorm
 
     @override
-    def apply(self, event: Event, state: State, logger: Logger) -> None:
-        precision = run_precision(state)
-        if not is_mixed_precision(precision):
-            warn_no_effect("LowPrecisionGroupNorm", precision)
-            return
-        super().apply(event, state, logger)
-
-    @override
-    def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
-        if not _replace_groupnorms(model, optimizers):
-            warnings.warn(f"LowPrecisionGroupNorm found no nn.GroupNorm in {type(model).__name__}.", stacklevel=2)
-
-    @override
-    def hparams(self) -> dict[str, Any]:
-        return {}
+    def replace(self, model: nn.Module, optimizers: Sequence[Optimizer]) -> dict[str, tuple[nn.Module, nn.Module]]:
+        return _replace_groupnorms(model, optimizers)

@@ -17,8 +17,8 @@ state-dict keys), so optimizers and checkpoints need no change.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -116,32 +116,64 @@ def apply_low_precision_layernorm(
 
 
 def _replace_layernorms(model: nn.Module, optimizers: Sequence[Optimizer]) -> dict[str, tuple[nn.Module, nn.Module]]:
-    def low_precision(module: nn.Module, name: str) -> nn.Module:
-        assert isinstance(module, nn.LayerNorm)
-        return LPLayerNorm.from_layernorm(module)
-
-    return replace_modules(model, {nn.LayerNorm: low_precision}, optimizers)
+    return replace_norms(model, nn.LayerNorm, LPLayerNorm.from_layernorm, optimizers)
 
 
-class LowPrecisionLayerNorm(SurgeryAlgorithm):
-    """LayerNorm in the autocast dtype, set up at INIT for mixed precision (see the module docstring)."""
+NormT = TypeVar("NormT", bound=nn.Module)
+
+
+def replace_norms(
+    model: nn.Module,
+    norm_type: type[NormT],
+    low_precision: Callable[[NormT], nn.Module],
+    optimizers: Sequence[Optimizer],
+) -> dict[str, tuple[nn.Module, nn.Module]]:
+    """Replace every ``norm_type`` module of ``model`` by ``low_precision(module)``, in place."""
+
+    def replacement(module: nn.Module, name: str) -> nn.Module:
+        assert isinstance(module, norm_type)
+        return low_precision(module)
+
+    return replace_modules(model, {norm_type: replacement}, optimizers)
+
+
+class LowPrecisionNorm(SurgeryAlgorithm):
+    """A normalisation layer in the autocast dtype, set up at INIT for mixed precision (see the module docstring):
+    the shared behaviour of :class:`LowPrecisionLayerNorm` and ``LowPrecisionGroupNorm``."""
 
     #: The state dict keeps its keys and shapes: a checkpoint loads into an unmodified model.
     changes_module_structure = False
+    #: The normalisation class this algorithm replaces.
+    norm_type: ClassVar[type[nn.Module]]
+
+    def replace(self, model: nn.Module, optimizers: Sequence[Optimizer]) -> dict[str, tuple[nn.Module, nn.Module]]:
+        """Replace ``model``'s :attr:`norm_type` modules, in place; returns what was replaced."""
+        raise NotImplementedError
 
     @override
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         precision = run_precision(state)
         if not is_mixed_precision(precision):
-            warn_no_effect("LowPrecisionLayerNorm", precision)
+            warn_no_effect(type(self).__name__, precision)
             return
         super().apply(event, state, logger)
 
     @override
     def apply_surgery(self, model: nn.Module, optimizers: Sequence[Optimizer] = ()) -> None:
-        if not _replace_layernorms(model, optimizers):
-            warnings.warn(f"LowPrecisionLayerNorm found no nn.LayerNorm in {type(model).__name__}.", stacklevel=2)
+        if not self.replace(model, optimizers):
+            name, norm = type(self).__name__, self.norm_type.__name__
+            warnings.warn(f"{name} found no nn.{norm} in {type(model).__name__}.", stacklevel=2)
 
     @override
     def hparams(self) -> dict[str, Any]:
         return {}
+
+
+class LowPrecisionLayerNorm(LowPrecisionNorm):
+    """LayerNorm in the autocast dtype, set up at INIT for mixed precision (see the module docstring)."""
+
+    norm_type = nn.LayerNorm
+
+    @override
+    def replace(self, model: nn.Module, optimizers: Sequence[Optimizer]) -> dict[str, tuple[nn.Module, nn.Module]]:
+        return _replace_layernorms(model, optimizers)
