@@ -26,12 +26,17 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
+from fabric.plugins.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_data_to_device
 from fabric.utilities.module_calls import forward_redirected, parameter_calls_refused
 from fabric.utilities.wrapped import SetUpByFabric
 
 OptimizerT = TypeVar("OptimizerT", bound=Optimizer)
+#: The base implementations, which only call the optimizer: FabricOptimizer calls it itself where they are in force.
+_PLAIN_STRATEGY_STEP = Strategy.optimizer_step
+_PLAIN_PRECISION_STEP = Precision.optimizer_step
+_PLAIN_ZERO_GRAD = Strategy.optimizer_zero_grad
 
 
 class FabricModule(SetUpByFabric, nn.Module):
@@ -225,10 +230,22 @@ class FabricOptimizer(SetUpByFabric):
         type(self)._fabric_scheduler_step = staticmethod(value)  # type: ignore[attr-defined]
 
     def _fabric_step(self, closure: Callable[[], Any] | None = None) -> Any:
-        return self._fabric_strategy.optimizer_step(self._fabric_original, closure)
+        strategy_step = self._fabric_strategy.optimizer_step
+        # Decided at every call (the Trainer may swap the precision after set-up): where neither the strategy nor
+        # its precision changes how an optimizer steps (nor was patched to), step it here, two calls shorter.
+        if (
+            getattr(strategy_step, "__func__", None) is _PLAIN_STRATEGY_STEP
+            and getattr(self._fabric_strategy.precision.optimizer_step, "__func__", None) is _PLAIN_PRECISION_STEP
+        ):
+            return self._fabric_original.step() if closure is None else self._fabric_original.step(closure)
+        return strategy_step(self._fabric_original, closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._fabric_strategy.optimizer_zero_grad(self._fabric_original, set_to_none)
+        strategy_zero_grad = self._fabric_strategy.optimizer_zero_grad
+        if getattr(strategy_zero_grad, "__func__", None) is _PLAIN_ZERO_GRAD:  # as in _fabric_step: a call shorter
+            self._fabric_original.zero_grad(set_to_none)
+        else:
+            strategy_zero_grad(self._fabric_original, set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         return self._fabric_strategy.get_optimizer_state(self._fabric_original)

@@ -85,12 +85,13 @@ class DataSpec:
         """Samples in ``batch`` on this rank (the user's function, else the first tensor's first dimension)."""
         if self._num_samples is None:
             return batch_size(batch)
-        return _count(self._num_samples(batch), "get_num_samples_in_batch")
+        count = self._num_samples(batch)
+        return count if type(count) is int and count >= 0 else _count(count, "get_num_samples_in_batch")
 
     def get_num_tokens_in_batch(self, batch: Any, default: Callable[[Any], int]) -> int:
         """Tokens in ``batch`` on this rank: the spec's function when given, else ``default``."""
-        function = self.num_tokens_function or default
-        return _count(function(batch), "get_num_tokens_in_batch")
+        count = (self.num_tokens_function or default)(batch)
+        return count if type(count) is int and count >= 0 else _count(count, "get_num_tokens_in_batch")
 
     def prepare(self, batch: Any, to_device: Callable[[Any], Any]) -> Any:
         """``batch`` as the model gets it: ``batch_transforms``, then ``to_device``, then ``device_transforms``.
@@ -117,6 +118,7 @@ def ensure_data_spec(dataloader: Iterable[Any] | DataSpec) -> DataSpec:
 
 
 def _count(value: Any, name: str) -> int:
+    """A user function's count as an int (a one-element tensor's item), or an error naming the function."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -9,7 +9,7 @@ smaller.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -17,8 +17,9 @@ import torch
 
 def batch_size(batch: Any) -> int:
     """Samples in ``batch``: the first dimension of its first tensor (tensors, sequences, mappings, dataclasses)."""
-    for value in _tensors(batch):
-        return int(value.shape[0])
+    tensor = _first_tensor(batch)
+    if tensor is not None:
+        return int(tensor.shape[0])
     raise TypeError(f"Cannot tell the batch size of a {type(batch).__name__}: it holds no tensor.")
 
 
@@ -61,18 +62,22 @@ def _slice(value: Any, start: int, stop: int) -> Any:
     return value
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    """The first tensor in ``value``, depth first; a plain recursion, not a generator (it runs every batch)."""
     if isinstance(value, torch.Tensor):
-        yield value
-    elif type(value) is tuple or type(value) is list:  # the common batch, ahead of the slower ABC check
-        for item in value:
-            yield from _tensors(item)
+        return value
+    if type(value) is tuple or type(value) is list:  # the common batch, ahead of the slower ABC check
+        items: Iterable[Any] = value
     elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from _tensors(item)
+        items = value.values()
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for field in dataclasses.fields(value):
-            yield from _tensors(getattr(value, field.name))
+        items = (getattr(value, field.name) for field in dataclasses.fields(value))
     elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
+        items = value
+    else:
+        return None
+    for item in items:
+        found = item if isinstance(item, torch.Tensor) else _first_tensor(item)
+        if found is not None:
+            return found
+    return None

@@ -1,6 +1,6 @@
 """One training batch: microbatches, forward, loss, backward, optimizer steps, clock, with its events.
 
-The loop sets the batch's learning rates (:meth:`TrainStep.schedule_lr`) before it fetches the batch,
+The loop sets the batch's learning rates (``TrainStep.lr_schedule``) before it fetches the batch,
 so every event of batch ``k``, from BEFORE_DATALOADER on, sees the LR batch ``k`` trains with. Then
 the events fire in this order (``state.batch`` is the microbatch between BEFORE_FORWARD and
 AFTER_BACKWARD, the whole batch otherwise)::
@@ -104,11 +104,6 @@ class TrainStep:
         """The state's model, which the Trainer set up with its Fabric before any batch trains."""
         return cast(FabricModule, self.state.model)
 
-    def schedule_lr(self) -> None:
-        """Set the learning rates of the batch about to run (``timestamp.batch``), before any of its events."""
-        if self.lr_schedule is not None:
-            self.lr_schedule.apply(self.state)
-
     def run(self, batch: Any) -> None:
         """Train on ``batch`` and advance the clock; the loop fired the dataloader events already."""
         state, run_event = self.state, self.engine.run_event
@@ -145,10 +140,13 @@ class TrainStep:
         run_event(Event.BEFORE_TRAIN_BATCH)
         full_batch = state.batch
         samples = self.data_spec.get_num_samples_in_batch(full_batch)
+        size = state.device_train_microbatch_size
         if self.auto_microbatching:
             total_loss = self._train_with_auto_microbatches(full_batch, samples)
+        elif size is None or size >= samples:  # the whole batch in one pass, the common case
+            total_loss = self._train_microbatch(full_batch, 1.0)
         else:
-            total_loss = self._train_microbatches(full_batch, samples, state.device_train_microbatch_size)
+            total_loss = self._train_microbatches(full_batch, samples, size)
         state.batch = full_batch
         if self._unscale:
             for optimizer in state.optimizers:
@@ -195,7 +193,7 @@ class TrainStep:
 
     def _train_microbatch(self, microbatch: Any, weight: float) -> torch.Tensor:
         state, run_event = self.state, self.engine.run_event
-        model = self._model
+        model: FabricModule = state.model  # type: ignore[assignment]  # set up by the Trainer before any batch
         state.batch = microbatch
         run_event(Event.BEFORE_FORWARD)
         state.outputs = model(state.batch)
@@ -204,9 +202,10 @@ class TrainStep:
         state.loss = model.loss(state.outputs, state.batch)
         run_event(Event.AFTER_LOSS)
         run_event(Event.BEFORE_BACKWARD)
-        losses = _per_optimizer_losses(state.loss, len(state.optimizers))
+        loss = state.loss
+        losses = None if isinstance(loss, torch.Tensor) else _per_optimizer_losses(loss, len(state.optimizers))
         if losses is None:
-            total = _total_loss(state.loss)
+            total = loss if isinstance(loss, torch.Tensor) else _total_loss(loss)
             self.fabric.backward(total * weight if weight != 1.0 else total, model=model)
         else:
             total = self._backward_per_optimizer(losses, weight)

@@ -641,8 +641,12 @@ class Trainer:
         # far suggest (another world size): that epoch ends when the loader does (or at the subset).
         subset = self.train_subset_num_batches
         length = (None if subset == -1 else subset) if self._epoch_ends_with_loader else state.dataloader_len
+        train_step, lr_schedule = self._train_step, self._train_step.lr_schedule
+        spec = train_step.data_spec
+        prepare = spec.prepare if spec.transforms else None
         while length is None or int(state.timestamp.batch_in_epoch) < length:
-            self._train_step.schedule_lr()
+            if lr_schedule is not None:  # the learning rates batch k trains with, seen by all of its events
+                lr_schedule.apply(state)
             run_event(Event.BEFORE_DATALOADER)
             if self._epoch_start is None:
                 self._epoch_start = capture_epoch_start(state.dataloader)
@@ -650,10 +654,9 @@ class Trainer:
                 batch = next(batches)
             except StopIteration:
                 break
-            spec = self._train_step.data_spec
-            state.batch = spec.prepare(batch, self.fabric.to_device) if spec.transforms else batch
+            state.batch = batch if prepare is None else prepare(batch, self.fabric.to_device)
             run_event(Event.AFTER_DATALOADER)
-            self._train_step.run(state.batch)
+            train_step.run(state.batch)
             self._after_batch()
             if state.finished and (length is None or int(state.timestamp.batch_in_epoch) < length):
                 return False
@@ -742,9 +745,10 @@ class Trainer:
         if self.logger.destinations:
             self.logger.log_metrics({"loss/train/total": state.loss})
         run_event(Event.BATCH_END)
-        self._evaluate_if_due(Event.BATCH_END)
+        if self.evaluators:
+            self._evaluate_if_due(Event.BATCH_END)
         run_event(Event.BATCH_CHECKPOINT)
-        if self._preemption_requested():
+        if self._preemption is not None and self._preemption_requested():
             self._stop_for_preemption()
 
     def _stop_for_preemption(self) -> None:

@@ -34,6 +34,10 @@ class TimeUnit(Enum):
     TOKEN = "tok"
     DURATION = "dur"  # a fraction of max_duration
 
+    # Identity, as equality between units is: a C-level hash, where Enum's hashes the name in Python (the clock
+    # looks its counter up by unit every batch).
+    __hash__ = object.__hash__
+
     @property
     def is_integer(self) -> bool:
         """Whether values in this unit are whole counts (everything but ``dur``)."""
@@ -167,7 +171,7 @@ class Time(Generic[TValue]):
         return self._unit
 
     def __int__(self) -> int:
-        if not self._unit.is_integer:
+        if self._unit is TimeUnit.DURATION:  # not ``is_integer``: a property call, and this runs per batch
             raise TypeError(f"int() of {self} would drop the fraction; use float().")
         return int(self._value)
 
@@ -365,9 +369,7 @@ def _counter(name: str, value: int | Time[int], unit: TimeUnit) -> Time[int]:
 
 
 def _count(name: str, value: int | Time[int], unit: TimeUnit) -> int:
-    """``value`` as a count of ``unit``; a plain non-negative int (the per-batch case) skips building a Time."""
-    if type(value) is int and value >= 0:
-        return value
+    """``value`` (a Time in ``unit`` or a number) as a plain count, or an error naming it."""
     return int(_counter(name, value, unit).value)
 
 
@@ -453,22 +455,13 @@ class Timestamp:
         ``duration`` is the batch's wall-clock time: it becomes ``batch_wct`` and adds to the other clocks.
         This runs once per batch, so only the arguments are validated; the new counters are valid by construction.
         """
-        added_samples = _count("to_next_batch samples", samples, TimeUnit.SAMPLE)
-        added_tokens = _count("to_next_batch tokens", tokens, TimeUnit.TOKEN)
-        duration = _clock("to_next_batch duration", duration)
-        return self._unchecked_replace(
-            batch=_trusted_time(self.batch.value + 1, TimeUnit.BATCH),
-            sample=_trusted_time(self.sample.value + added_samples, TimeUnit.SAMPLE),
-            token=_trusted_time(self.token.value + added_tokens, TimeUnit.TOKEN) if added_tokens else self.token,
-            batch_in_epoch=_trusted_time(self.batch_in_epoch.value + 1, TimeUnit.BATCH),
-            sample_in_epoch=_trusted_time(self.sample_in_epoch.value + added_samples, TimeUnit.SAMPLE),
-            token_in_epoch=_trusted_time(self.token_in_epoch.value + added_tokens, TimeUnit.TOKEN)
-            if added_tokens
-            else self.token_in_epoch,
-            total_wct=self.total_wct + duration,
-            epoch_wct=self.epoch_wct + duration,
-            batch_wct=duration,
-        )
+        if type(samples) is not int or samples < 0:  # checked inline: plain counts, the per-batch case, pass through
+            samples = _count("to_next_batch samples", samples, TimeUnit.SAMPLE)
+        if type(tokens) is not int or tokens < 0:
+            tokens = _count("to_next_batch tokens", tokens, TimeUnit.TOKEN)
+        if type(duration) is not timedelta or duration < _ZERO:
+            duration = _clock("to_next_batch duration", duration)
+        return self._next_batch(samples, tokens, duration)
 
     def to_next_epoch(self, duration: timedelta = _ZERO) -> Timestamp:
         """The clock after the epoch ends: ``epoch + 1``, in-epoch counters and epoch/batch clocks reset.
@@ -491,12 +484,26 @@ class Timestamp:
         kept: dict[str, Any] = {name: value for name, value in changes.items() if value is not None}
         return dataclasses.replace(self, **kept)
 
-    def _unchecked_replace(self, **changes: Time[int] | timedelta) -> Timestamp:
-        """:meth:`copy` without the checks, for fields valid by construction (once per batch)."""
-        timestamp: Timestamp = object.__new__(Timestamp)
-        for name, set_field in _FIELD_SETTERS:
-            set_field(timestamp, changes[name] if name in changes else getattr(self, name))
-        return timestamp
+    def _next_batch(self, samples: int, tokens: int, duration: timedelta) -> Timestamp:
+        """:meth:`to_next_batch` on checked arguments: each field set once through its slot, no loop and no
+        validation (the new counters are valid by construction); this runs once per batch."""
+        (set_epoch, set_batch, set_sample, set_token, set_batch_in_epoch, set_sample_in_epoch, set_token_in_epoch,
+         set_total_wct, set_epoch_wct, set_batch_wct) = _FIELD_SETTERS  # fmt: skip
+        new: Timestamp = object.__new__(Timestamp)
+        set_epoch(new, self.epoch)
+        set_batch(new, _trusted_time(self.batch._value + 1, TimeUnit.BATCH))
+        set_sample(new, _trusted_time(self.sample._value + samples, TimeUnit.SAMPLE))
+        set_token(new, _trusted_time(self.token._value + tokens, TimeUnit.TOKEN) if tokens else self.token)
+        set_batch_in_epoch(new, _trusted_time(self.batch_in_epoch._value + 1, TimeUnit.BATCH))
+        set_sample_in_epoch(new, _trusted_time(self.sample_in_epoch._value + samples, TimeUnit.SAMPLE))
+        in_epoch_tokens = self.token_in_epoch
+        set_token_in_epoch(
+            new, _trusted_time(in_epoch_tokens._value + tokens, TimeUnit.TOKEN) if tokens else in_epoch_tokens
+        )
+        set_total_wct(new, self.total_wct + duration)
+        set_epoch_wct(new, self.epoch_wct + duration)
+        set_batch_wct(new, duration)
+        return new
 
     # --- checkpointing ------------------------------------------------------------------------
 
@@ -557,6 +564,8 @@ class Timestamp:
         return NotImplemented if pair is None else pair[0] > pair[1]
 
     def __ge__(self, other: Time[Any] | str) -> bool:
+        if other.__class__ is Time and (total := _TOTALS.get(other._unit)) is not None:  # ``state.finished``, per batch
+            return getattr(self, total)._value >= other._value  # type: ignore[no-any-return]
         pair = self._counter_for(other)
         return NotImplemented if pair is None else pair[0] >= pair[1]
 
@@ -569,7 +578,11 @@ class Timestamp:
 
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(Timestamp))
 #: Each field's slot setter, which a frozen dataclass's own ``__setattr__`` refuses to be (for building new values).
-_FIELD_SETTERS = tuple((name, vars(Timestamp)[name].__set__) for name in _FIELD_NAMES)
+_FIELD_SETTERS = tuple(vars(Timestamp)[name].__set__ for name in _FIELD_NAMES)
+assert _FIELD_NAMES == (  # the order Timestamp._next_batch unpacks the setters in
+    "epoch", "batch", "sample", "token", "batch_in_epoch", "sample_in_epoch", "token_in_epoch",
+    "total_wct", "epoch_wct", "batch_wct",
+)  # fmt: skip
 _CLOCK_NAMES = tuple(field.name for field in dataclasses.fields(Timestamp) if isinstance(field.default, timedelta))
 #: The field that counts each unit over the whole run (not only the current epoch), for Timestamp.get.
 _TOTALS = {
