@@ -10,8 +10,11 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
 
 from fabric import Fabric
+from fabric.plugins.precision.precision import Precision
+from fabric.trainer.stages import switch_precision
 from fabric.wrappers import FabricDataLoader, FabricModule, wrap_dataloader
 
 
@@ -118,6 +121,36 @@ def test_the_step_of_an_optimizer_with_a_scheduler_goes_through_the_strategy(
             scheduler.step()
     assert len(strategy_steps) == 3
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.125)
+
+
+class _CountingPrecision(Precision):
+    """A precision plugin that changes how optimizers step (as a GradScaler's does): it counts the steps."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    @override
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
+        self.steps += 1
+        return super().optimizer_step(optimizer, closure)
+
+
+def test_the_step_follows_a_precision_that_was_swapped_in_after_setup() -> None:
+    """The wrapper steps the optimizer itself only while neither the strategy nor the precision changes how it steps,
+    and it decides at every call: a precision set after setup (as the Trainer's ``fit(precision=)`` does) is obeyed."""
+    model = nn.Linear(3, 1)
+    fabric = Fabric(accelerator="cpu")
+    wrapped_model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.5))
+    fabric.backward(wrapped_model(torch.randn(2, 3)).sum())
+    optimizer.step()  # the plain precision: the optimizer steps, nothing counted
+    counting = _CountingPrecision()
+    switch_precision(fabric, counting)  # what the Trainer's fit(precision=...) does
+    before = model.weight.detach().clone()
+    fabric.backward(wrapped_model(torch.randn(2, 3)).sum())
+    optimizer.step()
+    optimizer.step(lambda: None)
+    assert counting.steps == 2
+    assert not torch.equal(model.weight.detach(), before)
 
 
 def test_wrapped_optimizer_state_dict_round_trip_reaches_the_original() -> None:

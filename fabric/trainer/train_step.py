@@ -56,7 +56,7 @@ TokenCounter = Callable[[Any], int]
 
 def count_tokens(batch: Any) -> int:
     """Tokens in a batch: the elements of ``batch["input_ids"]`` for mapping batches, else 0."""
-    if type(batch) is not tuple and isinstance(batch, Mapping):  # a tuple, the common batch, skips the ABC check
+    if type(batch) is not tuple and type(batch) is not list and isinstance(batch, Mapping):  # skip the ABC check
         input_ids = batch.get("input_ids")
         if isinstance(input_ids, torch.Tensor):
             return int(input_ids.numel())
@@ -106,10 +106,10 @@ class TrainStep:
 
     def run(self, batch: Any) -> None:
         """Train on ``batch`` and advance the clock; the loop fired the dataloader events already."""
-        state, run_event = self.state, self.engine.run_event
+        state = self.state
         started = time.perf_counter()
         state.batch = batch
-        run_event(Event.BATCH_START)
+        self.engine.fire[Event.BATCH_START]()
         if self.closure_step:
             total_loss, full_batch, samples = self._step_with_closure(state.batch)
         else:
@@ -135,9 +135,9 @@ class TrainStep:
 
         Returns the (detached) loss, the batch as BEFORE_TRAIN_BATCH left it, and its number of samples.
         """
-        state, run_event = self.state, self.engine.run_event
+        state, fire = self.state, self.engine.fire
         state.batch = batch
-        run_event(Event.BEFORE_TRAIN_BATCH)
+        fire[Event.BEFORE_TRAIN_BATCH]()
         full_batch = state.batch
         samples = self.data_spec.get_num_samples_in_batch(full_batch)
         size = state.device_train_microbatch_size
@@ -153,7 +153,7 @@ class TrainStep:
                 # The scaler tracks optimizers by identity and the step goes to the user's optimizer, not
                 # Fabric's wrapper: unscaling the wrapper would make the step unscale a second time.
                 self.fabric.strategy.precision.unscale_gradients(unwrap_optimizer(optimizer))
-        run_event(Event.AFTER_TRAIN_BATCH)
+        fire[Event.AFTER_TRAIN_BATCH]()
         return total_loss, full_batch, samples
 
     def _step_with_closure(self, batch: Any) -> tuple[torch.Tensor, Any, int]:
@@ -192,16 +192,16 @@ class TrainStep:
         return total_loss
 
     def _train_microbatch(self, microbatch: Any, weight: float) -> torch.Tensor:
-        state, run_event = self.state, self.engine.run_event
+        state, fire = self.state, self.engine.fire
         model: FabricModule = state.model  # type: ignore[assignment]  # set up by the Trainer before any batch
         state.batch = microbatch
-        run_event(Event.BEFORE_FORWARD)
+        fire[Event.BEFORE_FORWARD]()
         state.outputs = model(state.batch)
-        run_event(Event.AFTER_FORWARD)
-        run_event(Event.BEFORE_LOSS)
+        fire[Event.AFTER_FORWARD]()
+        fire[Event.BEFORE_LOSS]()
         state.loss = model.loss(state.outputs, state.batch)
-        run_event(Event.AFTER_LOSS)
-        run_event(Event.BEFORE_BACKWARD)
+        fire[Event.AFTER_LOSS]()
+        fire[Event.BEFORE_BACKWARD]()
         loss = state.loss
         losses = None if isinstance(loss, torch.Tensor) else _per_optimizer_losses(loss, len(state.optimizers))
         if losses is None:
@@ -209,7 +209,7 @@ class TrainStep:
             self.fabric.backward(total * weight if weight != 1.0 else total, model=model)
         else:
             total = self._backward_per_optimizer(losses, weight)
-        run_event(Event.AFTER_BACKWARD)
+        fire[Event.AFTER_BACKWARD]()
         if state.train_metrics and self._update_metrics:
             samples = self.data_spec.get_num_samples_in_batch(state.batch)
             with torch.no_grad():

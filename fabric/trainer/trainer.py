@@ -632,7 +632,7 @@ class Trainer:
 
     def _train_epoch(self) -> bool:
         """Train until the dataloader runs out (True: the epoch ended) or training is finished (False)."""
-        state, run_event = self.state, self.engine.run_event
+        state, fire = self.state, self.engine.fire
         assert state.dataloader is not None
         if self._batches is None:  # a new epoch; otherwise fit() continues the epoch an earlier fit() stopped in
             self._batches = self._start_epoch(state.dataloader)
@@ -647,7 +647,7 @@ class Trainer:
         while length is None or int(state.timestamp.batch_in_epoch) < length:
             if lr_schedule is not None:  # the learning rates batch k trains with, seen by all of its events
                 lr_schedule.apply(state)
-            run_event(Event.BEFORE_DATALOADER)
+            fire[Event.BEFORE_DATALOADER]()
             if self._epoch_start is None:
                 self._epoch_start = capture_epoch_start(state.dataloader)
             try:
@@ -655,7 +655,7 @@ class Trainer:
             except StopIteration:
                 break
             state.batch = batch if prepare is None else prepare(batch, self.fabric.to_device)
-            run_event(Event.AFTER_DATALOADER)
+            fire[Event.AFTER_DATALOADER]()
             train_step.run(state.batch)
             self._after_batch()
             if state.finished and (length is None or int(state.timestamp.batch_in_epoch) < length):
@@ -674,9 +674,9 @@ class Trainer:
             for scheduler in self._train_step.torch_schedulers:
                 scheduler.step()
         state.timestamp = state.timestamp.to_next_epoch()
-        run_event(Event.EPOCH_END)
+        fire[Event.EPOCH_END]()
         self._evaluate_if_due(Event.EPOCH_END)
-        run_event(Event.EPOCH_CHECKPOINT)
+        fire[Event.EPOCH_CHECKPOINT]()
         return True
 
     def _start_epoch(self, dataloader: Iterable[Any]) -> Iterator[Any]:
@@ -736,7 +736,7 @@ class Trainer:
         self._batches = None
 
     def _after_batch(self) -> None:
-        state, run_event = self.state, self.engine.run_event
+        state, fire = self.state, self.engine.fire
         clock_check = self._clock_check
         if clock_check.times_in_tokens:
             clock_check.check_tokens_counted(state.timestamp)
@@ -744,10 +744,10 @@ class Trainer:
             state.metrics.update(compute_metrics(state.train_metrics, "metrics/train"))
         if self.logger.destinations:
             self.logger.log_metrics({"loss/train/total": state.loss})
-        run_event(Event.BATCH_END)
+        fire[Event.BATCH_END]()
         if self.evaluators:
             self._evaluate_if_due(Event.BATCH_END)
-        run_event(Event.BATCH_CHECKPOINT)
+        fire[Event.BATCH_CHECKPOINT]()
         if self._preemption is not None and self._preemption_requested():
             self._stop_for_preemption()
 

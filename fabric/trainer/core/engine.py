@@ -8,7 +8,8 @@ algorithms (they observe what algorithms did), and loggers run after callbacks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.callback import Callback, Handler, warn_unknown_hooks
@@ -16,6 +17,9 @@ from fabric.trainer.core.events import Event
 from fabric.trainer.core.passes import DEFAULT_PASSES, AlgorithmPass, check_compatibility
 from fabric.trainer.core.state import State
 from fabric.trainer.loggers.logger import Logger
+
+#: What an event nobody listens to runs: a builtin that returns ``()`` and runs no Python frame.
+_IDLE: Callable[[], object] = tuple
 
 
 class Engine:
@@ -47,6 +51,11 @@ class Engine:
             handlers = tuple(observer[event] for observer in per_observer if event in observer)
             if ordered[event] or handlers:
                 self._work[event] = (ordered[event], handlers)
+        #: ``fire[event]()`` is ``run_event(event)`` for the per-batch path: for an event nothing listens to it is a
+        #: C-level no-op, which costs no Python call (a plain run fires 13 such events per batch).
+        self.fire: dict[Event, Callable[[], object]] = {
+            event: functools.partial(self.run_event, event) if event in self._work else _IDLE for event in Event
+        }
 
     def run_event(self, event: Event) -> None:
         work = self._work.get(event)

@@ -469,14 +469,17 @@ class Timestamp:
         ``duration`` is time spent since the last batch (e.g. end-of-epoch evaluation); it adds to ``total_wct``.
         """
         duration = _clock("to_next_epoch duration", duration)
-        return self.copy(
-            epoch=self.epoch.value + 1,
-            batch_in_epoch=0,
-            sample_in_epoch=0,
-            token_in_epoch=0,
-            total_wct=self.total_wct + duration,
-            epoch_wct=_ZERO,
-            batch_wct=_ZERO,
+        return _trusted_timestamp(
+            _trusted_time(self.epoch._value + 1, TimeUnit.EPOCH),
+            self.batch,
+            self.sample,
+            self.token,
+            _ZERO_COUNTS[TimeUnit.BATCH],
+            _ZERO_COUNTS[TimeUnit.SAMPLE],
+            _ZERO_COUNTS[TimeUnit.TOKEN],
+            self.total_wct + duration,
+            _ZERO,
+            _ZERO,
         )
 
     def copy(self, **changes: int | Time[int] | timedelta | None) -> Timestamp:
@@ -485,25 +488,20 @@ class Timestamp:
         return dataclasses.replace(self, **kept)
 
     def _next_batch(self, samples: int, tokens: int, duration: timedelta) -> Timestamp:
-        """:meth:`to_next_batch` on checked arguments: each field set once through its slot, no loop and no
-        validation (the new counters are valid by construction); this runs once per batch."""
-        (set_epoch, set_batch, set_sample, set_token, set_batch_in_epoch, set_sample_in_epoch, set_token_in_epoch,
-         set_total_wct, set_epoch_wct, set_batch_wct) = _FIELD_SETTERS  # fmt: skip
-        new: Timestamp = object.__new__(Timestamp)
-        set_epoch(new, self.epoch)
-        set_batch(new, _trusted_time(self.batch._value + 1, TimeUnit.BATCH))
-        set_sample(new, _trusted_time(self.sample._value + samples, TimeUnit.SAMPLE))
-        set_token(new, _trusted_time(self.token._value + tokens, TimeUnit.TOKEN) if tokens else self.token)
-        set_batch_in_epoch(new, _trusted_time(self.batch_in_epoch._value + 1, TimeUnit.BATCH))
-        set_sample_in_epoch(new, _trusted_time(self.sample_in_epoch._value + samples, TimeUnit.SAMPLE))
-        in_epoch_tokens = self.token_in_epoch
-        set_token_in_epoch(
-            new, _trusted_time(in_epoch_tokens._value + tokens, TimeUnit.TOKEN) if tokens else in_epoch_tokens
+        """:meth:`to_next_batch` on checked arguments (this runs once per batch)."""
+        token, token_in_epoch = self.token, self.token_in_epoch
+        return _trusted_timestamp(
+            self.epoch,
+            _trusted_time(self.batch._value + 1, TimeUnit.BATCH),
+            _trusted_time(self.sample._value + samples, TimeUnit.SAMPLE),
+            _trusted_time(token._value + tokens, TimeUnit.TOKEN) if tokens else token,
+            _trusted_time(self.batch_in_epoch._value + 1, TimeUnit.BATCH),
+            _trusted_time(self.sample_in_epoch._value + samples, TimeUnit.SAMPLE),
+            _trusted_time(token_in_epoch._value + tokens, TimeUnit.TOKEN) if tokens else token_in_epoch,
+            self.total_wct + duration,
+            self.epoch_wct + duration,
+            duration,
         )
-        set_total_wct(new, self.total_wct + duration)
-        set_epoch_wct(new, self.epoch_wct + duration)
-        set_batch_wct(new, duration)
-        return new
 
     # --- checkpointing ------------------------------------------------------------------------
 
@@ -577,9 +575,41 @@ class Timestamp:
 
 
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(Timestamp))
+
+
+def _trusted_timestamp(
+    epoch: Time[int],
+    batch: Time[int],
+    sample: Time[int],
+    token: Time[int],
+    batch_in_epoch: Time[int],
+    sample_in_epoch: Time[int],
+    token_in_epoch: Time[int],
+    total_wct: timedelta,
+    epoch_wct: timedelta,
+    batch_wct: timedelta,
+) -> Timestamp:
+    """A Timestamp from fields valid by construction (the clock's own steps): each set once through its slot, with
+    no validation and no loop, as this runs once per batch."""
+    (set_epoch, set_batch, set_sample, set_token, set_batch_in_epoch, set_sample_in_epoch, set_token_in_epoch,
+     set_total_wct, set_epoch_wct, set_batch_wct) = _FIELD_SETTERS  # fmt: skip
+    new: Timestamp = object.__new__(Timestamp)
+    set_epoch(new, epoch)
+    set_batch(new, batch)
+    set_sample(new, sample)
+    set_token(new, token)
+    set_batch_in_epoch(new, batch_in_epoch)
+    set_sample_in_epoch(new, sample_in_epoch)
+    set_token_in_epoch(new, token_in_epoch)
+    set_total_wct(new, total_wct)
+    set_epoch_wct(new, epoch_wct)
+    set_batch_wct(new, batch_wct)
+    return new
+
+
 #: Each field's slot setter, which a frozen dataclass's own ``__setattr__`` refuses to be (for building new values).
 _FIELD_SETTERS = tuple(vars(Timestamp)[name].__set__ for name in _FIELD_NAMES)
-assert _FIELD_NAMES == (  # the order Timestamp._next_batch unpacks the setters in
+assert _FIELD_NAMES == (  # the order _trusted_timestamp unpacks the setters in
     "epoch", "batch", "sample", "token", "batch_in_epoch", "sample_in_epoch", "token_in_epoch",
     "total_wct", "epoch_wct", "batch_wct",
 )  # fmt: skip
