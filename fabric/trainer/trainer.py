@@ -31,8 +31,10 @@ from fabric.fabric import Fabric
 from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.trainer.checkpoint.checkpointer import find_resume_checkpoint, read_surgery_records
 from fabric.trainer.checkpoint.dataloader_position import (
+    EpochStart,
     capture_epoch_start,
     capture_loader_state,
+    epoch_start_record,
     keeps_own_position,
     resume_iterator,
 )
@@ -320,7 +322,7 @@ class Trainer:
         """No epoch in progress: the next fit() starts one afresh, where the clock is (or a loaded checkpoint was)."""
         self._batches: Iterator[Any] | None = None  # the current epoch's, kept when fit() ends mid-epoch
         self._epoch_ends_with_loader = False
-        self._epoch_start: dict[str, Any] | None = None  # what rebuilds the current epoch's batch order
+        self._epoch_start: EpochStart | dict[str, Any] | None = None  # what rebuilds the current epoch's batch order
         self._resume_position: DataPosition | None = None
         #: The plan of an epoch resumed by samples, and the batches of the epoch counted before it began.
         self._epoch_plan: tuple[EpochPlan, int] | None = None
@@ -649,7 +651,7 @@ class Trainer:
                 lr_schedule.apply(state)
             fire[Event.BEFORE_DATALOADER]()
             if self._epoch_start is None:
-                self._epoch_start = capture_epoch_start(state.dataloader)
+                self._epoch_start = EpochStart.take(state.dataloader)
             try:
                 batch = next(batches)
             except StopIteration:
@@ -721,6 +723,7 @@ class Trainer:
         timestamp, loader = self.state.timestamp, self.state.dataloader
         batches_done = int(timestamp.batch_in_epoch)
         epoch_start = self._epoch_start if batches_done else (capture_epoch_start(loader) if loader else None)
+        epoch_start = None if epoch_start is None else epoch_start_record(epoch_start)
         loader_state = capture_loader_state(loader) if keeps_own_position(loader) else None
         samples = None
         if batches_done and loader_state is None and loader is not None:

@@ -21,6 +21,7 @@ how many samples each worker fetched before, so random augmentation there differ
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -36,7 +37,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
+from fabric.trainer.checkpoint.rng import RngSnapshot, capture_rng_state, restore_rng_state
 from fabric.utilities.data import ShardedSampler
 from fabric.utilities.rank_zero import rank_zero_warn
 from fabric.wrappers import FabricDataLoader
@@ -55,21 +56,44 @@ def capture_epoch_start(dataloader: Iterable[Any]) -> dict[str, Any]:
     for a plain DataLoader, the first ``next()`` for a Fabric-wrapped one). The result holds only
     tensors, ints, bools, strings, lists and dicts, so it loads with ``torch.load(weights_only=True)``.
     """
-    samplers = _sampler_chain(dataloader)
-    dataset: Any = getattr(dataloader, "dataset", None)
-    dataset_state = dataset.state_dict() if has_state_protocol(dataset) else None
-    if dataset_state is not None:
-        _check_loadable(dataset_state, f"{type(dataset).__name__}.state_dict()")
-    return {
-        "format": _FORMAT,
-        "samplers": [type(sampler).__name__ for sampler in samplers],
-        "rng": capture_rng_state(),
-        "generators": [generator.get_state() for generator in _generators(dataloader, samplers)],
-        "sampler_epochs": [sampler.epoch for sampler in samplers if _has_epoch(sampler)],
-        "fabric_epoch": dataloader._fabric_epoch if isinstance(dataloader, FabricDataLoader) else None,
-        "draws_base_seed": not _has_live_workers(dataloader),
-        "dataset_state": dataset_state,
-    }
+    return EpochStart.take(dataloader).record()
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochStart:
+    """What :func:`capture_epoch_start` records, with the generator states still an :class:`RngSnapshot`: the
+    Trainer takes one at every epoch start and builds the record only when a checkpoint needs it."""
+
+    #: The record without its ``"rng"`` entry.
+    fields: dict[str, Any]
+    rng: RngSnapshot
+
+    @classmethod
+    def take(cls, dataloader: Iterable[Any]) -> EpochStart:
+        samplers = _sampler_chain(dataloader)
+        dataset: Any = getattr(dataloader, "dataset", None)
+        dataset_state = dataset.state_dict() if has_state_protocol(dataset) else None
+        if dataset_state is not None:
+            _check_loadable(dataset_state, f"{type(dataset).__name__}.state_dict()")
+        fields = {
+            "format": _FORMAT,
+            "samplers": [type(sampler).__name__ for sampler in samplers],
+            "generators": [generator.get_state() for generator in _generators(dataloader, samplers)],
+            "sampler_epochs": [sampler.epoch for sampler in samplers if _has_epoch(sampler)],
+            "fabric_epoch": dataloader._fabric_epoch if isinstance(dataloader, FabricDataLoader) else None,
+            "draws_base_seed": not _has_live_workers(dataloader),
+            "dataset_state": dataset_state,
+        }
+        return cls(fields, RngSnapshot.take())
+
+    def record(self) -> dict[str, Any]:
+        """The record :func:`capture_epoch_start` returns."""
+        return {**self.fields, "rng": self.rng.as_tensors()}
+
+
+def epoch_start_record(epoch_start: EpochStart | dict[str, Any]) -> dict[str, Any]:
+    """The record of an epoch start, taken now (an :class:`EpochStart`) or read from a checkpoint (already one)."""
+    return epoch_start.record() if isinstance(epoch_start, EpochStart) else epoch_start
 
 
 def has_state_protocol(obj: object) -> bool:
