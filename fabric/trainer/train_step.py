@@ -79,6 +79,8 @@ class TrainStep:
     ) -> None:
         self.state, self.engine = state, engine
         self.fabric = require_fabric(state)
+        # Fixed once the processes joined, which the Trainer waits for before it builds its step.
+        self._world_size = self.fabric.world_size
         self.lr_schedule = lr_schedule
         self.torch_schedulers = tuple(torch_schedulers)
         self.step_schedulers_every_batch = step_schedulers_every_batch
@@ -122,7 +124,7 @@ class TrainStep:
             for scheduler in self.torch_schedulers:
                 scheduler.step()
         state.loss = total_loss
-        world_size = self.fabric.world_size
+        world_size = self._world_size
         # Sharded loaders give every rank equally sized batches, so the global count is local x world size.
         state.timestamp = state.timestamp.to_next_batch(
             samples * world_size,
