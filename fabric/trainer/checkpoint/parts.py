@@ -29,7 +29,6 @@ for when it loads, so it loads, those parts keeping their current values, as in 
 from __future__ import annotations
 
 import fnmatch
-import io
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack
@@ -48,7 +47,7 @@ from fabric.trainer.checkpoint.checkpointer import (
     check_format,
     read_meta,
 )
-from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
+from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState, from_blob, to_blob
 from fabric.trainer.core.state import State, require_fabric
 from fabric.trainer.surgery import surgery_records
 
@@ -173,27 +172,27 @@ class MetricStates:
     def state_dict(self) -> dict[str, Any]:
         state, saved = self.state, {}
         if "train_metrics" in self.parts:
-            saved["train_metrics"] = _blob({name: _metric_state(m) for name, m in state.train_metrics.items()})
+            saved["train_metrics"] = to_blob({name: _metric_state(m) for name, m in state.train_metrics.items()})
         if "eval_metrics" in self.parts:
-            saved["eval_metrics"] = _blob(
+            saved["eval_metrics"] = to_blob(
                 {
                     label: {name: _metric_state(m) for name, m in metrics.items()}
                     for label, metrics in state.eval_metrics.items()
                 }
             )
         if "metric_values" in self.parts:
-            saved["metric_values"] = _blob({name: float(value) for name, value in state.metrics.items()})
+            saved["metric_values"] = to_blob({name: float(value) for name, value in state.metrics.items()})
         return saved
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         state = self.state
         if "train_metrics" in self.parts and "train_metrics" in state_dict:
-            _load_metrics(state.train_metrics, _unblob(state_dict["train_metrics"]))
+            _load_metrics(state.train_metrics, from_blob(state_dict["train_metrics"], "the metrics entry"))
         if "eval_metrics" in self.parts and "eval_metrics" in state_dict:
-            for label, saved in _unblob(state_dict["eval_metrics"]).items():
+            for label, saved in from_blob(state_dict["eval_metrics"], "the metrics entry").items():
                 _load_metrics(state.eval_metrics.get(label, {}), saved)
         if "metric_values" in self.parts and "metric_values" in state_dict:
-            state.metrics.update(_unblob(state_dict["metric_values"]))
+            state.metrics.update(from_blob(state_dict["metric_values"], "the metrics entry"))
 
 
 def _metric_state(metric: object) -> dict[str, Any] | None:
@@ -233,18 +232,6 @@ def _to_device(value: object, device: torch.device | None) -> Any:
     if isinstance(value, list):
         return [_to_device(item, device) for item in value]
     return value
-
-
-def _blob(value: object) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def _unblob(blob: object) -> Any:
-    if not isinstance(blob, bytes):
-        raise ValueError(f"the metrics entry holds a {type(blob).__name__} where a serialized value belongs")
-    return torch.load(io.BytesIO(blob), weights_only=True)
 
 
 class _Sections:

@@ -32,21 +32,27 @@ SECTIONS = ("timestamp", "schedulers", "algorithms", "callbacks", "dataloader", 
 _EMPTY_SECTIONS: dict[str, Any] = {"schedulers": [], "algorithms": {}, "callbacks": {}}
 
 
-def _blob(value: object) -> bytes:
-    """``value`` serialized whole (tensors, ints, strings, lists and dicts: it loads with ``weights_only=True``)."""
+def to_blob(value: object) -> bytes:
+    """``value`` serialized whole (tensors, ints, strings, lists and dicts: it loads with ``weights_only=True``).
+
+    For checkpoint entries whose shape differs between a checkpoint and the live state it loads into: a sharded
+    (DCP) load fills the structure of the live state, so nested values that come and go cannot be loaded as such.
+    """
     buffer = io.BytesIO()
     torch.save(value, buffer)
     return buffer.getvalue()
 
 
-def _unblob(blob: object) -> Any:
-    if blob is None:  # a checkpoint written before these were blobs had no such entry
-        return None
+def from_blob(blob: object, entry: str) -> Any:
+    """What :func:`to_blob` serialized (loaded with ``weights_only=True``); ``entry`` names it in the error."""
     if not isinstance(blob, bytes):
-        raise ValueError(
-            f"the trainer's dataloader entry holds a {type(blob).__name__} where a serialized value belongs"
-        )
+        raise ValueError(f"{entry} holds a {type(blob).__name__} where a serialized value belongs")
     return torch.load(io.BytesIO(blob), weights_only=True)
+
+
+def _from_optional_blob(blob: object) -> Any:
+    """A dataloader blob; None where a checkpoint written before these were blobs has no such entry."""
+    return None if blob is None else from_blob(blob, "the trainer's dataloader entry")
 
 
 def unique_names(objects: Iterable[object]) -> list[str]:
@@ -117,8 +123,8 @@ class TrainerCheckpointState:
                 "world_size": position.world_size,
                 # Blobs: their shape differs between a checkpoint and the trainer it loads into (a sharded, DCP,
                 # load fills the structure of the live state, so nested values that come and go cannot be loaded).
-                "loader_state": _blob(position.loader_state),
-                "samples": _blob(position.samples),
+                "loader_state": to_blob(position.loader_state),
+                "samples": to_blob(position.samples),
             },
             "microbatch_size": self.state.device_train_microbatch_size,
         }
@@ -160,8 +166,8 @@ class TrainerCheckpointState:
                     int(saved["batches_done"]),
                     int(saved.get("samples_done", 0)),
                     int(saved.get("world_size", 1)),
-                    _unblob(saved.get("loader_state")),
-                    _unblob(saved.get("samples")),
+                    _from_optional_blob(saved.get("loader_state")),
+                    _from_optional_blob(saved.get("samples")),
                 )
             )
 
