@@ -261,10 +261,8 @@ def build_torch(model: nn.Module, work: Workload, device: torch.device, compile_
     return Runner("torch", model, optimizer, step)
 
 
-def build_fabric(model: nn.Module, work: Workload, device: torch.device, compile_args: dict[str, Any] | None) -> Runner:
-    runtime = Fabric(accelerator=device.type, devices=1, precision="bf16-mixed")
-    optimizer = make_optimizer(model)
-    wrapped, wrapped_optimizer = runtime.setup(model, optimizer, compile=compile_args)
+def fabric_api_step(runtime: Any, wrapped: Any, wrapped_optimizer: Any, work: Workload) -> Callable[[], torch.Tensor]:
+    """One training step through a Fabric-style API (ours and Lightning's share it): forward, ``backward``, step."""
 
     def step() -> torch.Tensor:
         loss = work.loss(wrapped(work.inputs), work.targets)
@@ -272,6 +270,16 @@ def build_fabric(model: nn.Module, work: Workload, device: torch.device, compile
         wrapped_optimizer.step()
         wrapped_optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    return step
+
+
+def build_fabric(model: nn.Module, work: Workload, device: torch.device, compile_args: dict[str, Any] | None) -> Runner:
+    runtime = Fabric(accelerator=device.type, devices=1, precision="bf16-mixed")
+    optimizer = make_optimizer(model)
+    wrapped, wrapped_optimizer = runtime.setup(model, optimizer, compile=compile_args)
+
+    step = fabric_api_step(runtime, wrapped, wrapped_optimizer, work)
 
     return Runner("fabric", model, optimizer, step)
 
@@ -285,12 +293,7 @@ def build_lightning(
     given = model if compile_args is None else torch.compile(model, **compile_args)  # Lightning re-applies it
     wrapped, wrapped_optimizer = runtime.setup(given, optimizer)
 
-    def step() -> torch.Tensor:
-        loss = work.loss(wrapped(work.inputs), work.targets)
-        runtime.backward(loss)
-        wrapped_optimizer.step()
-        wrapped_optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+    step = fabric_api_step(runtime, wrapped, wrapped_optimizer, work)
 
     return Runner("lightning", model, optimizer, step)
 
