@@ -381,7 +381,7 @@ class Fabric:
 
     def backward(self, tensor: torch.Tensor, *args: Any, model: FabricModule | None = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: applies loss scaling and strategy-specific backward logic."""
-        module = model._forward_module if isinstance(model, FabricModule) else model
+        module = model._forward_call if isinstance(model, FabricModule) else model  # a plain attribute: per step
         self._strategy.backward(tensor, module, *args, **kwargs)
 
     def clip_gradients(

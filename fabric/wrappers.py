@@ -17,7 +17,7 @@ import functools
 import inspect
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -26,17 +26,12 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from fabric.plugins.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_data_to_device
 from fabric.utilities.module_calls import forward_redirected, parameter_calls_refused
 from fabric.utilities.wrapped import SetUpByFabric
 
 OptimizerT = TypeVar("OptimizerT", bound=Optimizer)
-#: The base implementations, which only call the optimizer: FabricOptimizer calls it itself where they are in force.
-_PLAIN_STRATEGY_STEP = Strategy.optimizer_step
-_PLAIN_PRECISION_STEP = Precision.optimizer_step
-_PLAIN_ZERO_GRAD = Strategy.optimizer_zero_grad
 
 
 class FabricModule(SetUpByFabric, nn.Module):
@@ -206,6 +201,9 @@ class FabricOptimizer(SetUpByFabric):
 
     _fabric_original: Optimizer
     _fabric_strategy: Strategy
+    #: The ``step`` a learning-rate scheduler installed (see :attr:`step`). None here, found by every lookup: a
+    #: missing class attribute would cost an AttributeError raised and caught on every step.
+    _fabric_scheduler_step: ClassVar[Callable[..., Any] | None] = None
 
     @property
     def optimizer(self) -> Optimizer:
@@ -220,32 +218,28 @@ class FabricOptimizer(SetUpByFabric):
         ``setup`` stored in the ``__dict__`` this wrapper shares: that one steps the user's optimizer
         directly, which would bypass the strategy silently.
         """
-        scheduler_step: Callable[..., Any] | None = getattr(type(self), "_fabric_scheduler_step", None)
-        return scheduler_step or self._fabric_step
+        return type(self)._fabric_scheduler_step or self._fabric_step
 
     @step.setter
     def step(self, value: Callable[..., Any]) -> None:
         # A scheduler built on this wrapper replaces ``step`` with a wrapper of ours that counts calls. Kept on
         # our class: in the shared ``__dict__`` it would also shadow the original's own ``step`` and recurse.
-        type(self)._fabric_scheduler_step = staticmethod(value)  # type: ignore[attr-defined]
+        type(self)._fabric_scheduler_step = staticmethod(value)
 
     def _fabric_step(self, closure: Callable[[], Any] | None = None) -> Any:
-        strategy_step = self._fabric_strategy.optimizer_step
+        strategy = self._fabric_strategy
         # Decided at every call (the Trainer may swap the precision after set-up): where neither the strategy nor
-        # its precision changes how an optimizer steps (nor was patched to), step it here, two calls shorter.
-        if (
-            getattr(strategy_step, "__func__", None) is _PLAIN_STRATEGY_STEP
-            and getattr(self._fabric_strategy.precision.optimizer_step, "__func__", None) is _PLAIN_PRECISION_STEP
-        ):
+        # its precision changes how an optimizer steps, step it here, two calls shorter.
+        if strategy.optimizer_step_is_plain and strategy.precision.optimizer_step_is_plain:
             return self._fabric_original.step() if closure is None else self._fabric_original.step(closure)
-        return strategy_step(self._fabric_original, closure)
+        return strategy.optimizer_step(self._fabric_original, closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        strategy_zero_grad = self._fabric_strategy.optimizer_zero_grad
-        if getattr(strategy_zero_grad, "__func__", None) is _PLAIN_ZERO_GRAD:  # as in _fabric_step: a call shorter
+        strategy = self._fabric_strategy
+        if strategy.optimizer_zero_grad_is_plain:  # as in _fabric_step: a call shorter
             self._fabric_original.zero_grad(set_to_none)
         else:
-            strategy_zero_grad(self._fabric_original, set_to_none)
+            strategy.optimizer_zero_grad(self._fabric_original, set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         return self._fabric_strategy.get_optimizer_state(self._fabric_original)

@@ -96,33 +96,6 @@ def test_lr_scheduler_accepts_the_wrapped_optimizer_without_step_order_warnings(
     assert optimizer.optimizer.param_groups[0]["lr"] == pytest.approx(0.125)
 
 
-@pytest.mark.parametrize("built", ["before setup", "after setup"])
-def test_the_step_of_an_optimizer_with_a_scheduler_goes_through_the_strategy(
-    built: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A scheduler built before setup stored its own ``step`` on the optimizer, which the wrapper shares:
-    ``optimizer.step()`` then stepped the user's optimizer directly, past DeepSpeed's engine or a GradScaler."""
-    model = nn.Linear(3, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    fabric = Fabric(accelerator="cpu")
-    strategy_steps = []
-    strategy_step = fabric.strategy.optimizer_step
-    monkeypatch.setattr(
-        fabric.strategy, "optimizer_step", lambda *args: strategy_steps.append(1) or strategy_step(*args)
-    )
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) if built == "before setup" else None
-    wrapped_model, wrapped = fabric.setup(model, optimizer)
-    scheduler = scheduler or torch.optim.lr_scheduler.StepLR(wrapped, step_size=1, gamma=0.5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # nor a "scheduler.step() before optimizer.step()" warning
-        for _ in range(3):
-            fabric.backward(wrapped_model(torch.randn(2, 3)).sum())
-            wrapped.step()
-            scheduler.step()
-    assert len(strategy_steps) == 3
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.125)
-
-
 class _CountingPrecision(Precision):
     """A precision plugin that changes how optimizers step (as a GradScaler's does): it counts the steps."""
 
@@ -133,6 +106,28 @@ class _CountingPrecision(Precision):
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
         self.steps += 1
         return super().optimizer_step(optimizer, closure)
+
+
+@pytest.mark.parametrize("built", ["before setup", "after setup"])
+def test_the_step_of_an_optimizer_with_a_scheduler_goes_through_the_strategy(built: str) -> None:
+    """A scheduler built before setup stored its own ``step`` on the optimizer, which the wrapper shares:
+    ``optimizer.step()`` then stepped the user's optimizer directly, past DeepSpeed's engine or a GradScaler."""
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    fabric = Fabric(accelerator="cpu")
+    counting = _CountingPrecision()  # steps the way a GradScaler does: through the strategy, then the precision
+    switch_precision(fabric, counting)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) if built == "before setup" else None
+    wrapped_model, wrapped = fabric.setup(model, optimizer)
+    scheduler = scheduler or torch.optim.lr_scheduler.StepLR(wrapped, step_size=1, gamma=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor a "scheduler.step() before optimizer.step()" warning
+        for _ in range(3):
+            fabric.backward(wrapped_model(torch.randn(2, 3)).sum())
+            wrapped.step()
+            scheduler.step()
+    assert counting.steps == 3
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.125)
 
 
 def test_the_step_follows_a_precision_that_was_swapped_in_after_setup() -> None:

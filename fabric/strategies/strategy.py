@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -34,6 +34,7 @@ from fabric.strategies.launchers.launcher import Launcher
 from fabric.utilities.checkpoint_state import Stateful, check_module_state, check_optimizer_state
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.exceptions import CheckpointError
+from fabric.utilities.inheritance import inherits_unchanged
 from fabric.utilities.init import SkipParameterInit, refuse_forward_until_loaded, uninitialised_tensors
 
 #: ``fabric.save(filter={key: fn})``: ``fn(name, value)`` says whether an item of entry ``key``'s state dict is saved.
@@ -49,6 +50,16 @@ _WEAK_REGISTRIES = (weakref.WeakSet, weakref.WeakKeyDictionary)
 class Strategy:
     """Single-process behaviour; see :class:`~fabric.strategies.SingleDeviceStrategy`."""
 
+    #: Derived for each subclass, never set by hand: True when it does not override :meth:`optimizer_step`
+    #: (resp. :meth:`optimizer_zero_grad`), so Fabric's optimizer wrapper calls the optimizer itself, a call shorter.
+    optimizer_step_is_plain: ClassVar[bool] = True
+    optimizer_zero_grad_is_plain: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.optimizer_step_is_plain = inherits_unchanged(cls, Strategy, "optimizer_step")
+        cls.optimizer_zero_grad_is_plain = inherits_unchanged(cls, Strategy, "optimizer_zero_grad")
+
     def __init__(
         self,
         *,
@@ -57,7 +68,11 @@ class Strategy:
         checkpoint_io: CheckpointIO | None = None,
     ) -> None:
         self._accelerator = accelerator
-        self._precision = precision
+        #: How this strategy's modules compute and its optimizers step: the one given here, else what Fabric chooses
+        #: in :meth:`connect`. A plain attribute, read on every forward, backward and step (the Trainer's
+        #: ``fit(precision=)`` replaces it after set-up).
+        self.precision: Precision = Precision() if precision is None else precision
+        self._precision_given = precision is not None
         self._checkpoint_io = checkpoint_io
         self._launcher: Launcher | None = None
         #: True while :meth:`backward` runs; lets wrappers tell ``fabric.backward`` from ``loss.backward``.
@@ -96,7 +111,8 @@ class Strategy:
     ) -> None:
         """Fill in the choices the user did not set on this strategy object themselves."""
         self._accelerator = self._accelerator or accelerator
-        self._precision = self._precision or precision
+        if not self._precision_given:
+            self.precision = precision
         self._checkpoint_io = self._checkpoint_io or checkpoint_io
         self._configure_processes(devices, num_nodes, cluster_environment)
         self._connected()
@@ -139,12 +155,6 @@ class Strategy:
         if self._accelerator is None:
             raise RuntimeError(f"{type(self).__name__} has no accelerator; it must be set up through Fabric.")
         return self._accelerator
-
-    @property
-    def precision(self) -> Precision:
-        if self._precision is None:
-            self._precision = Precision()
-        return self._precision
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
@@ -288,10 +298,15 @@ class Strategy:
 
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         precision = self.precision
-        tensor = precision.pre_backward(tensor, module)
+        plain = precision.backward_is_plain
+        if not plain:
+            tensor = precision.pre_backward(tensor, module)
         self.backward_in_progress = True
         try:
-            precision.backward(tensor, module, *args, **kwargs)
+            if plain:
+                tensor.backward(*args, **kwargs)  # type: ignore[no-untyped-call]
+            else:
+                precision.backward(tensor, module, *args, **kwargs)
         finally:
             self.backward_in_progress = False
 
@@ -468,7 +483,7 @@ class Strategy:
             )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(accelerator={self._accelerator}, precision={self._precision})"
+        return f"{type(self).__name__}(accelerator={self._accelerator}, precision={self.precision})"
 
 
 def entries_to_load(path: PathType, state: Mapping[str, Any], available: Collection[str], strict: bool) -> list[str]:

@@ -132,8 +132,7 @@ def precision_for_fit(fabric: Fabric, precision: Any) -> Precision | None:
 
 def switch_precision(fabric: Fabric, plugin: Precision) -> None:
     """Make ``plugin`` the strategy's precision: set-up modules and optimizers consult it at every call."""
-    strategy: Any = fabric.strategy
-    strategy._precision = plugin
+    fabric.strategy.precision = plugin
 
 
 def restarted_interval(interval: IntervalFunction) -> IntervalFunction:

@@ -39,7 +39,6 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from fabric.trainer.core.engine import Engine
-from fabric.trainer.core.events import Event
 from fabric.trainer.core.state import State, require_fabric
 from fabric.trainer.data_spec import DataSpec
 from fabric.trainer.metrics import update_metric
@@ -111,7 +110,7 @@ class TrainStep:
         state = self.state
         started = time.perf_counter()
         state.batch = batch
-        self.engine.fire[Event.BATCH_START]()
+        self.engine.fire.batch_start()
         if self.closure_step:
             total_loss, full_batch, samples = self._step_with_closure(state.batch)
         else:
@@ -129,7 +128,7 @@ class TrainStep:
         state.timestamp = state.timestamp.to_next_batch(
             samples * world_size,
             self.data_spec.get_num_tokens_in_batch(full_batch, self.token_counter) * world_size,
-            timedelta(seconds=time.perf_counter() - started),
+            timedelta(0, time.perf_counter() - started),  # (days, seconds): positional is cheaper
         )
 
     def _gradients(self, batch: Any) -> tuple[torch.Tensor, Any, int]:
@@ -139,7 +138,7 @@ class TrainStep:
         """
         state, fire = self.state, self.engine.fire
         state.batch = batch
-        fire[Event.BEFORE_TRAIN_BATCH]()
+        fire.before_train_batch()
         full_batch = state.batch
         samples = self.data_spec.get_num_samples_in_batch(full_batch)
         size = state.device_train_microbatch_size
@@ -155,7 +154,7 @@ class TrainStep:
                 # The scaler tracks optimizers by identity and the step goes to the user's optimizer, not
                 # Fabric's wrapper: unscaling the wrapper would make the step unscale a second time.
                 self.fabric.strategy.precision.unscale_gradients(unwrap_optimizer(optimizer))
-        fire[Event.AFTER_TRAIN_BATCH]()
+        fire.after_train_batch()
         return total_loss, full_batch, samples
 
     def _step_with_closure(self, batch: Any) -> tuple[torch.Tensor, Any, int]:
@@ -197,13 +196,13 @@ class TrainStep:
         state, fire = self.state, self.engine.fire
         model: FabricModule = state.model  # type: ignore[assignment]  # set up by the Trainer before any batch
         state.batch = microbatch
-        fire[Event.BEFORE_FORWARD]()
+        fire.before_forward()
         state.outputs = model(state.batch)
-        fire[Event.AFTER_FORWARD]()
-        fire[Event.BEFORE_LOSS]()
+        fire.after_forward()
+        fire.before_loss()
         state.loss = model.loss(state.outputs, state.batch)
-        fire[Event.AFTER_LOSS]()
-        fire[Event.BEFORE_BACKWARD]()
+        fire.after_loss()
+        fire.before_backward()
         loss = state.loss
         losses = None if isinstance(loss, torch.Tensor) else _per_optimizer_losses(loss, len(state.optimizers))
         if losses is None:
@@ -211,7 +210,7 @@ class TrainStep:
             self.fabric.backward(total * weight if weight != 1.0 else total, model=model)
         else:
             total = self._backward_per_optimizer(losses, weight)
-        fire[Event.AFTER_BACKWARD]()
+        fire.after_backward()
         if state.train_metrics and self._update_metrics:
             samples = self.data_spec.get_num_samples_in_batch(state.batch)
             with torch.no_grad():

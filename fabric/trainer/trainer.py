@@ -649,7 +649,7 @@ class Trainer:
         while length is None or int(state.timestamp.batch_in_epoch) < length:
             if lr_schedule is not None:  # the learning rates batch k trains with, seen by all of its events
                 lr_schedule.apply(state)
-            fire[Event.BEFORE_DATALOADER]()
+            fire.before_dataloader()
             if self._epoch_start is None:
                 self._epoch_start = EpochStart.take(state.dataloader)
             try:
@@ -657,7 +657,7 @@ class Trainer:
             except StopIteration:
                 break
             state.batch = batch if prepare is None else prepare(batch, self.fabric.to_device)
-            fire[Event.AFTER_DATALOADER]()
+            fire.after_dataloader()
             train_step.run(state.batch)
             self._after_batch()
             if state.finished and (length is None or int(state.timestamp.batch_in_epoch) < length):
@@ -676,9 +676,9 @@ class Trainer:
             for scheduler in self._train_step.torch_schedulers:
                 scheduler.step()
         state.timestamp = state.timestamp.to_next_epoch()
-        fire[Event.EPOCH_END]()
+        self.engine.run_event(Event.EPOCH_END)
         self._evaluate_if_due(Event.EPOCH_END)
-        fire[Event.EPOCH_CHECKPOINT]()
+        self.engine.run_event(Event.EPOCH_CHECKPOINT)
         return True
 
     def _start_epoch(self, dataloader: Iterable[Any]) -> Iterator[Any]:
@@ -747,10 +747,10 @@ class Trainer:
             state.metrics.update(compute_metrics(state.train_metrics, "metrics/train"))
         if self.logger.destinations:
             self.logger.log_metrics({"loss/train/total": state.loss})
-        fire[Event.BATCH_END]()
+        fire.batch_end()
         if self.evaluators:
             self._evaluate_if_due(Event.BATCH_END)
-        fire[Event.BATCH_CHECKPOINT]()
+        fire.batch_checkpoint()
         if self._preemption is not None and self._preemption_requested():
             self._stop_for_preemption()
 

@@ -6,9 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from typing_extensions import override
 
 from fabric import Fabric
-from fabric.plugins.precision import HalfPrecision, MixedPrecision
+from fabric.plugins.precision import HalfPrecision, MixedPrecision, Precision
+from fabric.strategies import SingleDeviceStrategy
 
 ALL_PRECISIONS = ["32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
 
@@ -187,3 +189,43 @@ def test_clipping_non_finite_gradients_without_a_scaler_raises() -> None:
     fabric.backward(model(torch.full((2, 4), float("inf"))).sum())
     with pytest.raises(RuntimeError, match="non-finite"):
         fabric.clip_gradients(model, optimizer, max_norm=1.0)
+
+
+class _ScaledBackward(Precision):
+    """A plugin that changes only the backward (as a loss scaler does): the loss is doubled before it."""
+
+    @override
+    def pre_backward(self, tensor: torch.Tensor, module: nn.Module | None) -> torch.Tensor:
+        return tensor * 2
+
+
+class _CountedZeroGrad(SingleDeviceStrategy):
+    """A strategy that changes only how gradients are cleared: it counts the calls."""
+
+    cleared = 0
+
+    @override
+    def optimizer_zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        type(self).cleared += 1
+        super().optimizer_zero_grad(optimizer, set_to_none)
+
+
+def test_the_plain_hooks_are_skipped_only_where_a_subclass_did_not_change_them() -> None:
+    """Fabric skips the base class's no-op backward and step hooks on the per-step path; a subclass that overrides
+    one of them is called, on a different hook than the others it left alone."""
+    assert Precision.backward_is_plain and Precision.optimizer_step_is_plain
+    assert not _ScaledBackward.backward_is_plain and _ScaledBackward.optimizer_step_is_plain
+    assert not MixedPrecision.backward_is_plain and not MixedPrecision.optimizer_step_is_plain
+    assert SingleDeviceStrategy.optimizer_step_is_plain and SingleDeviceStrategy.optimizer_zero_grad_is_plain
+    assert _CountedZeroGrad.optimizer_step_is_plain and not _CountedZeroGrad.optimizer_zero_grad_is_plain
+
+    fabric = Fabric(accelerator="cpu", strategy=_CountedZeroGrad(precision=_ScaledBackward()))
+    module = nn.Linear(2, 1, bias=False)
+    nn.init.ones_(module.weight)
+    model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=1.0))
+    fabric.backward(model(torch.ones(1, 2)).sum())
+    assert torch.equal(module.weight.grad, torch.full((1, 2), 2.0))  # through the overridden pre_backward
+    optimizer.step()  # the plain step: the optimizer itself
+    assert torch.equal(module.weight.detach(), torch.full((1, 2), -1.0))
+    optimizer.zero_grad()
+    assert _CountedZeroGrad.cleared == 1 and module.weight.grad is None

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from fabric.utilities.inheritance import inherits_unchanged
+
 
 class Precision:
     """Decides the dtype of parameters, inputs, outputs and compute, and how gradients are scaled.
@@ -31,6 +33,17 @@ class Precision:
     #: When True, gradients carry the loss scale until ``unscale_gradients`` (a GradScaler), and the
     #: optimizer step goes through the scaler, which takes no closure.
     scales_gradients: ClassVar[bool] = False
+    #: Derived for each subclass, never set by hand: True when it overrides neither :meth:`pre_backward` nor
+    #: :meth:`backward`, so the strategy calls ``tensor.backward`` itself, two calls shorter on every step.
+    backward_is_plain: ClassVar[bool] = True
+    #: Derived likewise: True when it does not override :meth:`optimizer_step`, so Fabric's optimizer wrapper
+    #: steps the optimizer itself.
+    optimizer_step_is_plain: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.backward_is_plain = inherits_unchanged(cls, Precision, "pre_backward", "backward")
+        cls.optimizer_step_is_plain = inherits_unchanged(cls, Precision, "optimizer_step")
 
     def __init__(self, *, device_type: str = "cpu") -> None:
         self.device_type = device_type

@@ -111,7 +111,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             precision=self.precision.name,
             world_size=self.world_size,
         )
-        self._precision = DeepSpeedPrecision(self.precision.name, device_type=self.accelerator.device_type)
+        self.precision = DeepSpeedPrecision(self.precision.name, device_type=self.accelerator.device_type)
 
     @property
     def config(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ algorithms (they observe what algorithms did), and loggers run after callbacks.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 
@@ -20,6 +21,33 @@ from fabric.trainer.loggers.logger import Logger
 
 #: What an event nobody listens to runs: a builtin that returns ``()`` and runs no Python frame.
 _IDLE: Callable[[], object] = tuple
+
+Firing = Callable[[], object]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchEvents:
+    """``run_event`` bound to each per-batch event (field ``before_forward`` fires ``Event.BEFORE_FORWARD``), or a
+    C-level no-op for an event nothing listens to: the per-batch path calls ``engine.fire.before_forward()``.
+
+    Attributes rather than a dict keyed by ``Event``: on Python 3.11 reading ``Event.BEFORE_FORWARD`` runs the Enum
+    metaclass's ``__getattr__`` hook, and a plain run fires 13 events per batch. Each field is named after its
+    event's value, which the Engine checks when it builds one.
+    """
+
+    before_dataloader: Firing
+    after_dataloader: Firing
+    batch_start: Firing
+    before_train_batch: Firing
+    before_forward: Firing
+    after_forward: Firing
+    before_loss: Firing
+    after_loss: Firing
+    before_backward: Firing
+    after_backward: Firing
+    after_train_batch: Firing
+    batch_end: Firing
+    batch_checkpoint: Firing
 
 
 class Engine:
@@ -51,11 +79,14 @@ class Engine:
             handlers = tuple(observer[event] for observer in per_observer if event in observer)
             if ordered[event] or handlers:
                 self._work[event] = (ordered[event], handlers)
-        #: ``fire[event]()`` is ``run_event(event)`` for the per-batch path: for an event nothing listens to it is a
-        #: C-level no-op, which costs no Python call (a plain run fires 13 such events per batch).
-        self.fire: dict[Event, Callable[[], object]] = {
-            event: functools.partial(self.run_event, event) if event in self._work else _IDLE for event in Event
-        }
+        #: ``fire.before_forward()`` is ``run_event(Event.BEFORE_FORWARD)`` for the per-batch path, at no Python call
+        #: for an event nothing listens to.
+        self.fire = BatchEvents(
+            **{field.name: self._firing(Event(field.name)) for field in dataclasses.fields(BatchEvents)}
+        )
+
+    def _firing(self, event: Event) -> Firing:
+        return functools.partial(self.run_event, event) if event in self._work else _IDLE
 
     def run_event(self, event: Event) -> None:
         work = self._work.get(event)

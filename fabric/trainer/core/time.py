@@ -171,7 +171,7 @@ class Time(Generic[TValue]):
         return self._unit
 
     def __int__(self) -> int:
-        if self._unit is TimeUnit.DURATION:  # not ``is_integer``: a property call, and this runs per batch
+        if self._unit is _DURATION:  # not ``is_integer`` (a property call) nor ``TimeUnit.DURATION``: runs per batch
             raise TypeError(f"int() of {self} would drop the fraction; use float().")
         return int(self._value)
 
@@ -355,6 +355,9 @@ _ZERO = timedelta(0)
 _IN_EPOCH = "_in_epoch"
 #: Where every counter starts; a field's default also names its unit.
 _ZERO_COUNTS = {unit: Time(0, unit) for unit in TimeUnit if unit.is_integer}
+# For the per-batch clock: on Python 3.11 reading a member through its Enum class (``TimeUnit.BATCH``) runs the
+# metaclass's ``__getattr__`` hook, several times the cost of a module global.
+_BATCH, _SAMPLE, _TOKEN, _DURATION = TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN, TimeUnit.DURATION
 
 
 def _counter(name: str, value: int | Time[int], unit: TimeUnit) -> Time[int]:
@@ -461,7 +464,22 @@ class Timestamp:
             tokens = _count("to_next_batch tokens", tokens, TimeUnit.TOKEN)
         if type(duration) is not timedelta or duration < _ZERO:
             duration = _clock("to_next_batch duration", duration)
-        return self._next_batch(samples, tokens, duration)
+        token, token_in_epoch = self.token, self.token_in_epoch
+        if tokens:
+            token = _trusted_time(token._value + tokens, _TOKEN)
+            token_in_epoch = _trusted_time(token_in_epoch._value + tokens, _TOKEN)
+        return _trusted_timestamp(
+            self.epoch,
+            _trusted_time(self.batch._value + 1, _BATCH),
+            _trusted_time(self.sample._value + samples, _SAMPLE),
+            token,
+            _trusted_time(self.batch_in_epoch._value + 1, _BATCH),
+            _trusted_time(self.sample_in_epoch._value + samples, _SAMPLE),
+            token_in_epoch,
+            self.total_wct + duration,
+            self.epoch_wct + duration,
+            duration,
+        )
 
     def to_next_epoch(self, duration: timedelta = _ZERO) -> Timestamp:
         """The clock after the epoch ends: ``epoch + 1``, in-epoch counters and epoch/batch clocks reset.
@@ -486,22 +504,6 @@ class Timestamp:
         """A new Timestamp with the given fields replaced (validated like the constructor; None keeps a field)."""
         kept: dict[str, Any] = {name: value for name, value in changes.items() if value is not None}
         return dataclasses.replace(self, **kept)
-
-    def _next_batch(self, samples: int, tokens: int, duration: timedelta) -> Timestamp:
-        """:meth:`to_next_batch` on checked arguments (this runs once per batch)."""
-        token, token_in_epoch = self.token, self.token_in_epoch
-        return _trusted_timestamp(
-            self.epoch,
-            _trusted_time(self.batch._value + 1, TimeUnit.BATCH),
-            _trusted_time(self.sample._value + samples, TimeUnit.SAMPLE),
-            _trusted_time(token._value + tokens, TimeUnit.TOKEN) if tokens else token,
-            _trusted_time(self.batch_in_epoch._value + 1, TimeUnit.BATCH),
-            _trusted_time(self.sample_in_epoch._value + samples, TimeUnit.SAMPLE),
-            _trusted_time(token_in_epoch._value + tokens, TimeUnit.TOKEN) if tokens else token_in_epoch,
-            self.total_wct + duration,
-            self.epoch_wct + duration,
-            duration,
-        )
 
     # --- checkpointing ------------------------------------------------------------------------
 
