@@ -382,7 +382,10 @@ class Fabric:
     def backward(self, tensor: torch.Tensor, *args: Any, model: FabricModule | None = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: applies loss scaling and strategy-specific backward logic."""
         module = model._forward_call if isinstance(model, FabricModule) else model  # a plain attribute: per step
-        self._strategy.backward(tensor, module, *args, **kwargs)
+        if args or kwargs:
+            self._strategy.backward(tensor, module, *args, **kwargs)
+        else:  # the per-step call: forwarding empty ``*args, **kwargs`` costs about as much as the rest of this method
+            self._strategy.backward(tensor, module)
 
     def clip_gradients(
         self,
