@@ -51,6 +51,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.state import State
+from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.model import TrainerModel
 
 IMAGE_SIZE = 16
@@ -150,13 +151,13 @@ class Curve(Callback):
         self._train_seconds = 0.0
         self._resumed = 0.0
 
-    def fit_start(self, state: State, logger: Any) -> None:
+    def fit_start(self, state: State, logger: Logger) -> None:
         self._resumed = time.perf_counter()
 
-    def eval_before_all(self, state: State, logger: Any) -> None:
+    def eval_before_all(self, state: State, logger: Logger) -> None:
         self._train_seconds += time.perf_counter() - self._resumed
 
-    def eval_after_all(self, state: State, logger: Any) -> None:
+    def eval_after_all(self, state: State, logger: Logger) -> None:
         accuracy = float(state.metrics["metrics/eval/accuracy"])
         self.points.append((int(state.timestamp.epoch), self._train_seconds, accuracy))
         self._resumed = time.perf_counter()

@@ -22,6 +22,7 @@ from fabric.strategies.registry import strategy_choices
 from fabric.trainer.migration import translate_fabric_choices
 from fabric.trainer.trainer import Trainer
 from fabric.utilities.cli_contract import CLI_SETTINGS, FABRIC_CHOICES
+from fabric.utilities.device_parser import ACCEPTED_DEVICES, parse_devices
 from fabric_cli.cli import run_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,3 +112,30 @@ def test_the_docstrings_name_every_choice_and_their_values() -> None:
     for spelling in re.findall(r'``"([^"]+)"``', composer_spellings[1]):
         translated: dict[str, Any] = translate_fabric_choices({"precision": spelling}, None, None)
         assert parse_precision(translated["precision"]) in PRECISION_REGISTRY.names(), spelling
+
+
+def _devices_descriptions() -> dict[str, str]:
+    """Every place that tells users which ``devices`` values are accepted, by where it is."""
+    fabric_doc = inspect.getdoc(Fabric) or ""
+    docstring_line = next(line for line in fabric_doc.splitlines() if line.strip().startswith("devices:"))
+    cli_option = next(param for param in run_model.params if param.name == "devices")
+    page = (ROOT / "docs" / "choices.md").read_text()
+    page_row = next(line for line in page.splitlines() if line.startswith("| `devices` |"))
+    return {
+        "the parser's error message": ACCEPTED_DEVICES,
+        "Fabric's docstring": docstring_line,
+        "fabric run's --devices help": getattr(cli_option, "help", None) or "",
+        "docs/choices.md": page_row,
+    }
+
+
+def test_every_description_of_devices_names_the_forms_the_parser_accepts() -> None:
+    """The accepted ``devices`` forms are written in four places: each names all, and each example parses."""
+    for where, text in _devices_descriptions().items():
+        for form in ("-1", "0,1", "auto"):
+            assert form in text, f"{where} does not mention devices={form!r}: {text}"
+    for example in ("2", "0,1", "auto", [0, 1], -1, 3):
+        parse_devices(example)  # raises on a form the descriptions promise but the parser refuses
+    with pytest.raises(ValueError) as refused:
+        parse_devices("cuda:0")
+    assert ACCEPTED_DEVICES in str(refused.value)
