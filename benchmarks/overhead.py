@@ -55,7 +55,7 @@ spin-waiting, so it is only indicative there.)
 Every workload uses many short rounds rather than a few long ones: on a shared machine load comes in
 bursts (another job taking both cores for a while), and with short rounds a burst spoils a few rounds,
 which the median discards, instead of a large share of the total time. For ``tiny`` (a ratio near 1.02
-is the question) 28 rounds of 750 steps gave medians that agreed within about 0.5% from run to run on a
+is the question) 28 rounds of 750 steps gave ratios within about 1.3% of each other over seven runs on a
 2-core VM, where 7 rounds of 3000 steps (the same steps in all) scattered over about 3%.
 
 How to read it

@@ -9,9 +9,9 @@ At the end the three models' parameters must be identical: the loops did the sam
 The table gives the median microseconds per step over the rounds and the ratio to the plain loop,
 plus the median of the per-round ratios (rounds are adjacent in time, so that ratio is the robust
 one on a busy machine). Many short rounds (28 of 500 steps) rather than a few long ones: a burst of
-load then spoils a few rounds, which the medians discard. On a 2-core VM the ratios agreed within
-about 0.5% from run to run, where 7 rounds of 2000 steps (the same steps in all) scattered over
-about 3%. Targets (issue 29): Fabric at most 1.02x and the Trainer at most 1.10x the plain loop; the
+load then spoils a few rounds, which the medians discard. On a 2-core VM the Trainer's ratio stayed
+within about 1.5% over seven runs, where 7 rounds of 2000 steps (the same steps in all) scattered
+over about 4%. Targets (issue 29): Fabric at most 1.02x and the Trainer at most 1.10x the plain loop; the
 last lines say whether each was met.
 
 Usage::
