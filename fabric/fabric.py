@@ -381,11 +381,15 @@ class Fabric:
 
     def backward(self, tensor: torch.Tensor, *args: Any, model: FabricModule | None = None, **kwargs: Any) -> None:
         """Replace ``loss.backward()``: applies loss scaling and strategy-specific backward logic."""
+        strategy = self._strategy
         module = model._forward_call if isinstance(model, FabricModule) else model  # a plain attribute: per step
         if args or kwargs:
-            self._strategy.backward(tensor, module, *args, **kwargs)
-        else:  # the per-step call: forwarding empty ``*args, **kwargs`` costs about as much as the rest of this method
-            self._strategy.backward(tensor, module)
+            strategy.backward(tensor, module, *args, **kwargs)
+        elif strategy.backward_is_plain and strategy.precision.backward_is_plain:
+            # Neither changes the backward (decided per call: the Trainer may swap the precision): two calls shorter.
+            tensor.backward()  # type: ignore[no-untyped-call]
+        else:  # forwarding empty ``*args, **kwargs`` would cost about as much as the rest of this method
+            strategy.backward(tensor, module)
 
     def clip_gradients(
         self,

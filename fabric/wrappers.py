@@ -22,6 +22,7 @@ from typing import Any, ClassVar, NoReturn, TypeVar
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
+from torch.nn.modules import module as torch_module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -32,6 +33,17 @@ from fabric.utilities.module_calls import forward_redirected, parameter_calls_re
 from fabric.utilities.wrapped import SetUpByFabric
 
 OptimizerT = TypeVar("OptimizerT", bound=Optimizer)
+
+#: The process-wide hooks (``torch.nn.modules.module.register_module_forward_hook`` and its siblings) that take
+#: ``nn.Module.__call__`` off its fast path: torch's own dicts, which it fills in place, never rebinds, and checks
+#: (as ``torch.compile`` does) before every call.
+_GLOBAL_CALL_HOOKS = (
+    torch_module._global_forward_pre_hooks,
+    torch_module._global_forward_hooks,
+    torch_module._global_backward_pre_hooks,
+    torch_module._global_backward_hooks,
+)
+_tracing_state = torch._C._get_tracing_state
 
 
 class FabricModule(SetUpByFabric, nn.Module):
@@ -69,11 +81,26 @@ class FabricModule(SetUpByFabric, nn.Module):
             return tensor.device
         return self._strategy.root_device
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``nn.Module.__call__`` with its fast path taken here: with no hook on this wrapper nor process-wide, not
+        compiled (``model.compile()``) and not being traced (``torch.jit.trace``), run :meth:`forward`'s work directly.
+
+        Two Python frames shorter on every step (about half of what the wrapper costs a tiny model); anything else
+        goes through ``nn.Module.__call__`` as before.
+        """
+        if (
+            self._compiled_call_impl is None
+            and not (self._forward_pre_hooks or self._forward_hooks or self._backward_pre_hooks or self._backward_hooks)
+            and not any(_GLOBAL_CALL_HOOKS)
+            and not _tracing_state()
+        ):
+            if self._strategy.precision.forward_is_identity:
+                return self._forward_call(*args, **kwargs)
+            return self._run(self._forward_call, args, kwargs)
+        return super().__call__(*args, **kwargs)
+
     @override
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        precision = self._strategy.precision
-        if precision.forward_is_identity:
-            return self._forward_call(*args, **kwargs)
         return self._run(self._forward_call, args, kwargs)
 
     def _run(self, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

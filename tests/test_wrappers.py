@@ -51,6 +51,80 @@ def test_module_attributes_fall_through_both_ways() -> None:
     assert not wrapped.training and not model.training
 
 
+def test_hooks_on_the_wrapper_run_and_change_what_the_call_returns() -> None:
+    """The wrapper's own call path skips ``nn.Module.__call__`` only while no hook could see the difference."""
+    wrapped = Fabric(accelerator="cpu").setup(Generator())
+    x = torch.randn(2, 4)
+    plain = wrapped(x)
+    seen: list[str] = []
+    handles = [
+        wrapped.register_forward_pre_hook(lambda module, args: seen.append("pre") or (args[0] * 0,)),
+        wrapped.register_forward_hook(lambda module, args, output: seen.append("post") or output + 1),
+        wrapped.register_full_backward_hook(lambda module, grad_in, grad_out: seen.append("backward")),
+    ]
+    hooked = wrapped(x.requires_grad_())
+    hooked.sum().backward()
+    assert seen == ["pre", "post", "backward"]
+    assert torch.equal(hooked, wrapped.module.layer.bias.expand(2, 4) + 1)  # the pre-hook zeroed the input
+    for handle in handles:
+        handle.remove()
+    assert torch.equal(wrapped(x), plain) and seen == ["pre", "post", "backward"]
+
+
+@pytest.mark.parametrize(
+    "register",
+    [
+        torch.nn.modules.module.register_module_forward_pre_hook,
+        torch.nn.modules.module.register_module_forward_hook,
+        torch.nn.modules.module.register_module_full_backward_pre_hook,
+        torch.nn.modules.module.register_module_full_backward_hook,
+    ],
+)
+def test_process_wide_module_hooks_see_the_wrapper_as_nn_module_call_would(register: Any) -> None:
+    """Profilers and FLOP counters register hooks for every module: the wrapper is one of them, as before."""
+    wrapped = Fabric(accelerator="cpu").setup(Generator())
+    called: list[type[nn.Module]] = []
+    handle = register(lambda module, *rest: called.append(type(module)))
+    try:
+        wrapped(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    finally:
+        handle.remove()
+    assert called.count(FabricModule) == 1 and called.count(Generator) == 1 and called.count(nn.Linear) == 1
+
+
+def test_a_compiled_wrapper_runs_its_compiled_call() -> None:
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    wrapped = Fabric(accelerator="cpu").setup(Generator())
+    wrapped.compile(backend=backend)
+    x = torch.randn(2, 4)
+    assert torch.equal(wrapped(x), wrapped.module(x))
+    assert len(graphs) == 1
+
+
+class Outer(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace")
+def test_a_traced_wrapper_is_a_scope_of_the_trace_like_any_module() -> None:
+    wrapped = Fabric(accelerator="cpu").setup(Generator())
+    x = torch.randn(2, 4)
+    traced = torch.jit.trace(Outer(wrapped), x)
+    scopes = [node.scopeName() for node in traced.inlined_graph.nodes() if node.kind() == "aten::linear"]
+    assert scopes == ["__module.inner/__module.inner._forward_module/__module.inner._forward_module.layer"]
+    assert torch.allclose(traced(x), wrapped(x))
+
+
 def test_marked_forward_method_runs_under_the_precision() -> None:
     fabric = Fabric(accelerator="cpu", precision="bf16-mixed")
     wrapped = fabric.setup(Generator())

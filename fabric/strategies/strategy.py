@@ -51,14 +51,17 @@ class Strategy:
     """Single-process behaviour; see :class:`~fabric.strategies.SingleDeviceStrategy`."""
 
     #: Derived for each subclass, never set by hand: True when it does not override :meth:`optimizer_step`
-    #: (resp. :meth:`optimizer_zero_grad`), so Fabric's optimizer wrapper calls the optimizer itself, a call shorter.
+    #: (resp. :meth:`optimizer_zero_grad`, :meth:`backward`), so Fabric's optimizer wrapper calls the optimizer
+    #: itself (resp. ``fabric.backward`` calls ``tensor.backward`` itself, with a plain precision), a call shorter.
     optimizer_step_is_plain: ClassVar[bool] = True
     optimizer_zero_grad_is_plain: ClassVar[bool] = True
+    backward_is_plain: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.optimizer_step_is_plain = inherits_unchanged(cls, Strategy, "optimizer_step")
         cls.optimizer_zero_grad_is_plain = inherits_unchanged(cls, Strategy, "optimizer_zero_grad")
+        cls.backward_is_plain = inherits_unchanged(cls, Strategy, "backward")
 
     def __init__(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -208,6 +210,41 @@ class _CountedZeroGrad(SingleDeviceStrategy):
     def optimizer_zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
         type(self).cleared += 1
         super().optimizer_zero_grad(optimizer, set_to_none)
+
+
+class _CountedBackward(SingleDeviceStrategy):
+    """A strategy that changes only the backward: it counts the calls."""
+
+    backwards = 0
+
+    @override
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        type(self).backwards += 1
+        super().backward(tensor, module, *args, **kwargs)
+
+
+class _GuardedBackward(Precision):
+    """A plugin that only asks for ``fabric.backward`` (and runs the forward through the wrapper, which guards
+    its outputs): the strategy must then mark the backward as Fabric's."""
+
+    forward_is_identity = False
+    requires_fabric_backward = True
+
+
+def test_fabric_backward_goes_through_a_strategy_or_precision_that_changed_it() -> None:
+    assert SingleDeviceStrategy.backward_is_plain and not _CountedBackward.backward_is_plain
+    assert not _GuardedBackward.backward_is_plain
+    fabric = Fabric(accelerator="cpu", strategy=_CountedBackward())
+    model = fabric.setup(nn.Linear(2, 1))
+    fabric.backward(model(torch.ones(1, 2)).sum())
+    assert _CountedBackward.backwards == 1
+    guarded = Fabric(accelerator="cpu", strategy=SingleDeviceStrategy(precision=_GuardedBackward()))
+    model = guarded.setup(nn.Linear(2, 1))
+    loss = model(torch.ones(1, 2)).sum()
+    with pytest.raises(RuntimeError, match=r"Call `fabric\.backward"):
+        loss.backward(retain_graph=True)
+    guarded.backward(loss)  # the guard lets Fabric's own backward through
+    assert model.module.weight.grad is not None
 
 
 def test_the_plain_hooks_are_skipped_only_where_a_subclass_did_not_change_them() -> None:

@@ -33,8 +33,9 @@ class Precision:
     #: When True, gradients carry the loss scale until ``unscale_gradients`` (a GradScaler), and the
     #: optimizer step goes through the scaler, which takes no closure.
     scales_gradients: ClassVar[bool] = False
-    #: Derived for each subclass, never set by hand: True when it overrides neither :meth:`pre_backward` nor
-    #: :meth:`backward`, so the strategy calls ``tensor.backward`` itself, two calls shorter on every step.
+    #: Derived for each subclass, never set by hand: True when it overrides none of :meth:`pre_backward`,
+    #: :meth:`backward` and :attr:`requires_fabric_backward`, so ``tensor.backward`` is called directly, two calls
+    #: shorter on every step.
     backward_is_plain: ClassVar[bool] = True
     #: Derived likewise: True when it does not override :meth:`optimizer_step`, so Fabric's optimizer wrapper
     #: steps the optimizer itself.
@@ -42,7 +43,9 @@ class Precision:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.backward_is_plain = inherits_unchanged(cls, Precision, "pre_backward", "backward")
+        cls.backward_is_plain = inherits_unchanged(
+            cls, Precision, "pre_backward", "backward", "requires_fabric_backward"
+        )
         cls.optimizer_step_is_plain = inherits_unchanged(cls, Precision, "optimizer_step")
 
     def __init__(self, *, device_type: str = "cpu") -> None:
