@@ -165,7 +165,8 @@ class FabricModule(SetUpByFabric, nn.Module):
         # Our own submodules (``_forward_module``, ``_original_module``; the wrapper has no parameters or buffers).
         # Looked up without ``nn.Module.__getattr__``, whose AttributeError for every user attribute (``model.loss``
         # each step) costs more than the rest of the lookup.
-        own = self.__dict__.get("_modules")
+        attributes = self.__dict__  # read once: every attribute read on a module takes the slow generic path
+        own = attributes.get("_modules")
         if own is None:  # during ``nn.Module.__init__``
             return super().__getattr__(name)
         if name in own:
@@ -174,9 +175,9 @@ class FabricModule(SetUpByFabric, nn.Module):
         if original is None:
             raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (it is not set up yet)")
         attribute = getattr(original, name)
-        if name in self.__dict__.get("_forward_methods", ()):
+        if name in attributes.get("_forward_methods", ()):
             return functools.wraps(attribute)(lambda *args, **kwargs: self._call_marked(name, args, kwargs))
-        if self.__dict__.get("_refuse_unmarked") and inspect.ismethod(attribute):
+        if attributes.get("_refuse_unmarked") and inspect.ismethod(attribute):
             return self._guarded(attribute)
         return attribute
 

@@ -64,10 +64,10 @@ def _slice(value: Any, start: int, stop: int) -> Any:
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
     """The first tensor in ``value``, depth first; a plain recursion, not a generator (it runs every batch)."""
-    if isinstance(value, torch.Tensor):
-        return value
-    if type(value) is tuple or type(value) is list:  # the common batch, ahead of the slower ABC check
+    if type(value) is tuple or type(value) is list:  # the common batch, ahead of the slower isinstance checks
         items: Iterable[Any] = value
+    elif isinstance(value, torch.Tensor):
+        return value
     elif isinstance(value, Mapping):
         items = value.values()
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
