@@ -11,8 +11,8 @@ plus the median of the per-round ratios (rounds are adjacent in time, so that ra
 one on a busy machine). Many short rounds (28 of 500 steps) rather than a few long ones: a burst of
 load then spoils a few rounds, which the medians discard. On a 2-core VM the Trainer's ratio stayed
 within about 1.5% over seven runs, where 7 rounds of 2000 steps (the same steps in all) scattered
-over about 4%. Part of that spread is not noise but different work: Python randomises string hashes per
-process, which changes how long attribute lookups probe, and a step's instruction count (``valgrind
+over about 4%. Part of that spread is not noise but different work: string hashes and addresses differ per
+process, which changes how long dictionary lookups probe, and a step's instruction count (``valgrind
 --tool=callgrind``) moved by up to about 1% between two processes running the same code.
 Targets (issue 29): Fabric at most 1.02x and the Trainer at most 1.10x the plain loop; the last lines say
 whether each was met.
