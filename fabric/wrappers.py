@@ -81,12 +81,13 @@ class FabricModule(SetUpByFabric, nn.Module):
             return tensor.device
         return self._strategy.root_device
 
+    @override
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``nn.Module.__call__`` with its fast path taken here: with no hook on this wrapper nor process-wide, not
         compiled (``model.compile()``) and not being traced (``torch.jit.trace``), run :meth:`forward`'s work directly.
 
-        Two Python frames shorter on every step (about half of what the wrapper costs a tiny model); anything else
-        goes through ``nn.Module.__call__`` as before.
+        Two Python frames shorter on every step, about a quarter of the instructions the wrapper adds to a tiny
+        model's step; anything else goes through ``nn.Module.__call__`` as before.
         """
         if (
             self._compiled_call_impl is None
