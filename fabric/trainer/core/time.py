@@ -468,13 +468,24 @@ class Timestamp:
         if tokens:
             token = _trusted_time(token._value + tokens, _TOKEN)
             token_in_epoch = _trusted_time(token_in_epoch._value + tokens, _TOKEN)
+        # The counters every batch moves, built here rather than by a call each to _trusted_time (per batch).
+        new, set_value, set_unit = object.__new__, _set_time_value, _set_time_unit
+        batch, sample, batch_in_epoch, sample_in_epoch = new(Time), new(Time), new(Time), new(Time)
+        set_value(batch, self.batch._value + 1)
+        set_value(sample, self.sample._value + samples)
+        set_value(batch_in_epoch, self.batch_in_epoch._value + 1)
+        set_value(sample_in_epoch, self.sample_in_epoch._value + samples)
+        set_unit(batch, _BATCH)
+        set_unit(sample, _SAMPLE)
+        set_unit(batch_in_epoch, _BATCH)
+        set_unit(sample_in_epoch, _SAMPLE)
         return _trusted_timestamp(
             self.epoch,
-            _trusted_time(self.batch._value + 1, _BATCH),
-            _trusted_time(self.sample._value + samples, _SAMPLE),
+            batch,
+            sample,
             token,
-            _trusted_time(self.batch_in_epoch._value + 1, _BATCH),
-            _trusted_time(self.sample_in_epoch._value + samples, _SAMPLE),
+            batch_in_epoch,
+            sample_in_epoch,
             token_in_epoch,
             self.total_wct + duration,
             self.epoch_wct + duration,
