@@ -197,7 +197,8 @@ class Fabric:
     def _setup_environment(self) -> None:
         self._strategy.setup_environment()
         set_global_rank(self._strategy.global_rank)
-        if self._strategy.world_size > 1:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # At any world size: DeepSpeed, and DDP or FSDP on one device, hold a process group too.
             register_cleanup(self._end_distributed_job)
 
     def _end_distributed_job(self) -> None:

@@ -232,3 +232,31 @@ print("done")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "done\n"
     assert result.stderr == ""  # was: FutureWarning: torch.distributed.reduce_op is deprecated
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_process_group_of_one_rank_is_released_before_the_interpreter_shuts_down(
+    strategy: str, tmp_path: Path
+) -> None:
+    """One rank holds a process group too (so does DeepSpeed on one device): released at exit like a job's, the
+    gloo abort at interpreter shutdown (workaround ``gloo-shutdown-abort``) cannot turn a finished run's exit 0
+    into SIGABRT."""
+    import subprocess
+    import sys
+
+    code = f"""
+import atexit
+import torch
+import torch.distributed as dist
+from fabric import Fabric
+atexit.register(lambda: print("group at exit:", dist.is_initialized()))  # runs after Fabric's cleanup (LIFO)
+fabric = Fabric(accelerator="cpu", devices=1, strategy={strategy!r})
+fabric.launch()
+model = fabric.setup(torch.nn.Linear(2, 2))
+print("group while training:", dist.is_initialized(), "world size", fabric.world_size)
+"""
+    script = tmp_path / "one_rank.py"  # a file: the launcher re-runs scripts, not `python -c`
+    script.write_text(code)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["group while training: True world size 1", "group at exit: False"]
