@@ -319,6 +319,23 @@ class FabricDataLoader(SetUpByFabric):
         for batch in batches:
             yield move_data_to_device(batch, device)
 
+    def __reduce__(self) -> tuple[Callable[..., DataLoader[Any]], tuple[Any, ...]]:
+        """Pickle as the user's loader (its class and attributes) and the device: the class that
+        :func:`wrap_dataloader` built exists only in this process, so unpickling builds it anew. This is what
+        ``fabric.save(path, {"train_dataloader": loader})`` writes for a loader without ``state_dict()``, as
+        Lightning does (a loader with one contributes its state instead)."""
+        user_class = type(self).__bases__[1]
+        return _rebuild_dataloader, (user_class, dict(self.__dict__), self._fabric_device)
+
+
+def _rebuild_dataloader(
+    loader_class: type[DataLoader[Any]], attributes: dict[str, Any], device: torch.device | None
+) -> DataLoader[Any]:
+    """The set-up loader a pickled :class:`FabricDataLoader` describes (see its ``__reduce__``)."""
+    loader: DataLoader[Any] = object.__new__(loader_class)
+    object.__setattr__(loader, "__dict__", attributes)
+    return wrap_dataloader(loader, device, share_state=True)
+
 
 def wrap_dataloader(
     dataloader: DataLoader[Any], device: torch.device | None, share_state: bool = False

@@ -106,6 +106,24 @@ def test_state_dict_loading_into_the_set_up_module_lifts_the_guard() -> None:
     assert torch.equal(model(TOKENS), source(TOKENS))
 
 
+@pytest.mark.parametrize("how", ["fabric.load_raw", "load_state_dict"])
+def test_a_module_built_under_inference_mode_is_guarded_until_loaded(checkpoint: tuple[Path, Net], how: str) -> None:
+    """litgpt's ``generate`` runs its whole ``main`` under ``torch.inference_mode()``: inference tensors have no
+    version counter, so they count as uninitialised until a load into the module."""
+    path, source = checkpoint
+    fabric = Fabric(accelerator="cpu", devices=1)
+    with torch.inference_mode():
+        model = fabric.setup(_empty(fabric))
+        with pytest.raises(RuntimeError, match=r"Net was built with fabric\.init_module"):
+            model(TOKENS)
+        if how == "fabric.load_raw":
+            torch.save(source.state_dict(), path.with_name("raw.pt"))
+            fabric.load_raw(path.with_name("raw.pt"), model)
+        else:
+            model.load_state_dict(source.state_dict())
+        assert torch.equal(model(TOKENS), source(TOKENS))
+
+
 def test_only_tensors_whose_initialisation_was_skipped_are_guarded() -> None:
     fabric = Fabric(accelerator="cpu", devices=1)
     with fabric.init_module(empty_init=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from typing_extensions import override
 from fabric import Fabric
 from fabric.plugins.precision.precision import Precision
 from fabric.trainer.stages import switch_precision
+from fabric.utilities.exceptions import CheckpointError
 from fabric.wrappers import FabricDataLoader, FabricModule, wrap_dataloader
 
 
@@ -270,6 +272,46 @@ def test_wrapped_dataloader_is_still_the_users_class_and_leaves_the_original_alo
     assert loader.note == "mine" and loader.batch_size == 4 and len(loader) == 3
     assert [batch[0].tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert not isinstance(original, FabricDataLoader)
+
+
+def test_fabric_save_of_a_set_up_loader_pickles_it_and_load_gives_back_a_set_up_loader(tmp_path: Path) -> None:
+    """litgpt saves ``{"model", "optimizer", "train_dataloader", "iter_num", ...}``; a loader without
+    ``state_dict()`` is pickled, as Lightning does, and comes back set up, where it was in its epochs."""
+    fabric = Fabric(accelerator="cpu")
+    loader = fabric.setup_dataloaders(MyLoader(TensorDataset(torch.arange(10.0)), note="mine"))
+    list(loader)
+    fabric.save(tmp_path / "state.ckpt", {"train_dataloader": loader, "iter_num": 3})
+    state: dict[str, Any] = {"train_dataloader": None, "iter_num": 0}
+    assert fabric.load(tmp_path / "state.ckpt", state, weights_only=False) == {}
+    restored = state["train_dataloader"]
+    assert isinstance(restored, FabricDataLoader) and isinstance(restored, MyLoader) and restored.note == "mine"
+    assert restored._fabric_epoch == 1 and state["iter_num"] == 3
+    assert [batch[0].tolist() for batch in restored] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    with pytest.raises(CheckpointError, match="weights_only=False"):  # a pickled object needs a trusted load
+        fabric.load(tmp_path / "state.ckpt", {"train_dataloader": None})
+
+
+class ResumableLoader(DataLoader):  # type: ignore[type-arg]
+    """A loader that knows where it is (as litdata's and torchdata's stateful loaders do)."""
+
+    position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+def test_fabric_save_of_a_set_up_loader_with_state_dict_saves_its_state(tmp_path: Path) -> None:
+    fabric = Fabric(accelerator="cpu")
+    loader = fabric.setup_dataloaders(ResumableLoader(list(range(4))))
+    loader.position = 5
+    fabric.save(tmp_path / "state.ckpt", {"loader": loader})
+    assert torch.load(tmp_path / "state.ckpt")["loader"] == {"position": 5}  # safe to load: no pickled object
+    fresh = fabric.setup_dataloaders(ResumableLoader(list(range(4))))
+    fabric.load(tmp_path / "state.ckpt", {"loader": fresh})
+    assert fresh.position == 5
 
 
 def test_setup_dataloaders_returns_one_per_input_and_rejects_other_iterables() -> None:

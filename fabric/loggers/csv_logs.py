@@ -6,6 +6,7 @@ import argparse
 import csv
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +59,7 @@ class CSVLogger(Logger):
         self._columns = [self.STEP_COLUMN]  # every column seen so far, in order of appearance
         self._file_columns: list[str] | None = None  # header of the file on disk; None until first read
         self._rows_logged = 0
+        self._warned_step_conflict = False
         self._storage: tuple[AbstractFileSystem, str] | None = None  # filesystem and path of the log dir
 
     @property
@@ -86,13 +88,24 @@ class CSVLogger(Logger):
     @rank_zero_only
     @override
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
-        """Buffer one row; ``step`` defaults to the number of rows logged before this one."""
+        """Buffer one row; ``step`` defaults to a metric named ``step``, else the number of rows logged before.
+
+        A metric named ``step`` goes to the step column, as in Lightning's CSV logger (litgpt logs one);
+        when ``step=`` is given too and differs, the column holds ``step=`` and a warning says so, once.
+        """
         row = prepare_metrics(metrics, self._prefix)
-        if self.STEP_COLUMN in row:
-            raise ValueError(f"{self.STEP_COLUMN!r} is reserved for the step column; rename that metric.")
+        logged_step = row.pop(self.STEP_COLUMN, None)
+        row_step: float = step if step is not None else self._rows_logged if logged_step is None else logged_step
+        if step is not None and logged_step is not None and logged_step != step and not self._warned_step_conflict:
+            self._warned_step_conflict = True
+            warnings.warn(
+                f"CSVLogger: the metric {self.STEP_COLUMN!r} ({logged_step}) differs from step={step}; the "
+                f"{self.STEP_COLUMN!r} column of {self.METRICS_FILE_NAME} holds step=, not that metric.",
+                stacklevel=2,
+            )
         self._make_log_dir()  # claims the version directory on first use, so another logger picks the next number
         self._columns.extend(key for key in row if key not in self._columns)
-        self._rows.append({self.STEP_COLUMN: self._rows_logged if step is None else step, **row})
+        self._rows.append({self.STEP_COLUMN: row_step, **row})
         self._rows_logged += 1
         if len(self._rows) >= self._flush_every:
             self.save()

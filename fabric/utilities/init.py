@@ -55,14 +55,25 @@ class SkipParameterInit(TorchFunctionMode):
         for reference in self._skipped:
             tensor = reference()
             if tensor is not None:
-                setattr(tensor, _SKIPPED_AT_VERSION, tensor._version)
+                setattr(tensor, _SKIPPED_AT_VERSION, _version(tensor))
         self._skipped.clear()
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter; ``None`` for an inference tensor (made under ``torch.inference_mode()``,
+    as litgpt's ``generate`` builds its model), which has none: such a tensor counts as uninitialised until a
+    load into its module lifts the guard, since no write to it can be seen."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def uninitialised_tensors(module: nn.Module) -> list[str]:
     """Names of ``module``'s tensors that :class:`SkipParameterInit` left uninitialised and nothing filled since."""
     tensors = [*module.named_parameters(), *module.named_buffers()]
-    return [name for name, tensor in tensors if getattr(tensor, _SKIPPED_AT_VERSION, None) == tensor._version]
+    return [
+        name
+        for name, tensor in tensors
+        if hasattr(tensor, _SKIPPED_AT_VERSION) and getattr(tensor, _SKIPPED_AT_VERSION) == _version(tensor)
+    ]
 
 
 def refuse_forward_until_loaded(module: nn.Module, names: list[str], reason: str) -> RemovableHandle:

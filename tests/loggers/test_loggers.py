@@ -125,9 +125,19 @@ def test_csv_logger_rejects_non_scalar_tensor(tmp_path: Path) -> None:
     assert not (Path(logger.log_dir) / "metrics.csv").exists()  # the rejected row was not half-logged
 
 
-def test_csv_logger_rejects_a_metric_named_step(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="'step' is reserved"):
-        CSVLogger(tmp_path).log_metrics({"step": 3.0})
+def test_csv_logger_takes_a_metric_named_step_as_lightnings_does(tmp_path: Path) -> None:
+    """litgpt logs ``{"loss", "iter", "step", ...}`` with ``fabric.log_dict(metrics, step=iter_num)``."""
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"loss": 2.0, "step": 7.0})  # no step=: the metric is the row's step
+    logger.log_metrics({"loss": 1.5, "step": 8.0}, step=8)  # the same value: nothing to say
+    with pytest.warns(UserWarning, match=r"the metric 'step' \(2\.0\) differs from step=16; the 'step' column"):
+        logger.log_metrics({"loss": 1.0, "step": 2.0}, step=16)
+    logger.log_metrics({"loss": 0.5, "step": 3.0}, step=32)  # warned once
+    logger.save()
+    with open(Path(logger.log_dir) / "metrics.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert list(rows[0]) == ["step", "loss"]
+    assert [(float(row["step"]), float(row["loss"])) for row in rows] == [(7, 2.0), (8, 1.5), (16, 1.0), (32, 0.5)]
 
 
 def test_csv_logger_prefix(tmp_path: Path) -> None:
