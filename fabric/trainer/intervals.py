@@ -34,18 +34,39 @@ def create_interval(
     """Turn what a user wrote into a function of ``(state, event)``; bad input fails here, at construction."""
     if callable(interval) and not isinstance(interval, Time):
         return interval
-    try:
-        time = Time.from_input(interval, TimeUnit.EPOCH)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"{name}={interval!r} is not an interval: use a time string ('1ep', '500ba', '0.25dur'), an int (epochs) "
-            f"or a callable (state, event) -> bool. ({error})"
-        ) from None
+    time = _parsed(interval, name)
     if time.value <= 0:
         raise ValueError(f"{name}={interval!r} must be positive.")
     if time.unit is TimeUnit.DURATION:
         return _DurationInterval(float(time.value), include_end_of_training, name)
     return _CountInterval(time.unit, int(time.value), include_end_of_training)
+
+
+def create_eval_interval(interval: IntervalInput, *, name: str = "eval_interval") -> IntervalFunction:
+    """An evaluation interval: as :func:`create_interval`, except that a count of 0 or less (``0``, ``-1``,
+    ``"0ep"``; not a ``dur`` fraction) means never during training, as in Composer, whose tutorials pass
+    ``eval_interval=0`` and call ``Trainer.eval()`` themselves."""
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval <= 0:
+        return _never
+    if not callable(interval) or isinstance(interval, Time):
+        time = _parsed(interval, name)
+        if time.unit is not TimeUnit.DURATION and time.value <= 0:
+            return _never
+    return create_interval(interval, name=name)
+
+
+def _parsed(interval: str | int | Time[Any], name: str) -> Time[Any]:
+    try:
+        return Time.from_input(interval, TimeUnit.EPOCH)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{name}={interval!r} is not an interval: use a time string ('1ep', '500ba', '0.25dur'), an int (epochs) "
+            f"or a callable (state, event) -> bool. ({error})"
+        ) from None
+
+
+def _never(state: State, event: Event) -> bool:
+    return False
 
 
 def check_interval(interval: IntervalFunction, state: State) -> None:

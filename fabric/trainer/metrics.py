@@ -81,10 +81,14 @@ def update_metric(model: Any, batch: Any, outputs: Any, metric: Any, samples: in
 
 
 def compute_metrics(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
-    """Every metric's value as a float, keyed ``f"{prefix}/{name}"``; the metrics are reset afterwards."""
+    """Every metric's value as a float, keyed ``f"{prefix}/{name}"``.
+
+    The metrics keep their state until the next round resets them (an evaluation as it starts, the training
+    metrics as each batch starts), as in Composer: ``trainer.state.eval_metrics`` read after ``fit()`` give the
+    last evaluation's values, not an empty metric's NaN.
+    """
     values = {}
     for name, metric in metrics.items():
         value = metric.compute()
         values[f"{prefix}/{name}"] = float(value.item() if isinstance(value, torch.Tensor) else value)
-        metric.reset()
     return values

@@ -111,6 +111,8 @@ class TrainStep:
         started = time.perf_counter()
         state.batch = batch
         self.engine.fire.batch_start()
+        for metric in state.train_metrics.values():  # each batch's values are its own (compute_metrics keeps them)
+            metric.reset()
         if self.closure_step:
             total_loss, full_batch, samples = self._step_with_closure(state.batch)
         else:

@@ -68,7 +68,7 @@ from fabric.trainer.evaluation import (
     run_evaluators,
     select_metrics,
 )
-from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_interval
+from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_eval_interval
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
 from fabric.trainer.metrics import compute_metrics, model_metrics
@@ -287,7 +287,7 @@ class Trainer:
         self._forget_epoch()
         if train_dataloader is not None:
             self._set_train_dataloader(train_dataloader)
-        create_interval(eval_interval, name="eval_interval")  # bad input fails here; each evaluator gets its own
+        create_eval_interval(eval_interval)  # bad input fails here; each evaluator gets its own
         self.eval_interval, self.eval_subset_num_batches = eval_interval, eval_subset_num_batches
         self._set_evaluators(eval_dataloader)
         self._apply_grad_accum()
@@ -393,9 +393,9 @@ class Trainer:
         evaluators = self.evaluators
         # One interval per evaluator: an interval fires once per batch, so a shared one would run only the first.
         self._evaluator_intervals = [
-            create_interval(self.eval_interval, name="eval_interval")
+            create_eval_interval(self.eval_interval)
             if evaluator.eval_interval is None
-            else create_interval(evaluator.eval_interval, name=f"{evaluator.label} eval_interval")
+            else create_eval_interval(evaluator.eval_interval, name=f"{evaluator.label} eval_interval")
             for evaluator in evaluators
         ]
 
@@ -509,7 +509,7 @@ class Trainer:
         if eval_subset_num_batches is not None:
             check_subset_num_batches(eval_subset_num_batches, "eval_subset_num_batches")
         if eval_interval is not None:
-            create_interval(eval_interval, name="eval_interval")
+            create_eval_interval(eval_interval)
         if (eval_interval is not None or eval_subset_num_batches is not None) and not (
             eval_dataloader is not None or self.evaluators
         ):

@@ -265,6 +265,51 @@ def test_evaluators_with_batch_intervals_each_keep_their_own() -> None:
     assert seen.evaluations == [(2, "often"), (2, "default"), (4, "often"), (4, "default")]
 
 
+@pytest.mark.parametrize("interval", [0, -1, "0ep", Time(0, TimeUnit.BATCH)])
+def test_an_eval_interval_of_zero_or_less_never_evaluates_during_fit_as_in_composer(interval: Any) -> None:
+    """Composer's tutorials pass ``eval_interval=0`` and call ``trainer.eval()`` themselves."""
+    seen = BatchesAt()
+    trainer = _fit(4, "2ep", eval_dataloader=_loader(1), eval_interval=interval, callbacks=seen)
+    assert seen.evaluations == []
+    trainer.eval()
+    assert seen.evaluations == [(8, "eval")]
+
+
+def test_an_evaluators_own_eval_interval_of_zero_turns_it_off_and_a_zero_fraction_is_refused() -> None:
+    seen = BatchesAt()
+    evaluators = [Evaluator("never", _loader(1), eval_interval=0), Evaluator("default", _loader(1))]
+    _fit(2, "2ep", eval_dataloader=evaluators, callbacks=seen)
+    assert seen.evaluations == [(2, "default"), (4, "default")]
+    with pytest.raises(ValueError, match=r"eval_interval='0dur' must be positive"):
+        _fit(2, "1ep", eval_dataloader=_loader(1), eval_interval="0dur")
+
+
+def test_metrics_read_back_after_fit_hold_the_last_evaluation_and_the_last_batch() -> None:
+    """Composer keeps the last round's metric state until the next round; notebooks display exactly this."""
+    from fabric.trainer.classifier import ComposerClassifier
+
+    torch.manual_seed(0)
+    inputs, targets = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    loader = DataLoader(TensorDataset(inputs, targets), batch_size=4)
+    model = ComposerClassifier(nn.Linear(4, 2), num_classes=2)
+    trainer = Trainer(
+        model=model, train_dataloader=loader, eval_dataloader=loader, max_duration="1ep", progress_bar=False
+    )
+    trainer.fit()
+    with torch.no_grad():
+        logits = model.module(inputs)
+    accuracy = (logits.argmax(-1) == targets).float().mean().item()
+    eval_metrics = trainer.state.eval_metrics["eval"]
+    assert float(eval_metrics["MulticlassAccuracy"].compute()) == pytest.approx(accuracy)
+    assert float(eval_metrics["CrossEntropy"].compute()) == pytest.approx(F.cross_entropy(logits, targets).item())
+    assert trainer.state.metrics["metrics/eval/MulticlassAccuracy"] == pytest.approx(accuracy)
+    train_accuracy = float(trainer.state.train_metrics["MulticlassAccuracy"].compute())
+    assert not math.isnan(train_accuracy)
+    assert train_accuracy == trainer.state.metrics["metrics/train/MulticlassAccuracy"]  # the last batch's, alone
+    trainer.eval()  # the next round starts from an empty state, not the last one
+    assert float(eval_metrics["MulticlassAccuracy"].compute()) == pytest.approx(accuracy)
+
+
 # --- item 5: comparisons --------------------------------------------------------------------------
 
 
