@@ -3,8 +3,10 @@ and collectives through ``torch.distributed``."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -22,6 +24,7 @@ from fabric.plugins.environments import (
     TorchElasticEnvironment,
     detect_environment,
 )
+from fabric.plugins.io.background_saves import written_by_rank_zero
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.launcher import Launcher
@@ -339,6 +342,15 @@ class ParallelStrategy(Strategy):
         if self._background_group is None:
             self._background_group = dist.new_group(backend="gloo", timeout=self.timeout)
         return self._background_group
+
+    @override
+    def write_from_rank_zero_in_background(self, write: Callable[[], None] | None, description: str) -> Future[None]:
+        """Every rank's future completes when rank 0's write has, and fails if it failed: a rank that loads
+        after its future completed (or whose next save or load waited for it) sees the new checkpoint."""
+        if not self._distributed():
+            return super().write_from_rank_zero_in_background(write, description)
+        shared = functools.partial(written_by_rank_zero, write, self.background_group(), description)
+        return self.background_saves.submit(shared, description)
 
     # --- collectives ------------------------------------------------------------------------------
 

@@ -407,14 +407,20 @@ class Strategy:
         precision_state = self.precision.state_dict()
         if precision_state:
             checkpoint[PRECISION_STATE_KEY] = precision_state
-        if not self.is_global_zero:
+        if not async_save:
+            if self.is_global_zero:
+                self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options)
             return finished()
-        if async_save:
+        write = None
+        if self.is_global_zero:
             snapshot = self.background_saves.snapshot(checkpoint)
             write = functools.partial(self.checkpoint_io.save_checkpoint, snapshot, path, storage_options)
-            return self.background_saves.submit(write, repr(os.fspath(path)))
-        self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options)
-        return finished()
+        return self.write_from_rank_zero_in_background(write, repr(os.fspath(path)))
+
+    def write_from_rank_zero_in_background(self, write: Callable[[], None] | None, description: str) -> Future[None]:
+        """Run rank 0's ``write`` (``None`` on the other ranks) on the save thread; the future completes when the
+        checkpoint is complete. With one process there is no other rank to wait for it."""
+        return finished() if write is None else self.background_saves.submit(write, description)
 
     def load_checkpoint(
         self,

@@ -3,10 +3,15 @@ its error is never lost. And ``storage_options`` for object stores that the envi
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from object_store import S3Server
@@ -16,6 +21,9 @@ from fabric import Fabric
 from fabric.plugins.io import TorchCheckpointIO
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.utilities.exceptions import CheckpointError
+
+JOB = str(Path(__file__).parents[1] / "scripts" / "async_save_job.py")
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class GatedIO(TorchCheckpointIO):
@@ -133,3 +141,58 @@ def test_storage_options_reach_an_s3_api_the_environment_does_not_name(
     target = nn.Linear(2, 2)
     fabric.save(f"{s3_bucket}/raw.pt", target.state_dict(), storage_options=options)
     fabric.load_raw(f"{s3_bucket}/raw.pt", nn.Linear(2, 2), storage_options=options)
+
+
+def test_an_async_save_snapshots_every_mutable_value_not_only_tensors(tmp_path: Path) -> None:
+    """A NumPy array changed in place right after ``async_save=True`` was written with its new values."""
+    io = GatedIO()
+    fabric, model, _ = _setup(io)
+    counts, history = np.zeros(3), [1.0, 2.0]
+    written = fabric.save(
+        tmp_path / "ckpt.pt", {"model": model, "counts": counts, "history": history, "meta": {"seen": counts}},
+        async_save=True,
+    )  # fmt: skip
+    counts += 5  # training goes on, in place
+    history.append(3.0)
+    io.gate.set()
+    written.result()
+    loaded = fabric.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert loaded["counts"].tolist() == [0.0, 0.0, 0.0] and loaded["history"] == [1.0, 2.0]
+    assert loaded["meta"]["seen"].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_an_async_save_of_an_object_that_cannot_be_copied_is_refused_naming_its_entry(tmp_path: Path) -> None:
+    io = GatedIO()
+    io.gate.set()
+    fabric, model, _ = _setup(io)
+    with pytest.raises(CheckpointError, match=r"state\['lock'\] \(a lock\) cannot be copied.*without async_save"):
+        fabric.save(tmp_path / "ckpt.pt", {"model": model, "lock": threading.Lock()}, async_save=True)
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+def _job(scenario: str, out_dir: Path, devices: int) -> subprocess.CompletedProcess[str]:
+    out_dir.mkdir(exist_ok=True)
+    environment = {name: value for name, value in os.environ.items() if name not in LAUNCHER_VARIABLES}
+    command = [sys.executable, JOB, scenario, str(out_dir), str(devices)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, check=False)
+
+
+def test_every_ddp_ranks_future_completes_only_with_rank_zeros_write_and_its_load_reads_it(tmp_path: Path) -> None:
+    """Only rank 0 writes under DDP; rank 1's future completed at once and its load read the previous checkpoint."""
+    job = _job("seen", tmp_path, devices=2)
+    assert job.returncode == 0, job.stderr
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert reports == [{"done_before_the_write": False, "step": 2}] * 2
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_script_whose_last_async_save_failed_exits_non_zero(tmp_path: Path, devices: int) -> None:
+    """The script ends normally after its last save; that save failed (a full disk): a scheduler must not see 0."""
+    job = _job("last_fails", tmp_path, devices=devices)
+    assert job.returncode == 1, job.stderr
+    assert "script done" in job.stdout
+    assert "No space left on device" in job.stderr and "last.ckpt" in job.stderr
+    assert job.stderr.count("exiting with code 1: the last background save failed") == devices
+    if devices == 2:
+        assert "rank 0, which writes" in job.stderr  # rank 1 heard of rank 0's failure
+    assert not (tmp_path / "last.ckpt").exists()
