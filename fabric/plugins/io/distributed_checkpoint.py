@@ -6,9 +6,12 @@ complete, and loadable, only once every shard it lists is present:
 
 - on a local disk the ranks write into a temporary sibling directory that rank 0 renames over the
   target once every rank finished, so a crash never damages the checkpoint already there;
-- on an object store, which cannot rename a directory, the ranks write into the target itself (a save
-  over an existing checkpoint first deletes it, ``.metadata`` first); until ``.metadata`` is written the
-  directory is an unfinished save that no load takes for a checkpoint.
+- on an object store, which cannot rename a directory, the ranks write into the target itself, under shard
+  names of this save's own (a *generation*: ``__<rank>_<generation>_<n>.distcp``), so the checkpoint already
+  there keeps every file its ``.metadata`` lists. DCP writes the new ``.metadata`` last, in one request: that is
+  the switch, atomic on an object store. Only then are the previous checkpoint's shards deleted (and those that
+  killed saves left, once an hour old); a save killed at any moment leaves the previous checkpoint loadable, or
+  the new one complete. A directory without ``.metadata`` is an unfinished save that no load takes for one.
 
 Either way rank 0 checks that every shard the metadata lists is there before the save returns, so a path
 that is not shared by all nodes (each node's own ``/tmp``) fails loudly instead of leaving a checkpoint with
@@ -27,6 +30,8 @@ import errno
 import os
 import pickle
 import posixpath
+import time
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -35,7 +40,9 @@ from typing import Any
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.storage import filesystem, is_remote
 from fabric.plugins.io.temporaries import (
+    ABANDONED_AFTER,
     create_locked,
+    last_written,
     release_lock,
     remove_abandoned,
     remove_temporary,
@@ -46,6 +53,8 @@ from fabric.utilities.exceptions import CheckpointError
 
 #: The file DCP writes last, listing every shard: a directory is a complete checkpoint once it is there.
 METADATA_FILE = ".metadata"
+#: How DCP's shard files end.
+SHARD_SUFFIX = ".distcp"
 
 
 def _without_process_group() -> bool:
@@ -81,15 +90,21 @@ def temporary_directory(target: Path) -> Path:
     return temporary
 
 
+def new_generation() -> str:
+    """A name part of one remote save's shards (made on rank 0, broadcast to the others)."""
+    return uuid.uuid4().hex[:16]
+
+
 def write_shards(
     state: dict[str, Any],
     location: PathType,
     storage_options: StorageOptions = None,
     target: PathType | None = None,
     process_group: Any = None,
+    generation: str | None = None,
 ) -> None:
     """Every rank writes its shards of ``state`` into the directory ``location`` (a collective, on
-    ``process_group``: the default one unless given).
+    ``process_group``: the default one unless given); at a URL, named with ``generation`` (required there).
 
     Failures (a full disk, a refused upload) on any rank are one :class:`CheckpointError` on every rank,
     naming ``target`` (the checkpoint's path, when ``location`` is a temporary directory for it).
@@ -98,21 +113,46 @@ def write_shards(
     from torch.distributed.checkpoint.state_dict_saver import save
 
     if is_remote(location):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-        # An object is durable once its upload finished: nothing to fsync (DCP would sync the whole local disk).
-        writer = FsspecWriter(os.fspath(location), sync_files=False, **dict(storage_options or {}))
+        if generation is None:
+            raise ValueError("A sharded save to a URL needs its generation (new_generation()).")
+        writer = _remote_writer(location, storage_options, generation)
     else:
         writer = _local_writer(location)
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        with _single_process_warning_silenced():
+        with _single_process_warning_silenced(), warnings.catch_warnings():
+            # Replacing the checkpoint there is the point; its files stay until the new .metadata is written.
+            warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
             save(state, storage_writer=writer, process_group=process_group, no_dist=_without_process_group())
     except CheckpointException as error:
         if any(is_disk_full(cause) for cause, _ in error.failures.values()):
             raise disk_full_error(target) from error
         raise _checkpoint_error(error, f"{os.fspath(target)!r} could not be written") from error
+
+
+def _remote_writer(location: PathType, storage_options: StorageOptions, generation: str) -> Any:
+    """DCP's fsspec writer, naming the shards ``__<rank>_<generation>_<n>.distcp`` (DCP's names with this save's
+    generation), so that they never overwrite the shards of the checkpoint already at ``location``."""
+    import dataclasses
+
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    class Writer(FsspecWriter):
+        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+            # DCP names shards by rank only (``__<rank>_<n>``): the same names as the checkpoint already there
+            return [
+                dataclasses.replace(
+                    plan,
+                    storage_data=dataclasses.replace(
+                        plan.storage_data, prefix=f"{plan.storage_data.prefix}{generation}_"
+                    ),
+                )
+                for plan in super().prepare_global_plan(plans)
+            ]
+
+    # An object is durable once its upload finished: nothing to fsync (DCP would sync the whole local disk).
+    return Writer(os.fspath(location), sync_files=False, **dict(storage_options or {}))
 
 
 def _local_writer(location: PathType) -> Any:
@@ -137,13 +177,46 @@ def _local_writer(location: PathType) -> Any:
 
 def missing_shards(location: PathType, storage_options: StorageOptions = None) -> list[str]:
     """The shard files the metadata at ``location`` lists that are not there (as this process sees it)."""
-    listed = {
-        info.relative_path
-        for info in (_reader(location, True, storage_options).read_metadata().storage_data or {}).values()
-    }
+    listed = listed_shards(location, storage_options)
     fs, root = filesystem(location, storage_options)
     present = {posixpath.basename(entry.rstrip("/")) for entry in fs.ls(root, detail=False)}
-    return sorted(str(name) for name in listed if str(name) not in present)
+    return sorted(name for name in listed if name not in present)
+
+
+def listed_shards(location: PathType, storage_options: StorageOptions = None) -> set[str]:
+    """The shard files the ``.metadata`` at ``location`` lists (none when there is no checkpoint there)."""
+    fs, root = filesystem(location, storage_options)
+    if not fs.exists(posixpath.join(root, METADATA_FILE)):
+        return set()
+    storage_data = _reader(location, True, storage_options).read_metadata().storage_data or {}
+    return {str(info.relative_path) for info in storage_data.values()}
+
+
+def remove_superseded_shards(location: PathType, previous: set[str], storage_options: StorageOptions = None) -> None:
+    """After a remote save at ``location`` is complete: delete the shards that ``.metadata`` no longer lists, those
+    of the checkpoint it replaced (``previous``) and those of saves killed over an hour ago (a younger one may
+    belong to a save still being written)."""
+    current = listed_shards(location, storage_options)
+    fs, root = filesystem(location, storage_options)
+    now = time.time()
+    for entry in fs.ls(root, detail=True):
+        name = posixpath.basename(entry["name"].rstrip("/"))
+        if not name.endswith(SHARD_SUFFIX) or name in current:
+            continue
+        modified = last_written(fs, entry)
+        if name in previous or (modified is not None and now - modified > ABANDONED_AFTER):
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(entry["name"])
+
+
+def remove_generation(location: PathType, generation: str, storage_options: StorageOptions = None) -> None:
+    """Delete the shards a failed remote save of ``generation`` wrote (the checkpoint there keeps its own)."""
+    fs, root = filesystem(location, storage_options)
+    with contextlib.suppress(FileNotFoundError):
+        for entry in fs.ls(root, detail=False):
+            name = posixpath.basename(entry.rstrip("/"))
+            if name.endswith(SHARD_SUFFIX) and f"_{generation}_" in name:
+                fs.rm(entry)
 
 
 def unshared_storage_error(location: PathType, missing: list[str]) -> CheckpointError:
@@ -152,18 +225,6 @@ def unshared_storage_error(location: PathType, missing: list[str]) -> Checkpoint
         "their nodes wrote them to a path rank 0 does not see. Save sharded checkpoints to storage every node "
         "shares (a shared file system, or an object store URL such as s3://bucket/folder); nothing was saved."
     )
-
-
-def clear_remote(location: PathType, storage_options: StorageOptions = None) -> None:
-    """Delete the checkpoint (or unfinished save) at the URL ``location``, its ``.metadata`` first, so that
-    it never looks complete with shards already gone."""
-    fs, root = filesystem(location, storage_options)
-    if not fs.exists(root):
-        return
-    metadata = posixpath.join(root, METADATA_FILE)
-    if fs.exists(metadata):
-        fs.rm(metadata)
-    fs.rm(root, recursive=True)
 
 
 def publish(temporary: Path, target: Path) -> None:

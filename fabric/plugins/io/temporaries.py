@@ -113,7 +113,7 @@ def remove_abandoned_remote(fs: AbstractFileSystem, target_path: str, kinds: tup
     for entry in entries:
         if not entry["name"].rstrip("/").rpartition("/")[2].startswith(prefixes):
             continue
-        modified = _last_written(fs, entry)
+        modified = last_written(fs, entry)
         if modified is not None and now - modified > ABANDONED_AFTER:
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(entry["name"], recursive=True)
@@ -157,7 +157,7 @@ def remove_temporary(path: Path) -> None:
             path.unlink()
 
 
-def _last_written(fs: AbstractFileSystem, info: dict[str, Any]) -> float | None:
+def last_written(fs: AbstractFileSystem, info: dict[str, Any]) -> float | None:
     """When the remote file ``info`` (from ``fs.ls(detail=True)``), or the newest object under a directory
     (a prefix, which often has no time of its own), was last written; ``None`` if the store does not say."""
     times = [_timestamp(info)]

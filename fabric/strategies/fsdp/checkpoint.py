@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -38,14 +38,17 @@ from torch.optim import Optimizer
 from fabric.plugins.io.background_saves import BackgroundSaves, finished
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.distributed_checkpoint import (
-    clear_remote,
+    listed_shards,
     load_shards,
     missing_shards,
     named_optimizer_state,
+    new_generation,
     numbered_optimizer_state,
     publish,
     read_metadata_keys,
     read_whole,
+    remove_generation,
+    remove_superseded_shards,
     temporary_directory,
     unshared_storage_error,
     write_shards,
@@ -118,24 +121,35 @@ def save_sharded(
     precision_state = precision.state_dict()
     if precision_state:
         checkpoint[PRECISION_STATE_KEY] = precision_state
-    remote = is_remote(path)
-    if remote:
+    plan = None
+    if is_remote(path):
+        # Written beside the checkpoint there under names of its own, which stays loadable until the switch.
         destination: PathType = os.fspath(path)
-        if ranks.is_global_zero:
-            clear_remote(destination, storage_options)
+        plan = ranks.broadcast(_remote_plan(path, storage_options) if ranks.is_global_zero else None)
     else:
         destination = ranks.broadcast(temporary_directory(Path(path)) if ranks.is_global_zero else None)
         if ranks.is_global_zero:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
     ranks.barrier("save_sharded_start")
     if background is None:
-        _write_and_commit(checkpoint, destination, path, ranks, storage_options)
+        _write_and_commit(checkpoint, destination, path, ranks, storage_options, plan)
         return finished()
     saves, group = background
     snapshot = saves.snapshot(checkpoint)
     group_ranks = _GroupRanks(group, ranks.is_global_zero)
-    write = functools.partial(_write_and_commit, snapshot, destination, path, group_ranks, storage_options, group)
+    write = functools.partial(_write_and_commit, snapshot, destination, path, group_ranks, storage_options, plan, group)
     return saves.submit(write, repr(os.fspath(path)))
+
+
+class _RemotePlan(NamedTuple):
+    """A remote save's shard names (its generation) and the shards of the checkpoint it replaces."""
+
+    generation: str
+    previous: set[str]
+
+
+def _remote_plan(location: PathType, storage_options: StorageOptions) -> _RemotePlan:
+    return _RemotePlan(new_generation(), listed_shards(location, storage_options))
 
 
 def _write_and_commit(
@@ -144,21 +158,26 @@ def _write_and_commit(
     path: PathType,
     ranks: Ranks,
     storage_options: StorageOptions,
+    remote: _RemotePlan | None = None,
     group: ProcessGroup | None = None,
 ) -> None:
-    """Write every rank's shards to ``destination``; once rank 0 sees all of them, publish it as ``path``."""
-    remote = is_remote(path)
+    """Write every rank's shards to ``destination``; once rank 0 sees all of them, publish it as ``path`` (a local
+    temporary directory is renamed; at a URL the new ``.metadata`` was the switch, and the replaced shards go)."""
+    generation = None if remote is None else remote.generation
     try:
-        write_shards(checkpoint, destination, storage_options, target=path, process_group=group)
+        write_shards(checkpoint, destination, storage_options, target=path, process_group=group, generation=generation)
         ranks.barrier("save_sharded_written")
         missing = ranks.broadcast(missing_shards(destination, storage_options) if ranks.is_global_zero else None)
         if missing:
             raise unshared_storage_error(path, missing)
     except BaseException:
-        _discard(destination, remote, ranks, storage_options)
+        _discard(destination, generation, ranks, storage_options)
         raise
-    if ranks.is_global_zero and not remote:
-        publish(Path(destination), Path(path))
+    if ranks.is_global_zero:
+        if remote is None:
+            publish(Path(destination), Path(path))
+        else:
+            remove_superseded_shards(destination, remote.previous, storage_options)
 
 
 class _GroupRanks:
@@ -177,12 +196,12 @@ class _GroupRanks:
         return box[0]
 
 
-def _discard(destination: PathType, remote: bool, ranks: Ranks, storage_options: StorageOptions) -> None:
-    """Remove what a failed save wrote: the remote directory (rank 0), or the temporary directory as each
-    rank sees it (on disks that are not shared, each node wrote its own)."""
-    if remote:
+def _discard(destination: PathType, generation: str | None, ranks: Ranks, storage_options: StorageOptions) -> None:
+    """Remove what a failed save wrote: at a URL its generation's shards (rank 0; the checkpoint there keeps its
+    own), or the temporary directory as each rank sees it (on disks that are not shared, each node wrote its own)."""
+    if generation is not None:
         if ranks.is_global_zero:
-            clear_remote(destination, storage_options)
+            remove_generation(destination, generation, storage_options)
     else:
         shutil.rmtree(destination, ignore_errors=True)
 
