@@ -430,3 +430,34 @@ def test_a_checkpoint_saver_can_be_passed_as_a_callback(tmp_path: Path, initial:
     trainer.fit()
     assert sorted(os.listdir(tmp_path)) == ["latest-rank0.pt", "step4.pt"]
     assert trainer.saver is saver
+
+
+@pytest.mark.parametrize("save_async", [False, True])
+def test_a_misspelled_bucket_fails_before_training_and_is_never_created(
+    s3_bucket: str, tmp_path: Path, save_async: bool
+) -> None:
+    """With save_async=True the run created the misspelled bucket and exited 0; without, every batch trained and only
+    the upload at the end failed, without naming the bucket."""
+    import s3fs
+
+    misspelled = f"{s3_bucket}-typo"
+    counter = CountBatches()
+    trainer = _trainer(
+        DropoutNet(), save_folder=f"{misspelled}/run1", save_interval="5ba", save_async=save_async, callbacks=[counter]
+    )
+    with pytest.raises(CheckpointError, match=rf"the bucket '{misspelled[len('s3://') :]}' does not exist"):
+        trainer.fit()
+    assert counter.count == 0
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert not fsspec.filesystem("s3").exists(misspelled)
+
+
+def test_a_folder_that_refuses_writes_fails_before_training(tmp_path: Path) -> None:
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    (read_only / "run1").write_text("a file where the folder should be")
+    counter = CountBatches()
+    trainer = _trainer(DropoutNet(), save_folder=str(read_only / "run1"), callbacks=[counter])
+    with pytest.raises(CheckpointError, match=r"Checkpoints cannot be written to '.*run1'"):
+        trainer.fit()
+    assert counter.count == 0

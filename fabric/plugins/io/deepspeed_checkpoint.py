@@ -29,7 +29,7 @@ import torch
 
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.deepspeed_safe_load import safe_loading
-from fabric.plugins.io.storage import filesystem, is_remote
+from fabric.plugins.io.storage import filesystem, is_remote, require_bucket
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.lazy import install_hint
@@ -85,6 +85,7 @@ def staging_directory() -> Iterator[Path]:
 def upload(staging: Path, tag: str, url: str, storage_options: StorageOptions = None) -> None:
     """Copy the files this rank saved under ``staging/tag`` to ``url/tag`` (every rank, its own files)."""
     fs, root = filesystem(url, storage_options)
+    require_bucket(fs, root, url)
     for file in sorted((staging / tag).iterdir()):
         fs.put_file(os.fspath(file), f"{root.rstrip('/')}/{tag}/{file.name}")
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
-from fabric.plugins.io.storage import filesystem, is_remote
+from fabric.plugins.io.storage import filesystem, is_remote, require_bucket
 from fabric.plugins.io.temporaries import (
     ABANDONED_AFTER,
     create_locked,
@@ -115,6 +115,7 @@ def write_shards(
     if is_remote(location):
         if generation is None:
             raise ValueError("A sharded save to a URL needs its generation (new_generation()).")
+        require_bucket(*filesystem(location, storage_options), target)
         writer = _remote_writer(location, storage_options, generation)
     else:
         writer = _local_writer(location)

@@ -4,9 +4,11 @@ A save writes ``.NAME.tmp-PID-UUID@HOST`` next to ``NAME`` and renames it over `
 Several writers may save to one path at once (two jobs, a job and its restarted copy), so a save
 removes only temporaries that are provably abandoned. The writer holds an advisory lock
 (``flock``) on its temporary from creation until the rename (:func:`owned_temporary`), and the kernel
-drops it when the writer dies. A temporary of this host counts as abandoned once it is unlocked and older
-than :data:`LOCK_GRACE`; a process id says nothing here, as writers in other PID namespaces (containers,
-Kubernetes ``hostNetwork`` pods) share the host name but not the process ids. A temporary of another
+drops it when the writer dies. A temporary is created locked: under a name no cleaner takes for one
+(``.fabric-creating-UUID``), locked, then renamed to its name, so a temporary of this host that is unlocked
+has lost its writer and is removed by the next save, however young (a killed sharded save's directory is a
+whole checkpoint's worth of disk). A process id says nothing here, as writers in other PID namespaces
+(containers, Kubernetes ``hostNetwork`` pods) share the host name but not the process ids. A temporary of another
 host, or of an unknown owner, or on a file system without locks, counts as abandoned once nothing has
 written to it for :data:`ABANDONED_AFTER` seconds, as does one in a remote folder
 (:func:`remove_abandoned_remote`), where no lock can be checked. The PID and host stay in the name for
@@ -36,7 +38,9 @@ except ImportError:  # Windows: no advisory locks; every temporary is judged by 
 
 #: Seconds without a write after which a temporary whose lock cannot be checked counts as abandoned.
 ABANDONED_AFTER = 3600.0
-#: Seconds an unlocked temporary of this host is spared: the instant between its creation and its lock.
+#: What a temporary is called between its creation and its lock (see :func:`create_locked`).
+CREATING_PREFIX = ".fabric-creating-"
+#: Seconds such a one is spared: the instant between its creation and its rename, with room for a stalled writer.
 LOCK_GRACE = 30.0
 
 
@@ -64,19 +68,27 @@ def owned_temporary(target: Path, kind: str = "tmp", directory: bool = False) ->
 
 
 def create_locked(path: Path, directory: bool = False) -> int | None:
-    """Create ``path`` (a file, or a directory) and its parents and lock it; returns the descriptor that holds
-    the lock, for :func:`release_lock` (``None`` where there are no locks: Windows)."""
+    """Create ``path`` (a file, or a directory) and its parents, locked from the moment it has its name; returns
+    the descriptor that holds the lock, for :func:`release_lock` (``None`` where there are no locks: Windows).
+
+    It is made under a name of the kind :func:`remove_abandoned` spares while young, locked, then renamed (the
+    lock belongs to the open file, which the rename keeps), so no cleaner ever sees it unlocked while its
+    writer lives.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    creating = path.parent / f"{CREATING_PREFIX}{uuid.uuid4().hex}"
     if directory:
-        path.mkdir()
+        creating.mkdir()
         if fcntl is None:
+            creating.rename(path)
             return None
-        descriptor = os.open(path, os.O_RDONLY)
+        descriptor = os.open(creating, os.O_RDONLY)
     else:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        descriptor = os.open(creating, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     if fcntl is not None:
         with contextlib.suppress(OSError):  # a file system without locks (some FUSE mounts): cleaners go by age
             fcntl.flock(descriptor, fcntl.LOCK_EX)
+    os.rename(creating, path)
     return descriptor
 
 
@@ -92,11 +104,15 @@ def remove_abandoned(target: Path, kinds: tuple[str, ...] = ("tmp",)) -> None:
     with contextlib.suppress(FileNotFoundError), os.scandir(target.parent) as entries:
         for entry in entries:
             prefix = next((p for p in prefixes if entry.name.startswith(p)), None)
-            if prefix is None:
+            if prefix is None and not entry.name.startswith(CREATING_PREFIX):
                 continue
             with contextlib.suppress(FileNotFoundError):  # its owner may finish (rename) it meanwhile
                 age = now - entry.stat(follow_symlinks=False).st_mtime
-                if _is_abandoned(Path(entry.path), entry.name[len(prefix) :], age):
+                if prefix is None:  # left by a process that died in create_locked, or one still in it
+                    abandoned = age > LOCK_GRACE
+                else:
+                    abandoned = _is_abandoned(Path(entry.path), entry.name[len(prefix) :], age)
+                if abandoned:
                     remove_temporary(Path(entry.path))
 
 
@@ -126,7 +142,7 @@ def _prefix(name: str, kind: str) -> str:
 def _is_abandoned(path: Path, owner: str, age: float) -> bool:
     """Whether the temporary ``path``, named ``PID-UUID@HOST`` (``owner``), can be deleted without harm."""
     same_host = "@" in owner and owner.rpartition("@")[2] == socket.gethostname()
-    locked = _is_locked(path) if same_host and age > LOCK_GRACE else None
+    locked = _is_locked(path) if same_host else None
     if locked is not None:
         return not locked
     return age > ABANDONED_AFTER

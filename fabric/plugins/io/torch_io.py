@@ -12,7 +12,7 @@ import torch
 from typing_extensions import override
 
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
-from fabric.plugins.io.storage import filesystem, writes_objects_whole
+from fabric.plugins.io.storage import filesystem, require_bucket, writes_objects_whole
 from fabric.plugins.io.temporaries import (
     owned_temporary,
     remove_abandoned,
@@ -40,6 +40,7 @@ class TorchCheckpointIO(CheckpointIO):
         self, checkpoint: dict[str, Any], path: PathType, storage_options: StorageOptions = None
     ) -> None:
         fs, target = filesystem(path, storage_options)
+        require_bucket(fs, target, path)
         parent, _, filename = target.rstrip("/").rpartition("/")
         if parent:
             fs.makedirs(parent, exist_ok=True)

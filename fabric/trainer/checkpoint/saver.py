@@ -26,6 +26,7 @@ from typing import Any
 from typing_extensions import override
 
 from fabric.plugins.io.checkpoint_io import StorageOptions
+from fabric.plugins.io.storage import check_writable_folder
 from fabric.plugins.io.temporaries import create_locked, release_lock, remove_abandoned, temporary_sibling
 from fabric.trainer.checkpoint.storage import (
     PROGRESS_FIELDS,
@@ -42,6 +43,7 @@ from fabric.trainer.core.events import Event
 from fabric.trainer.core.state import State, require_fabric
 from fabric.trainer.intervals import IntervalInput, create_interval, fires_once
 from fabric.trainer.loggers.logger import Logger
+from fabric.utilities.exceptions import CheckpointError
 
 #: ``save(path, weights_only, storage_options, async_save)``: write a Trainer checkpoint (a collective call);
 #: the future completes when the checkpoint is complete.
@@ -136,6 +138,21 @@ class CheckpointSaver(Callback):
     def epoch_checkpoint(self, state: State, logger: Logger) -> None:
         if self.interval(state, Event.EPOCH_END):
             self.save(state)
+
+    @override
+    def fit_start(self, state: State, logger: Logger) -> None:
+        """Before any batch trains, the folder must take a write: a misspelled bucket, a read-only mount or missing
+        credentials fail now, on every rank, naming the folder, not after the first interval's training."""
+        fabric = require_fabric(state)
+        problem = None
+        if fabric.is_global_zero:
+            try:
+                check_writable_folder(self.folder.url, self.storage_options)
+            except CheckpointError as error:
+                problem = str(error)
+        problem = fabric.broadcast(problem)
+        if problem is not None:
+            raise CheckpointError(problem)
 
     @override
     def fit_end(self, state: State, logger: Logger) -> None:
