@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from fabric.fabric import Fabric
 from fabric.plugins.io.checkpoint_io import StorageOptions
+from fabric.trainer.callbacks._utils import user_model
 from fabric.trainer.checkpoint.checkpointer import find_resume_checkpoint, read_surgery_records
 from fabric.trainer.checkpoint.dataloader_position import (
     EpochStart,
@@ -68,6 +69,7 @@ from fabric.trainer.evaluation import (
     run_evaluators,
     select_metrics,
 )
+from fabric.trainer.export import export_for_inference
 from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_eval_interval
 from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
@@ -868,6 +870,26 @@ class Trainer:
         """Tell the loggers how the run ends (``log_exception``), once per error."""
         self._reported_failure = error
         self.logger.log_exception(error)
+
+    def export_for_inference(
+        self,
+        save_format: str,
+        save_path: str,
+        save_object_store: object = None,
+        sample_input: Any = None,
+        transforms: Sequence[Callable[[nn.Module], nn.Module]] | None = None,
+        input_names: Sequence[str] | None = None,
+        output_names: Sequence[str] | None = None,
+    ) -> None:
+        """Composer's ``Trainer.export_for_inference``: rank 0 exports the model as it is now to the local file
+        ``save_path`` (see :func:`fabric.trainer.export.export_for_inference`); every rank returns once it is written.
+        ``sample_input`` is one batch as the model's ``forward`` takes it."""
+        if self.fabric.is_global_zero:
+            export_for_inference(
+                user_model(self.state), save_format, save_path, save_object_store=save_object_store,
+                sample_input=sample_input, transforms=transforms, input_names=input_names, output_names=output_names,
+            )  # fmt: skip
+        self.fabric.barrier("export_for_inference")
 
     def close(self) -> None:
         """Every callback's ``close(state, logger)`` (savers wait for their uploads), then the loggers' (flush,

@@ -205,3 +205,30 @@ def test_rejects_bad_arguments(arguments: dict[str, Any], message: str) -> None:
 def test_later_arguments_are_keyword_only() -> None:
     with pytest.raises(TypeError):
         ExportForInference("torchscript", "/tmp/model.pt")  # type: ignore[misc]  # Composer's second argument
+
+
+def test_composers_export_for_inference_function_and_trainer_method_write_files_that_reload(tmp_path: Any) -> None:
+    """Composer's tutorials export with ``export_for_inference(...)`` and ``trainer.export_for_inference(...)``."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fabric.trainer import Trainer
+    from fabric.trainer.export import export_for_inference
+
+    model = Regressor()
+    x = torch.randn(16, 3, generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(model=model, train_dataloader=DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4),
+                      max_duration="1ep", progress_bar=False)  # fmt: skip
+    trainer.fit()
+    trainer.export_for_inference("torchexport", str(tmp_path / "trainer" / "model.pt2"), sample_input=BATCH)
+    reloaded = torch.export.load(str(tmp_path / "trainer" / "model.pt2")).module()
+    torch.testing.assert_close(reloaded(BATCH), _expected(model, BATCH))
+
+    export_for_inference(model, "torchscript", str(tmp_path / "model.pt"))
+    torch.testing.assert_close(torch.jit.load(str(tmp_path / "model.pt"))(BATCH), _expected(model, BATCH))
+    with pytest.raises(ValueError, match=r"export_for_inference\(surgery_algs=...\) is not supported here: apply"):
+        export_for_inference(model, "torchscript", str(tmp_path / "other.pt"), surgery_algs=["x"])
+    with pytest.raises(ValueError, match=r"save_format='torchexport' needs an input to trace the model with"):
+        export_for_inference(model, "torchexport", str(tmp_path / "other.pt2"))
+    with pytest.raises(ValueError, match=r"save_format='savedmodel' is not supported; accepted: \['torchscript'"):
+        export_for_inference(model, "savedmodel", str(tmp_path / "other"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.pt", "trainer"]

@@ -2,33 +2,20 @@
 
 from __future__ import annotations
 
-import copy
-import importlib.util
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 from typing_extensions import override
 
 from fabric.trainer.callbacks._utils import check_file_name, check_name, format_name, global_rank, user_model
 from fabric.trainer.core.callback import Callback
+from fabric.trainer.export import SAVE_FORMATS, check_save_format, export_model, on_cpu
 
 if TYPE_CHECKING:
     from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
-
-#: The accepted ``save_format`` values and the default file name of each.
-SAVE_FORMATS = {
-    "torchscript": "model.pt",
-    "torchexport": "model.pt2",
-    "exported_program": "model.pt2",
-    "onnx": "model.onnx",
-}
-#: What ``save_format='onnx'`` needs besides torch (its exporter builds the graph with onnxscript).
-_ONNX_PACKAGES = ("onnx", "onnxscript")
 
 
 class ExportForInference(Callback):
@@ -69,15 +56,7 @@ class ExportForInference(Callback):
         save_object_store: object = None,
         dynamic_batch: bool = True,
     ) -> None:
-        if save_format not in SAVE_FORMATS:
-            raise ValueError(f"save_format={save_format!r} is not supported; accepted: {list(SAVE_FORMATS)}.")
-        if save_format == "onnx":
-            missing = [package for package in _ONNX_PACKAGES if importlib.util.find_spec(package) is None]
-            if missing:
-                raise ModuleNotFoundError(
-                    f"save_format='onnx' needs {' and '.join(missing)}, which "
-                    f"{'is' if len(missing) == 1 else 'are'} not installed: pip install {' '.join(_ONNX_PACKAGES)}"
-                )
+        check_save_format(save_format)
         if save_object_store is not None:
             raise ValueError(
                 "save_object_store is not supported: ExportForInference writes a local file; copy it from there."
@@ -113,7 +92,7 @@ class ExportForInference(Callback):
     @override
     def before_forward(self, state: State, logger: Logger) -> None:
         if self.sample_input is None and self._first_batch is None:
-            self._first_batch = _on_cpu(state.batch)
+            self._first_batch = on_cpu(state.batch)
 
     @override
     def fit_end(self, state: State, logger: Logger) -> None:
@@ -122,61 +101,17 @@ class ExportForInference(Callback):
 
     def _export(self, state: State) -> None:
         sample = self.sample_input if self.sample_input is not None else self._first_batch
-        args = None if sample is None else (_on_cpu(sample),)
-        if args is None and self.save_format != "torchscript":
+        if sample is None and self.save_format != "torchscript":
             raise ValueError(
                 f"ExportForInference(save_format={self.save_format!r}) needs an input to trace the model with: "
                 "pass sample_input=..., or train at least one batch first."
             )
-        model = copy.deepcopy(user_model(state)).to("cpu").eval()
-        for transform in self.transforms:
-            model = transform(model)
-        folder = format_name(self.save_folder, state)
-        path = os.path.join(folder, format_name(self.save_name, state))
-        os.makedirs(folder, exist_ok=True)
-        with torch.no_grad():
-            if self.save_format == "torchscript":
-                _save_torchscript(model, args, path)
-            else:
-                assert args is not None
-                shapes = _batch_dimension_free(args) if self.dynamic_batch else None
-                if self.save_format == "onnx":
-                    names: dict[str, Any] = {"input_names": self.input_names, "output_names": self.output_names}
-                    torch.onnx.export(model, args, path, dynamic_shapes=shapes, dynamo=True, **names)
-                else:
-                    torch.export.save(torch.export.export(model, args, dynamic_shapes=shapes), path)
+        path = os.path.join(format_name(self.save_folder, state), format_name(self.save_name, state))
+        export_model(
+            user_model(state), self.save_format, path, sample, self.transforms, self.input_names, self.output_names,
+            self.dynamic_batch,
+        )  # fmt: skip
         self.exported_path = path
-
-
-def _save_torchscript(model: nn.Module, args: tuple[Any, ...] | None, path: str) -> None:
-    """Script the model (keeps its control flow); where TorchScript cannot compile it, trace it on ``args``."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*torch\.jit.* is deprecated", category=DeprecationWarning)
-        try:
-            exported: Any = torch.jit.script(model)
-        except Exception as error:
-            if args is None:
-                raise ValueError(
-                    f"torch.jit.script cannot compile {type(model).__name__} ({error}), and tracing it needs an "
-                    "input: pass sample_input=..., or train at least one batch first."
-                ) from error
-            exported = torch.jit.trace(model, args)  # type: ignore[no-untyped-call]
-        torch.jit.save(exported, path)
-
-
-def _batch_dimension_free(args: tuple[Any, ...]) -> Any:
-    """``dynamic_shapes`` for ``args``: dimension 0 of every tensor left to ``torch.export`` (``Dim.AUTO``)."""
-    from torch.export import Dim
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda leaf: {0: Dim.AUTO} if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 else None, args)
-
-
-def _on_cpu(value: Any) -> Any:
-    """``value`` with every tensor in it detached and copied to the CPU."""
-    from lightning_utilities.core.apply_func import apply_to_collection
-
-    return apply_to_collection(value, torch.Tensor, lambda tensor: tensor.detach().to("cpu", copy=True))
 
 
 #: Composer's name for this callback.
