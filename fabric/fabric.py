@@ -91,6 +91,7 @@ class Fabric:
         self._strategy: Strategy = self._resolved.strategy
         self._callbacks: list[Any] = _as_list(callbacks)
         self._loggers: list[Logger] = _as_list(loggers)
+        self._logs_saved_at_exit = False
         self._launched = False
         self._wrapped_modules: weakref.WeakSet[FabricModule] = weakref.WeakSet()
         if not self._strategy.needs_launch:
@@ -608,10 +609,21 @@ class Fabric:
         self.log_dict({name: value}, step=step)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Log scalars to every logger (they write on rank 0 only)."""
+        """Log scalars to every logger (they write on rank 0 only).
+
+        What a logger still buffers when the process ends is written then (``logger.save()`` at exit): a script that
+        never calls ``finalize`` loses no row (Lightning's CSV logger drops up to its last 99).
+        """
         metrics = apply_to_collection(metrics, torch.Tensor, lambda t: t.item() if t.numel() == 1 else t)
         for logger in self._loggers:
             logger.log_metrics(metrics, step=step)
+        if not self._logs_saved_at_exit:
+            self._logs_saved_at_exit = True
+            register_cleanup(self._save_logs)
+
+    def _save_logs(self) -> None:
+        for logger in self._loggers:
+            logger.save()
 
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
         """Call ``hook_name(*args, **kwargs)`` on every callback that defines it, in order."""

@@ -21,6 +21,7 @@ LAYERS = {
     "fabric.connector": 3,
     "fabric.fabric": 4,
     "fabric.trainer": 5,
+    "fabric.compat": 5,
     "fabric_cli": 6,
 }
 
