@@ -619,11 +619,7 @@ class Fabric:
             logger.log_metrics(metrics, step=step)
         if not self._logs_saved_at_exit:
             self._logs_saved_at_exit = True
-            register_cleanup(self._save_logs)
-
-    def _save_logs(self) -> None:
-        for logger in self._loggers:
-            logger.save()
+            register_cleanup(functools.partial(_save_logs, tuple(self._loggers)))  # the loggers, not this Fabric
 
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
         """Call ``hook_name(*args, **kwargs)`` on every callback that defines it, in order."""
@@ -656,6 +652,11 @@ class Fabric:
             f"Fabric(accelerator={resolved.accelerator!r}, strategy={type(self._strategy).__name__}, "
             f"devices={len(resolved.devices)}, num_nodes={resolved.num_nodes}, precision={resolved.precision.name!r})"
         )
+
+
+def _save_logs(loggers: Sequence[Logger]) -> None:
+    for logger in loggers:
+        logger.save()
 
 
 def _check_filter(filter: Mapping[str, CheckpointFilter] | None, state: dict[str, Any]) -> None:

@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import override
+
 
 @dataclass(frozen=True)
 class Refused:
@@ -107,6 +109,7 @@ class AliasModule(types.ModuleType):
         self._fabric_drop_in = drop_in
         self.__path__: list[str] = []  # a package: its submodules are found through the finder too
 
+    @override
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
@@ -114,6 +117,7 @@ class AliasModule(types.ModuleType):
         setattr(self, name, value)
         return value
 
+    @override
     def __dir__(self) -> list[str]:
         return sorted({*super().__dir__(), *self._fabric_drop_in.public_names(self.__name__)})
 
@@ -124,6 +128,7 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, drop_in: DropIn, roots: Sequence[str]) -> None:
         self.drop_in, self.roots = drop_in, tuple(roots)
 
+    @override
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if not any(fullname == root or fullname.startswith(root + ".") for root in self.roots):
             return None
@@ -134,9 +139,11 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             raise self.drop_in.unknown(fullname)
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
+    @override
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         return AliasModule(spec.name, self.drop_in)
 
+    @override
     def exec_module(self, module: types.ModuleType) -> None:
         """Nothing to run: the names resolve on first use."""
 
@@ -161,6 +168,7 @@ class _RefusingStandIn:
     def __getattr__(self, name: str) -> Any:
         raise object.__getattribute__(self, "_error")
 
+    @override
     def __repr__(self) -> str:
         return f"<not provided: {object.__getattribute__(self, '_error')}>"
 

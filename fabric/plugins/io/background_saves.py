@@ -18,7 +18,9 @@ write and fail with it, so a rank that loads after its future completed reads th
 from __future__ import annotations
 
 import copy
+import functools
 import sys
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -51,7 +53,7 @@ class BackgroundSaves:
         self.wait()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fabric-checkpoint")
-            register_cleanup(self._fail_the_process_if_the_last_save_failed)
+            register_cleanup(functools.partial(_at_exit, weakref.ref(self)))  # not kept alive (snapshot memory) for it
         pending = self._executor.submit(_reporting_failure, write, description)
         self._pending = pending
         return pending
@@ -61,15 +63,6 @@ class BackgroundSaves:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
-
-    def _fail_the_process_if_the_last_save_failed(self) -> None:
-        """At exit (the save thread has finished by then): a last save that failed, and that no later save or
-        load raised, ends the process with code 1 (its error was printed when it happened)."""
-        try:
-            self.wait()
-        except BaseException:
-            print("fabric: exiting with code 1: the last background save failed (see above).", file=sys.stderr)
-            exit_process(1, run_registered_cleanups=True)
 
     def snapshot(self, state: dict[str, Any]) -> dict[str, Any]:
         """A copy of ``state`` that nothing the caller does later can change: its tensors in CPU memory this
@@ -125,6 +118,19 @@ class BackgroundSaves:
 def _plain(tensor: torch.Tensor) -> bool:
     """A dense, strided tensor whose memory can be reused (not sparse, quantized or a tensor subclass)."""
     return type(tensor) is torch.Tensor and tensor.layout == torch.strided and not tensor.is_quantized
+
+
+def _at_exit(saves: weakref.ref[BackgroundSaves]) -> None:
+    """At exit (the save thread has finished by then): a last save that failed, and that no later save or load
+    raised, ends the process with code 1 (its error was printed when it happened)."""
+    alive = saves()
+    if alive is None:
+        return
+    try:
+        alive.wait()
+    except BaseException:
+        print("fabric: exiting with code 1: the last background save failed (see above).", file=sys.stderr)
+        exit_process(1, run_registered_cleanups=True)
 
 
 def written_by_rank_zero(write: Callable[[], None] | None, group: ProcessGroup, description: str) -> None:
