@@ -24,6 +24,18 @@ _DP = Refused("DataParallel (strategy='dp') is not supported; use DDPStrategy (s
 _FP8 = Refused("TransformerEngine's FP8 is not provided yet; train in precision='bf16-mixed'.")
 _NOT_YET = "not provided yet; "
 
+#: Lightning's precision plugins that are not in ``fabric.plugins.precision`` (``lightning.fabric.plugins`` and
+#: ``lightning.fabric.plugins.precision`` both export them).
+_PRECISIONS_ELSEWHERE: dict[str, str | Refused] = {
+    "BitsandbytesPrecision": "fabric.plugins.precision.bitsandbytes:BitsandbytesPrecision",
+    "DeepSpeedPrecision": "fabric.strategies.deepspeed.precision:DeepSpeedPrecision",
+    "FSDPPrecision": Refused(
+        "FSDPStrategy takes the ordinary precision plugins; pass precision='bf16-mixed' (or 'bf16-true')."
+    ),
+    "TransformerEnginePrecision": _FP8,
+    "XLAPrecision": _XLA,
+}
+
 #: The names of ``lightning`` that are Lightning's own even in drop-in mode (kept as they are when it is installed).
 LIGHTNING_OWN_NAMES = ("Callback", "LightningDataModule", "LightningModule", "Trainer", "__version__")
 
@@ -73,13 +85,7 @@ LIGHTNING_FABRIC = DropIn(
                 "DoublePrecision": "fabric.plugins.precision:DoublePrecision",
                 "HalfPrecision": "fabric.plugins.precision:HalfPrecision",
                 "MixedPrecision": "fabric.plugins.precision:MixedPrecision",
-                "BitsandbytesPrecision": "fabric.plugins.precision.bitsandbytes:BitsandbytesPrecision",
-                "DeepSpeedPrecision": "fabric.strategies.deepspeed.precision:DeepSpeedPrecision",
-                "FSDPPrecision": Refused(
-                    "FSDPStrategy takes the ordinary precision plugins; pass precision='bf16-mixed' (or 'bf16-true')."
-                ),
-                "TransformerEnginePrecision": _FP8,
-                "XLAPrecision": _XLA,
+                **_PRECISIONS_ELSEWHERE,
                 "XLACheckpointIO": _XLA,
             }
         ),
@@ -92,15 +98,7 @@ LIGHTNING_FABRIC = DropIn(
         ),
         "lightning.fabric.plugins.precision": AliasedModule(
             ours="fabric.plugins.precision",
-            names={
-                "BitsandbytesPrecision": "fabric.plugins.precision.bitsandbytes:BitsandbytesPrecision",
-                "DeepSpeedPrecision": "fabric.strategies.deepspeed.precision:DeepSpeedPrecision",
-                "FSDPPrecision": Refused(
-                    "FSDPStrategy takes the ordinary precision plugins; pass precision='bf16-mixed' (or 'bf16-true')."
-                ),
-                "TransformerEnginePrecision": _FP8,
-                "XLAPrecision": _XLA,
-            },
+            names=_PRECISIONS_ELSEWHERE,
         ),
         "lightning.fabric.plugins.io": AliasedModule(ours="fabric.plugins.io", names={"XLACheckpointIO": _XLA}),
         "lightning.fabric.loggers": AliasedModule(ours="fabric.loggers"),

@@ -5,12 +5,11 @@ each step's full weights to ``OUT/step{N}.pt`` before saving it. With ``kill``, 
 its shard of the second save, after the data went out and before the file was closed.
 """
 
-import os
-import signal
 import sys
 from pathlib import Path
 
 import torch
+from upload_kill import die_during_shard_upload
 
 from fabric import Fabric
 
@@ -18,32 +17,10 @@ url, out = sys.argv[1], Path(sys.argv[2])
 kill = sys.argv[3:] == ["kill"]
 
 
-def die_in_second_shard_upload() -> None:
-    import fsspec.spec
-
-    opened = fsspec.spec.AbstractBufferedFile.__init__
-    shard_writes = []
-
-    def watched(file, *args, **kwargs):
-        opened(file, *args, **kwargs)
-        if "w" in file.mode and file.path.endswith(".distcp"):
-            shard_writes.append(file.path)
-            if len(shard_writes) == 2:
-                original_write = file.write
-
-                def write_then_die(data):
-                    original_write(data)
-                    os.kill(os.getpid(), signal.SIGKILL)
-
-                file.write = write_then_die
-
-    fsspec.spec.AbstractBufferedFile.__init__ = watched
-
-
 fabric = Fabric(accelerator="cpu", strategy="fsdp", devices=2)
 fabric.launch()
-if kill and fabric.global_rank == 1:
-    die_in_second_shard_upload()
+if kill:
+    die_during_shard_upload(rank=1, nth=2)
 torch.manual_seed(0)
 model = fabric.setup(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)))
 for step in (1, 2):

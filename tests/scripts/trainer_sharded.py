@@ -8,13 +8,13 @@ to an object store, after the data went out and before the file was closed.
 """
 
 import os
-import signal
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from upload_kill import die_during_shard_upload
 
 from fabric.trainer import Trainer
 
@@ -22,31 +22,8 @@ strategy, folder, duration, out = sys.argv[1:5]
 options = {key: int(value) for key, value in (argument.split("=", 1) for argument in sys.argv[5:])}
 
 
-def kill_during_save(rank: int, save: int) -> None:
-    """Make rank ``rank`` die inside its ``save``-th checkpoint write to an object store."""
-    import fsspec.spec
-
-    opened = fsspec.spec.AbstractBufferedFile.__init__
-    writes = []
-
-    def watched(file, *args, **kwargs):
-        opened(file, *args, **kwargs)
-        if "w" in file.mode and file.path.endswith(".distcp") and int(os.environ["RANK"]) == rank:
-            writes.append(file.path)
-            if len(writes) == save:
-                original_write = file.write
-
-                def write_then_die(data):
-                    original_write(data)
-                    os.kill(os.getpid(), signal.SIGKILL)
-
-                file.write = write_then_die
-
-    fsspec.spec.AbstractBufferedFile.__init__ = watched
-
-
 if "KILL_RANK_AT_SAVE" in os.environ:
-    kill_during_save(*(int(part) for part in os.environ["KILL_RANK_AT_SAVE"].split(":")))
+    die_during_shard_upload(*(int(part) for part in os.environ["KILL_RANK_AT_SAVE"].split(":")))
 
 
 class Regressor(nn.Module):

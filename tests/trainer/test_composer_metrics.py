@@ -170,3 +170,12 @@ def test_in_memory_logger_gives_a_metric_over_time_to_plot() -> None:
     assert losses["batch"] == list(range(1, 13)) and losses["batch_in_epoch"] == [1, 2, 3, 4] * 3
     with pytest.raises(ValueError, match=r"No values of 'accuracy' were logged; logged: \[.*'loss/train/total'"):
         memory.get_timeseries("accuracy")
+
+
+def test_the_trainers_metric_functions_keep_their_import_path_after_the_move_into_a_package() -> None:
+    """``fabric/trainer/metrics.py`` became the package ``fabric/trainer/metrics/``; its names import as before."""
+    from fabric.trainer.metrics import CallableMetric, compute_metrics, model_metrics, rounds, update_metric
+
+    assert (CallableMetric, compute_metrics, model_metrics, update_metric) == (
+        rounds.CallableMetric, rounds.compute_metrics, rounds.model_metrics, rounds.update_metric
+    )  # fmt: skip
