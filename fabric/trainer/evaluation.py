@@ -12,7 +12,10 @@ option, for eval batches that do not fit at once): EVAL_BEFORE_FORWARD/EVAL_AFTE
 microbatch with ``state.batch`` the microbatch, the metrics see every microbatch, and at EVAL_BATCH_END
 ``state.batch`` is the whole batch again and ``state.outputs`` the microbatches' outputs joined (concatenated
 tensors, else a list). ``"auto"`` starts at the whole batch and halves on out-of-memory errors, agreed over
-the ranks; the metrics are updated only once the whole batch went through, so a retry counts nothing twice.
+the ranks. No forward that gave outputs runs twice: after an out-of-memory error (on any rank) each rank runs
+only what it has left, smaller, so EVAL_AFTER_FORWARD fires once per sample; only the forward that ran out of
+memory had its EVAL_BEFORE_FORWARD without an EVAL_AFTER_FORWARD. The metrics are updated once the whole batch
+went through.
 """
 
 from __future__ import annotations
@@ -216,27 +219,33 @@ def _forward_auto(
     evaluator: Evaluator,
     samples: int,
 ) -> list[tuple[Any, Any]]:
-    """The batch's forwards at the evaluator's current microbatch size (first the whole batch), halved after an
-    out-of-memory error on any rank until every rank's forwards fit; the size found is kept for the next batch."""
-    fabric, batch = require_fabric(state), state.batch
+    """The batch's forwards at the evaluator's current microbatch size (first the whole batch). After an
+    out-of-memory error on any rank every rank halves the size for what it has left: the forwards that gave
+    outputs are kept (their events fired once), only the one that ran out of memory is run again, smaller.
+    The size all ranks ended with is kept for the next batch."""
+    fabric, spec = require_fabric(state), evaluator.data_spec
     size = evaluator.auto_microbatch_size or samples
+    kept: list[tuple[Any, Any]] = []
+    left = [state.batch]  # what this rank has still to run, in order
     while True:
         failure: BaseException | None = None
-        forwards: list[tuple[Any, Any]] = []
-        try:
-            for part in evaluator.data_spec.split_batch(batch, size):
-                forwards.append(_forward(state, run_event, eval_forward, part))
-        except BaseException as error:
-            if not is_out_of_memory(error):
-                raise
-            failure, forwards = error, []
+        parts = [part for chunk in left for part in spec.split_batch(chunk, size)]
+        left = []
+        for index, part in enumerate(parts):
+            try:
+                kept.append(_forward(state, run_event, eval_forward, part))
+            except BaseException as error:
+                if not is_out_of_memory(error):
+                    raise
+                failure, left = error, parts[index:]
+                break
         any_failed = failure is not None
-        if fabric.world_size > 1:
+        if fabric.world_size > 1:  # every rank runs the same rounds, so the sizes stay the same on all
             flag = torch.tensor(float(any_failed), device=fabric.device)
             any_failed = bool(fabric.all_reduce(flag, reduce_op="max").item())
         if not any_failed:
             evaluator.auto_microbatch_size = state.device_eval_microbatch_size = size
-            return forwards
+            return kept
         if size == 1:
             raise RuntimeError(
                 f"Out of memory with device_eval_microbatch_size=1 in evaluator {evaluator.label!r}: even one sample "

@@ -188,6 +188,11 @@ def write_huggingface_pretrained(checkpoint: str | os.PathLike[str], folder: str
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file; write_huggingface_pretrained writes a folder.")
     tokenizer_files = extra.get("tokenizer", {})
+    if not isinstance(tokenizer_files, Mapping):
+        raise ValueError(
+            f"{path} holds a tokenizer entry of type {type(tokenizer_files).__name__}; a HuggingFaceModel saves its "
+            "tokenizer as a dict of file name -> bytes. Nothing was written."
+        )
     name_max = _longest_file_name(out)
     for name, content in tokenizer_files.items():
         problem = _tokenizer_file_problem(name, content, name_max)

@@ -2,8 +2,9 @@
 
 With ``devices=2`` constructing the Trainer starts rank 1 (strategy "ddp" re-runs this script). The global
 batch is 16 whatever the number of ranks, so every run should reach the same weights. ``auto_oom`` makes
-rank 1 alone run out of memory on batches above 4 samples: both ranks must agree to halve. ``lbfgs`` trains
-with LBFGS and a strong-Wolfe line search, whose decisions follow the closure's loss.
+rank 1 alone run out of memory on training batches above 4 samples (both ranks must agree to halve) and on eval
+forwards above 2 samples (rank 0's forwards are kept; each rank counts the samples its kept forwards saw).
+``lbfgs`` trains with LBFGS and a strong-Wolfe line search, whose decisions follow the closure's loss.
 """
 
 import sys
@@ -14,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.evaluation import Evaluator
 from fabric.trainer.trainer import Trainer
 
 out_dir, devices = Path(sys.argv[1]), int(sys.argv[2])
@@ -28,7 +31,7 @@ class Regressor(nn.Module):
         self.rank = 0
 
     def forward(self, batch):
-        if inject_oom and self.training and self.rank == 1 and len(batch[0]) > 4:
+        if inject_oom and self.rank == 1 and len(batch[0]) > (4 if self.training else 2):
             raise torch.OutOfMemoryError("injected on rank 1")
         return self.net(batch[0])
 
@@ -39,15 +42,29 @@ class Regressor(nn.Module):
         return {"mae": lambda outputs, batch: (outputs - batch[1]).abs().mean()}
 
 
+class EvalForwardSamples(Callback):
+    """Counts the samples of the eval forwards that EVAL_AFTER_FORWARD reports."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+
+    def eval_after_forward(self, state, logger):
+        self.samples += len(state.batch[0])
+
+
 torch.manual_seed(0)
 model = Regressor()
+counter = EvalForwardSamples()
 x = torch.randn(64, 6, generator=torch.Generator().manual_seed(1))
 y = x.sum(dim=1, keepdim=True).sin()
 data = TensorDataset(x, y)
 trainer = Trainer(
     model=model,
     train_dataloader=DataLoader(data, batch_size=16 // devices),
-    eval_dataloader=DataLoader(data, batch_size=8),
+    eval_dataloader=Evaluator(
+        "eval", DataLoader(data, batch_size=8), device_eval_microbatch_size="auto" if inject_oom else None
+    ),
+    callbacks=counter,
     max_duration="3ep",
     optimizers=(
         torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, line_search_fn="strong_wolfe")
@@ -73,6 +90,8 @@ torch.save(
         "mae": state.metrics["metrics/eval/mae"],
         "microbatch": state.device_train_microbatch_size,
         "world_size": trainer.fabric.world_size,
+        "eval_forward_samples": counter.samples,
+        "eval_microbatch": state.device_eval_microbatch_size,
     },
     out_dir / f"rank{trainer.fabric.global_rank}.pt",
 )

@@ -232,6 +232,25 @@ def test_every_torch_load_in_a_safe_deepspeed_load_is_weights_only(tmp_path: Pat
     assert marker.exists()
 
 
+@pytest.mark.parametrize("fault", ["legacy format", "truncated"])
+def test_a_model_state_file_that_cannot_be_mapped_or_read_gives_a_checkpoint_error_naming_it(
+    fault: str, tmp_path: Path
+) -> None:
+    """A legacy-format (pre-zip) file gave torch's raw ``RuntimeError: mmap can only be used with files saved with
+    ...``; it is read whole. Truncated bytes name the file."""
+    tag = tmp_path / "checkpoint" / "tag-1"
+    tag.mkdir(parents=True)
+    (tag.parent / "latest").write_text("tag-1")
+    state_file = tag / "mp_rank_00_model_states.pt"
+    torch.save({"module": {}, "fabric_client_state": {"step": 7}}, state_file, _use_new_zipfile_serialization=False)
+    if fault == "legacy format":
+        assert checkpoints.read_client_state(tag.parent, "tag-1") == {"step": 7}
+        return
+    state_file.write_bytes(state_file.read_bytes()[:40])
+    with pytest.raises(CheckpointError, match=r"mp_rank_00_model_states.pt' is not a readable checkpoint"):
+        checkpoints.read_client_state(tag.parent, "tag-1")
+
+
 def test_loading_a_file_as_a_deepspeed_checkpoint_points_to_single_device_loading(tmp_path: Path) -> None:
     file = tmp_path / "weights.pt"
     file.write_bytes(b"")

@@ -170,6 +170,16 @@ def test_a_tokenizer_file_name_that_cannot_be_written_beside_the_model_is_refuse
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tokenizer_entry_that_is_not_a_dict_of_files_is_refused_naming_its_type(tmp_path: Path) -> None:
+    """A list there gave ``AttributeError: 'list' object has no attribute 'items'``."""
+    state = HuggingFaceModel(script.tiny_gpt2(), tokenizer=_tokenizer()).state_dict()
+    state["_extra_state"]["tokenizer"] = [b"{}"]
+    torch.save({"model": state}, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"ckpt.pt holds a tokenizer entry of type list; .* Nothing was written"):
+        write_huggingface_pretrained(tmp_path / "ckpt.pt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_export_that_fails_midway_leaves_no_folder_and_keeps_an_existing_one_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

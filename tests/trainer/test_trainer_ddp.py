@@ -52,6 +52,11 @@ def test_auto_microbatching_agrees_across_ranks_when_only_one_runs_out_of_memory
 ) -> None:
     ranks = _train(tmp_path, "2", "auto_oom")
     assert [rank["microbatch"] for rank in ranks] == [4, 4]  # rank 1 failed at 8; both halved together
+    # Eval: rank 1 alone ran out of memory above 2 samples. Rank 0's forwards of 8 were thrown away and run again,
+    # so a callback at EVAL_AFTER_FORWARD counted 48 samples of its 32 in the first evaluation. Now no forward that
+    # produced outputs is discarded: 3 evaluations of each rank's 32 samples, and the metric is unchanged.
+    assert [rank["eval_forward_samples"] for rank in ranks] == [96, 96]
+    assert [rank["eval_microbatch"] for rank in ranks] == [2, 2]
     _assert_same_training(ranks, one_process)
 
 

@@ -30,7 +30,7 @@ import torch
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.deepspeed_safe_load import safe_loading
 from fabric.plugins.io.storage import filesystem, is_remote, require_bucket
-from fabric.plugins.io.torch_io import TorchCheckpointIO
+from fabric.plugins.io.torch_io import TorchCheckpointIO, read_torch_file
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.lazy import install_hint
 
@@ -175,7 +175,7 @@ def read_client_state(directory: Path, tag: str, weights_only: bool = True) -> d
     files = sorted((directory / tag).glob("*model_states.pt"))
     if not files:
         raise CheckpointError(f"{os.fspath(directory / tag)!r} holds no DeepSpeed model state file.")
-    saved = torch.load(files[0], map_location="cpu", weights_only=weights_only, mmap=True)
+    saved = read_torch_file(files[0], os.fspath(files[0]), weights_only, mmap=True)
     client_state = saved.get("fabric_client_state")
     if not isinstance(client_state, dict):
         raise CheckpointError(f"{os.fspath(files[0])!r} was not written by Fabric's DeepSpeedStrategy.")

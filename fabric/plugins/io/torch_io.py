@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,25 +68,7 @@ class TorchCheckpointIO(CheckpointIO):
         if fs.isdir(target):
             raise CheckpointError(f"{os.fspath(path)!r} is a directory, not a checkpoint file.")
         with fs.open(target, "rb") as file:
-            try:
-                return torch.load(file, map_location="cpu", weights_only=weights_only)
-            except pickle.UnpicklingError as error:
-                if not weights_only or not _starts_like_torch_save(file):
-                    # Garbage also fails the safe unpickler; never advise unsafe loading for it.
-                    raise CheckpointError(
-                        f"{os.fspath(path)!r} is not a readable checkpoint (corrupt or not written by "
-                        f"torch.save): {refusal_detail(error)}"
-                    ) from error
-                raise CheckpointError(
-                    f"{os.fspath(path)!r} holds objects that safe loading (weights_only=True) refuses. "
-                    "Only if you trust where this file came from, load it with weights_only=False. "
-                    f"Details: {refusal_detail(error)}"
-                ) from error
-            except Exception as error:  # foreign bytes fail torch's readers in many ways (KeyError, IndexError)
-                raise CheckpointError(
-                    f"{os.fspath(path)!r} is not a readable checkpoint (truncated, corrupt or not written by "
-                    f"torch.save): {str(error) or type(error).__name__}"
-                ) from error
+            return read_torch_file(file, os.fspath(path), weights_only)
 
     @override
     def remove_checkpoint(self, path: PathType, storage_options: StorageOptions = None) -> None:
@@ -94,11 +77,42 @@ class TorchCheckpointIO(CheckpointIO):
             fs.rm(target, recursive=True)
 
 
+def read_torch_file(file: Any, name: str, weights_only: bool = True, mmap: bool = False) -> Any:
+    """``torch.load`` of ``file`` (an open binary file, or a local path with ``mmap``) onto the CPU, every failure a
+    :class:`CheckpointError` naming ``name``: refused objects (with the only safe advice), foreign or truncated bytes.
+
+    ``mmap`` maps the file only when it is in the zip format; torch's legacy format cannot be mapped and is read whole.
+    """
+    if mmap and not zipfile.is_zipfile(file):
+        mmap = False
+    try:
+        return torch.load(file, map_location="cpu", weights_only=weights_only, mmap=mmap)
+    except pickle.UnpicklingError as error:
+        if not weights_only or not _starts_like_torch_save(file):
+            # Garbage also fails the safe unpickler; never advise unsafe loading for it.
+            raise CheckpointError(
+                f"{name!r} is not a readable checkpoint (corrupt or not written by torch.save): {refusal_detail(error)}"
+            ) from error
+        raise CheckpointError(
+            f"{name!r} holds objects that safe loading (weights_only=True) refuses. Only if you trust where this "
+            f"file came from, load it with weights_only=False. Details: {refusal_detail(error)}"
+        ) from error
+    except Exception as error:  # foreign bytes fail torch's readers in many ways (KeyError, IndexError)
+        raise CheckpointError(
+            f"{name!r} is not a readable checkpoint (truncated, corrupt or not written by torch.save): "
+            f"{str(error) or type(error).__name__}"
+        ) from error
+
+
 def _starts_like_torch_save(file: Any) -> bool:
     """Whether the file begins as ``torch.save`` output does: a zip archive, or (legacy format) a pickle."""
     try:
-        file.seek(0)
-        head = file.read(4)
+        if isinstance(file, (str, os.PathLike)):
+            with open(file, "rb") as opened:
+                head = opened.read(4)
+        else:
+            file.seek(0)
+            head = file.read(4)
     except (OSError, ValueError):
         return True  # cannot tell: keep the safe-loading advice
     return bool(head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"))
