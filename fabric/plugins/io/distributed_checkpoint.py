@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
-from fabric.plugins.io.storage import filesystem, is_remote, require_bucket
+from fabric.plugins.io.storage import filesystem, fsspec_options, is_remote, require_bucket
 from fabric.plugins.io.temporaries import (
     ABANDONED_AFTER,
     create_locked,
@@ -153,7 +153,7 @@ def _remote_writer(location: PathType, storage_options: StorageOptions, generati
             ]
 
     # An object is durable once its upload finished: nothing to fsync (DCP would sync the whole local disk).
-    return Writer(os.fspath(location), sync_files=False, **dict(storage_options or {}))
+    return Writer(os.fspath(location), sync_files=False, **fsspec_options(location, storage_options))
 
 
 def _local_writer(location: PathType) -> Any:
@@ -257,7 +257,7 @@ def _reader(path: PathType, weights_only: bool, storage_options: StorageOptions 
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         remote = safe_dcp.SafeFsspecReader if weights_only else FsspecReader
-        return remote(os.fspath(path), **dict(storage_options or {}))
+        return remote(os.fspath(path), **fsspec_options(path, storage_options))
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     return (safe_dcp.SafeFileSystemReader if weights_only else FileSystemReader)(os.fspath(path))

@@ -9,6 +9,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
+from fabric.plugins.io.s3_requests import bounded_options, is_s3
 from fabric.utilities.exceptions import CheckpointError
 
 if TYPE_CHECKING:
@@ -23,9 +24,17 @@ def filesystem(path: PathType, storage_options: StorageOptions = None) -> tuple[
     """
     import fsspec
 
-    fs, inner = fsspec.core.url_to_fs(os.fspath(path), **(storage_options or {}))
+    fs, inner = fsspec.core.url_to_fs(os.fspath(path), **fsspec_options(path, storage_options))
     fs.invalidate_cache(inner)
     return fs, inner
+
+
+def fsspec_options(path: PathType, storage_options: StorageOptions = None) -> dict[str, Any]:
+    """The options every fsspec filesystem of ``path`` is made with: ``storage_options``, and for ``s3://`` URLs
+    bounded, announced requests where they leave them out (:mod:`fabric.plugins.io.s3_requests`)."""
+    if is_s3(os.fspath(path)):
+        return bounded_options(dict(storage_options or {}))
+    return dict(storage_options or {})
 
 
 #: fsspec protocols of object stores: an object written in one request (single or multipart upload)
@@ -53,11 +62,18 @@ def require_bucket(fs: AbstractFileSystem, inner: str, url: PathType) -> None:
     if not BUCKET_PROTOCOLS.intersection(_protocols(fs)):
         return
     bucket = inner.lstrip("/").split("/", 1)[0]
-    if not fs.exists(bucket):
+    try:
+        fs.info(bucket)  # unlike exists(), says why when the store cannot be asked (a timeout is not "missing")
+    except (FileNotFoundError, PermissionError) as error:
         raise CheckpointError(
             f"Cannot save to {os.fspath(url)!r}: the bucket {bucket!r} does not exist (or these credentials cannot "
             "see it). Fabric never creates a bucket: correct the URL, or create the bucket first."
-        )
+        ) from error
+    except Exception as error:
+        raise CheckpointError(
+            f"Cannot save to {os.fspath(url)!r}: the bucket {bucket!r} could not be checked: "
+            f"{type(error).__name__}: {error}"
+        ) from error
 
 
 def check_writable_folder(url: str, storage_options: StorageOptions = None) -> None:
