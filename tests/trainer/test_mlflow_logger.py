@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 mlflow = pytest.importorskip("mlflow")
 
+from mlflow_server import OutageProxy  # noqa: E402
 from tiny_models import Regressor, SigtermAtBatch  # noqa: E402
 
 from fabric.trainer import Trainer  # noqa: E402
@@ -125,10 +127,10 @@ def test_a_preempted_run_ends_killed(store: str, tmp_path: Path) -> None:
 
 class StoreOutage(Callback):
     """Makes the file store unwritable from the end of batch ``fail_at`` (its folder swapped for a plain file) until
-    the end of batch ``recover_at``."""
+    the end of batch ``recover_at``, once the logger's writer has tried what it was given in between."""
 
-    def __init__(self, folder: Path, fail_at: int, recover_at: int) -> None:
-        self.folder, self.fail_at, self.recover_at = folder, fail_at, recover_at
+    def __init__(self, folder: Path, logger: MLFlowLogger, fail_at: int, recover_at: int) -> None:
+        self.folder, self.logger, self.fail_at, self.recover_at = folder, logger, fail_at, recover_at
 
     def batch_end(self, state: Any, logger: Any) -> None:
         aside = self.folder.with_name("mlruns-aside")
@@ -136,6 +138,7 @@ class StoreOutage(Callback):
             self.folder.rename(aside)
             self.folder.write_text("not a folder")
         elif int(state.timestamp.batch) == self.recover_at:
+            self.logger.flush(wait=True)  # the writer has met the outage
             self.folder.unlink()
             aside.rename(self.folder)
 
@@ -143,7 +146,7 @@ class StoreOutage(Callback):
 def test_a_tracking_store_that_fails_mid_run_warns_once_and_loses_nothing(store: str, tmp_path: Path) -> None:
     """A store that failed at batch 3 made fit() raise at the next flush (and a secondary error hid the first)."""
     logger = MLFlowLogger(experiment_name="outage", tracking_uri=store, flush_interval=1)
-    outage = StoreOutage(tmp_path / "mlruns", fail_at=3, recover_at=6)
+    outage = StoreOutage(tmp_path / "mlruns", logger, fail_at=3, recover_at=6)
     trainer = _one_epoch_trainer(Regressor(), logger, samples=32, callbacks=outage)
     with pytest.warns(UserWarning, match="MLFlowLogger could not write metrics to the tracking store") as caught:
         trainer.fit()
@@ -153,6 +156,40 @@ def test_a_tracking_store_that_fails_mid_run_warns_once_and_loses_nothing(store:
     assert client.get_run(logger.run_id).info.status == "FINISHED"
     history = client.get_metric_history(logger.run_id, "loss/train/total")
     assert sorted(metric.step for metric in history) == list(range(1, 9))  # the outage's values were written later
+
+
+class OutageFrom(Callback):
+    """Starts the proxy's outage at the end of batch ``batch``."""
+
+    def __init__(self, proxy: OutageProxy, batch: int) -> None:
+        self.proxy, self.batch = proxy, batch
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        if int(state.timestamp.batch) == self.batch:
+            self.proxy.hold()
+
+
+def test_a_tracking_server_that_stops_answering_does_not_hold_training_and_loses_nothing(mlflow_server: str) -> None:
+    """The logger wrote on the training thread: a server answering 503 for 45 s stopped training for 62 s, and one
+    that answers nothing held it until MLflow's request timeout. The outage here lasts until fit() has returned."""
+    proxy = OutageProxy(mlflow_server)
+    logger = MLFlowLogger(experiment_name="server-outage", tracking_uri=proxy.url, flush_interval=1)
+    trainer = _one_epoch_trainer(Regressor(), logger, samples=32, callbacks=OutageFrom(proxy, batch=2))
+    fitting = threading.Thread(target=trainer.fit, daemon=True)
+    fitting.start()
+    fitting.join(timeout=120)
+    finished_during_the_outage = not fitting.is_alive()
+    writer_met_the_outage = proxy.wait_for_held(timeout=60)  # the writer's next request, held
+    proxy.release()
+    fitting.join()
+    trainer.close()  # sends what the outage kept back, and waits for it
+    proxy.close()
+    assert finished_during_the_outage, "training waited for the tracking server"
+    assert writer_met_the_outage
+    client = mlflow.tracking.MlflowClient(tracking_uri=mlflow_server)
+    assert client.get_run(logger.run_id).info.status == "FINISHED"
+    history = client.get_metric_history(logger.run_id, "loss/train/total")
+    assert sorted(metric.step for metric in history) == list(range(1, 9))
 
 
 def _one_epoch_trainer(model: nn.Module, logger: MLFlowLogger, samples: int = 16, **options: Any) -> Trainer:

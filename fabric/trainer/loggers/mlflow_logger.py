@@ -12,12 +12,16 @@ value is logged, not before. Only global rank 0 logs::
 
 The run is named after the Trainer's ``run_name`` unless ``run_name`` is given. Metrics keep the
 Trainer's names (``loss/train/total``, ``metrics/eval/accuracy``) and the global batch count as their
-step; they are buffered and written with one ``log_batch`` call every ``flush_interval`` batches and
-on close. Hyperparameters become MLflow params (nested dicts flattened to ``a/b``; values as text).
+step; they are buffered and handed every ``flush_interval`` batches to a writer thread, which sends them with
+``log_batch`` (:class:`~fabric.trainer.loggers.background_writer.BackgroundWriter`): a tracking server that is slow,
+failing or not answering never holds training (nor, on DDP, the ranks that wait for rank 0), and what it has not
+taken is kept and sent again at the next flush. Closing sends the rest and waits for it. Hyperparameters become
+MLflow params (nested dicts flattened to ``a/b``; values as text), written at once.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Mapping
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from fabric.trainer.loggers.background_writer import BackgroundWriter
 from fabric.trainer.loggers.destination import LoggerDestination
 from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
@@ -63,10 +68,8 @@ class MLFlowLogger(LoggerDestination):
         self.run_id: str | None = None
         self._running = False
         self._client: Any = None
-        self._pending: list[Any] = []
-        self._store_error: Exception | None = None  # the last failure of the tracking store, until it recovers
+        self._writer: BackgroundWriter[Any] | None = None  # the run's metric writer, from its first value to close
         self._warned = False
-        self._dropped = 0
 
     @override
     def init(self, state: State, logger: Logger) -> None:
@@ -79,7 +82,8 @@ class MLFlowLogger(LoggerDestination):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self._pending.extend(Metric(name, float(value), now, step) for name, value in metrics.items())
+        assert self._writer is not None
+        self._writer.add(Metric(name, float(value), now, step) for name, value in metrics.items())
 
     @override
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
@@ -92,37 +96,28 @@ class MLFlowLogger(LoggerDestination):
 
     @override
     def batch_end(self, state: State, logger: Logger) -> None:
-        if self._pending and int(state.timestamp.batch) % self.flush_interval == 0:
+        if self._writer is not None and self._writer.pending and int(state.timestamp.batch) % self.flush_interval == 0:
             self.flush()
 
-    def flush(self) -> None:
-        """Write the buffered metrics now.
+    def flush(self, wait: bool = False) -> None:
+        """Send the buffered metrics, on the writer's thread; with ``wait=True`` return once they were sent or failed.
 
-        A store that fails mid-run (full disk, read-only mount, an unreachable server) does not stop training: the
-        metrics stay buffered (at most :data:`MAX_BUFFERED` values, the oldest dropped first) and are tried again at
-        the next flush; the first failure warns once, and closing warns of anything never written.
+        A store that fails mid-run (full disk, read-only mount, a server answering 503 or not at all) does not stop
+        training: the metrics stay buffered (at most :data:`MAX_BUFFERED` values, the oldest dropped first) and are
+        sent again at the next flush; the first failure warns once, and closing warns of anything never written.
         """
-        while self._pending:
-            chunk = self._pending[:1000]  # MLflow takes at most 1000 metrics per call
-            try:
-                self._client.log_batch(self.run_id, metrics=chunk)
-            except Exception as error:
-                self._store_failed("write metrics to", error)
-                return
-            del self._pending[: len(chunk)]
-        self._store_error = None
+        if self._writer is not None:
+            self._writer.flush()
+            if wait:
+                self._writer.wait()
 
     def _store_failed(self, doing: str, error: Exception) -> None:
-        if self._store_error is None and not self._warned:
+        if not self._warned:
             rank_zero_warn(
                 f"MLFlowLogger could not {doing} the tracking store {self._client.tracking_uri!r} ({error}). Training "
                 "goes on; the metrics stay buffered and are tried again at each flush."
             )
             self._warned = True
-        self._store_error = error
-        if len(self._pending) > MAX_BUFFERED:
-            self._dropped += len(self._pending) - MAX_BUFFERED
-            del self._pending[: len(self._pending) - MAX_BUFFERED]
 
     @override
     def log_exception(self, exception: BaseException) -> None:
@@ -135,18 +130,18 @@ class MLFlowLogger(LoggerDestination):
         self._end("FINISHED")
 
     def _end(self, status: str) -> None:
-        if not self._running:
+        if not self._running or self._writer is None:
             return
-        self._running = False
-        self.flush()
+        self._running, writer, self._writer = False, self._writer, None
+        writer.close()  # one more try for what is buffered, waited for
         try:
             self._client.set_terminated(self.run_id, status=status)
         except Exception as error:
             self._store_failed(f"end the run {status} in", error)
-        if self._store_error is not None or self._dropped:
+        if writer.pending or writer.dropped:
             rank_zero_warn(
-                f"MLFlowLogger: {len(self._pending) + self._dropped} metric value(s) of run {self.run_id} were never "
-                f"written to {self._client.tracking_uri!r} (last error: {self._store_error})."
+                f"MLFlowLogger: {writer.pending + writer.dropped} metric value(s) of run {self.run_id} were never "
+                f"written to {self._client.tracking_uri!r} (last error: {writer.error})."
             )
 
     def _start(self) -> Any:
@@ -165,6 +160,13 @@ class MLFlowLogger(LoggerDestination):
                 experiment_id = experiment.experiment_id
             run = self._client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
             self.run_id, self._running = run.info.run_id, True
+            self._writer = BackgroundWriter(
+                functools.partial(self._client.log_batch, self.run_id),
+                functools.partial(self._store_failed, "write metrics to"),
+                chunk=1000,  # MLflow takes at most 1000 metrics per call
+                limit=MAX_BUFFERED,
+                name=f"MLFlowLogger {self.run_id}",
+            )
         return self._client
 
 
