@@ -162,6 +162,24 @@ class FabricModule(SetUpByFabric, nn.Module):
         self._strategy.module_loaded(self._original_module)
         return result
 
+    def __getitem__(self, index: Any) -> Any:
+        """``model[0]`` on a set-up ``nn.Sequential`` (or ``ModuleList``, ``ModuleDict``): the wrapped module's item,
+        as ``model.layer`` gives its attribute; ``for layer in model`` works through it too."""
+        try:
+            return self._original_module[index]  # type: ignore[index]
+        except TypeError as error:
+            raise TypeError(f"{error} (FabricModule indexes the module it wraps, `model.module`)") from error
+
+    def __len__(self) -> int:
+        """``len(model)``: the wrapped module's length (a ``Sequential``'s layers)."""
+        try:
+            return len(self._original_module)  # type: ignore[arg-type]
+        except TypeError as error:
+            raise TypeError(f"{error} (FabricModule measures the module it wraps, `model.module`)") from error
+
+    def __bool__(self) -> bool:
+        return True  # a module is truthy, whatever its length (``if model:`` never calls ``__len__``)
+
     def __getattr__(self, name: str) -> Any:
         # Our own submodules (``_forward_module``, ``_original_module``; the wrapper has no parameters or buffers).
         # Looked up without ``nn.Module.__getattr__``, whose AttributeError for every user attribute (``model.loss``

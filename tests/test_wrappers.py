@@ -336,3 +336,18 @@ def test_setting_up_twice_or_with_wrong_types_is_an_error() -> None:
         fabric.setup_optimizers(wrapped_optimizer)
     with pytest.raises(TypeError, match=r"expects an nn\.Module"):
         fabric.setup("model")  # type: ignore[call-overload]
+
+
+def test_a_set_up_sequential_indexes_iterates_and_has_the_length_of_the_module_it_wraps() -> None:
+    """``model[0]`` failed with "'FabricModule' object is not subscriptable" and no hint."""
+    layers = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    model = Fabric(accelerator="cpu", devices=1).setup_module(layers)
+    assert model[0] is layers[0] and list(model[1:]) == list(layers[1:])
+    assert [type(layer).__name__ for layer in model] == ["Linear", "ReLU", "Linear"]
+    assert len(model) == 3 and bool(model)
+    single = Fabric(accelerator="cpu", devices=1).setup_module(nn.Linear(2, 3))
+    assert bool(single)  # truthy although a Linear has no length
+    with pytest.raises(TypeError, match=r"'Linear' object is not subscriptable \(FabricModule indexes .*model.module"):
+        single[0]
+    with pytest.raises(TypeError, match=r"has no len\(\) \(FabricModule measures the module it wraps, `model.module`"):
+        len(single)

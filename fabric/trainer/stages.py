@@ -39,16 +39,21 @@ SWITCHABLE_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 
 
 def default_optimizer(model: nn.Module) -> Optimizer | None:
-    """Composer's default when no optimizer is given: ``DecoupledSGDW(model.parameters(), lr=0.1)``, with a warning;
-    None (and a warning) for a model without parameters."""
+    """Composer's default when no optimizer is given: ``DecoupledSGDW(model.parameters(), lr=0.1)``; None for a model
+    without parameters. Say so with :func:`warn_default_optimizer` once the arguments are known to be valid."""
     from fabric.trainer.optimizers import DecoupledSGDW
 
     if not any(True for _ in model.parameters()):
-        rank_zero_warn("No optimizer was specified, and the model has no parameters: no optimizer is created.")
         return None
-    optimizer = DecoupledSGDW(model.parameters(), lr=0.1)
-    rank_zero_warn(f"No optimizer was specified. Defaulting to {type(optimizer).__name__}(lr=0.1).")
-    return optimizer
+    return DecoupledSGDW(model.parameters(), lr=0.1)
+
+
+def warn_default_optimizer(optimizer: Optimizer | None) -> None:
+    """The warning that :func:`default_optimizer` chose ``optimizer`` (or, for ``None``, none at all)."""
+    if optimizer is None:
+        rank_zero_warn("No optimizer was specified, and the model has no parameters: no optimizer is created.")
+    else:
+        rank_zero_warn(f"No optimizer was specified. Defaulting to {type(optimizer).__name__}(lr=0.1).")
 
 
 def setup_new_optimizers(fabric: Fabric, model: nn.Module, optimizers: Any) -> list[Optimizer]:

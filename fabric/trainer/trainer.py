@@ -102,6 +102,7 @@ from fabric.trainer.stages import (
     restarted_interval,
     setup_new_optimizers,
     switch_precision,
+    warn_default_optimizer,
 )
 from fabric.trainer.surgery import reapply_surgery
 from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers, count_tokens
@@ -247,8 +248,9 @@ class Trainer:
         self._grad_accum = grad_accum if isinstance(grad_accum, int) else None  # resolved per train dataloader
         self.scale_schedule_ratio = float(scale_schedule_ratio)
         self.seed, self.run_name = _join_processes(self.fabric, seed, run_name)
-        if optimizers is None and (train_dataloader is not None or _as_list(schedulers)):
-            optimizers = default_optimizer(model)  # Composer's default, for a Trainer that is to train
+        defaulted = optimizers is None and (train_dataloader is not None or bool(_as_list(schedulers)))
+        if defaulted:
+            optimizers = default = default_optimizer(model)  # Composer's default, for a Trainer that is to train
         self.state = state = State(
             model=model,
             optimizers=_as_list(optimizers),
@@ -312,6 +314,8 @@ class Trainer:
         else:  # as in Composer, the load events fire in every set-up, also when nothing loads
             self.engine.run_event(Event.BEFORE_LOAD)
             self.engine.run_event(Event.AFTER_LOAD)
+        if defaulted:  # said only once every argument proved valid: never before a configuration error
+            warn_default_optimizer(default)
 
     @property
     def step_schedulers_every_batch(self) -> bool:
@@ -616,6 +620,7 @@ class Trainer:
                 "optimizers= (or train_dataloader=, for the default DecoupledSGDW) to the Trainer."
             )
         optimizer = default_optimizer(self.state.model)
+        warn_default_optimizer(optimizer)
         if optimizer is None:
             raise ValueError("fit() needs optimizers, and the model has no parameters to build the default one from.")
         self.state.optimizers = setup_new_optimizers(self.fabric, self.state.model, optimizer)

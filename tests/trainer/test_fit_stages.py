@@ -355,6 +355,15 @@ def test_without_optimizers_the_trainer_trains_with_decoupled_sgdw_lr_0_1_and_sa
     _assert_same_weights(model, reference)
 
 
+def test_a_configuration_error_comes_without_the_default_optimizer_warning_before_it(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    """Every Trainer configuration error was preceded by "No optimizer was specified. Defaulting to ..."."""
+    with pytest.raises(ValueError, match="eval_interval"):
+        _trainer(Regressor(), train_dataloader=_loader(), max_duration="2ep", eval_interval="often")
+    assert [str(w.message) for w in recwarn if "No optimizer" in str(w.message)] == []
+
+
 def test_an_eval_only_trainer_needs_no_optimizer_until_it_is_asked_to_train(recwarn: pytest.WarningsRecorder) -> None:
     model = Regressor()
     reference = copy.deepcopy(model)
