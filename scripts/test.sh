@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 ruff check .
 ruff format --check .
 mypy
-python -m pytest -q "$@"
+python -m pytest --durations=15 "$@"  # each file named as it runs; the slowest tests at the end
 if [ "$#" -eq 0 ]; then
   # The algorithm tests (conv, pooling and normalisation kernels) once more on the AVX2 kernel family of ATen
   # and oneDNN, so a machine with AVX-512 also catches what breaks only on AVX2 CPUs (as ChannelsLast did).
