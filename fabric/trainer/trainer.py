@@ -380,7 +380,6 @@ class Trainer:
 
     def _set_evaluators(self, eval_dataloader: Any) -> None:
         evaluators = ensure_evaluators(eval_dataloader)
-        eval_metrics = model_metrics(self.state.model.module, False, self.fabric) if evaluators else {}
         # Each evaluator's own subset (None: the Trainer's), so that fit(eval_subset_num_batches=) changes the rest.
         self._own_eval_subsets = [
             None if evaluator.subset_num_batches == -1 else evaluator.subset_num_batches for evaluator in evaluators
@@ -388,6 +387,7 @@ class Trainer:
         for evaluator in evaluators:
             _check_microbatch_size(evaluator.device_eval_microbatch_size, self.fabric, "device_eval_microbatch_size")
             evaluator.dataloader = self._setup_dataloader(evaluator.data_spec)
+            eval_metrics = model_metrics(self.state.model.module, False, self.fabric)  # each evaluator its own
             self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
         self.evaluators = evaluators
         self._apply_eval_settings()

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import fabric.trainer.metrics as metrics
-from fabric.trainer import ComposerModel, Trainer
+from fabric.trainer import ComposerModel, Evaluator, Trainer
 
 pytest.importorskip("torchmetrics")  # the [test] extra installs it; the metrics say how when it is missing
 
@@ -179,3 +179,54 @@ def test_the_trainers_metric_functions_keep_their_import_path_after_the_move_int
     assert (CallableMetric, compute_metrics, model_metrics, update_metric) == (
         rounds.CallableMetric, rounds.compute_metrics, rounds.model_metrics, rounds.update_metric
     )  # fmt: skip
+
+
+class SharedMetricsClassifier(ComposerModel):
+    """Composer-style: one metric dict returned for training and evaluation alike (Composer copies it per use)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 3)
+        self.metrics = {"accuracy": metrics.MaskedAccuracy(ignore_index=IGNORE)}
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.net(batch[0])
+
+    def loss(self, outputs: Any, batch: Any) -> torch.Tensor:
+        return F.cross_entropy(outputs, batch[1])
+
+    def get_metrics(self, is_train: bool = False) -> dict[str, Any]:
+        return self.metrics
+
+    def update_metric(self, batch: Any, outputs: Any, metric: Any) -> None:
+        metric.update(outputs, batch[1])
+
+
+def test_each_evaluator_and_training_keep_their_own_metric_state_when_the_model_shares_one_dict() -> None:
+    """Every evaluator and training used the model's very objects: after fit(), state.eval_metrics["a"] read back the
+    last evaluator's state (or the last training batch's), not its own."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 4, generator=generator)
+    y = torch.randint(0, 3, (48,), generator=generator)
+    a, b = TensorDataset(x[:16], y[:16]), TensorDataset(x[16:32], torch.zeros(16, dtype=torch.long))
+    model = SharedMetricsClassifier()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(TensorDataset(x[32:], y[32:]), batch_size=8),
+        eval_dataloader=[Evaluator("a", DataLoader(a, batch_size=8)), Evaluator("b", DataLoader(b, batch_size=8))],
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    trainer.fit()
+    with torch.no_grad():
+        expected = {
+            label: (model.net(data.tensors[0]).argmax(-1) == data.tensors[1]).float().mean().item()
+            for label, data in (("a", a), ("b", b))
+        }
+    read_back = {label: trainer.state.eval_metrics[label]["accuracy"].compute().item() for label in ("a", "b")}
+    assert read_back == pytest.approx(expected)
+    assert expected["a"] != pytest.approx(expected["b"])  # the two sets tell the states apart
+    assert trainer.state.metrics["metrics/a/accuracy"] == pytest.approx(expected["a"])
+    assert trainer.state.train_metrics["accuracy"] is not trainer.state.eval_metrics["a"]["accuracy"]

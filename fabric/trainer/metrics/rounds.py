@@ -7,6 +7,7 @@ which :class:`CallableMetric` averages over samples and all-reduces through Fabr
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,11 @@ class CallableMetric:
 
 
 def model_metrics(model: object, is_train: bool, fabric: Fabric) -> dict[str, Any]:
-    """The model's metrics as objects with update/compute/reset, on Fabric's device."""
+    """Copies of the model's metrics as objects with update/compute/reset, on Fabric's device.
+
+    Each call gives new copies (as Composer deep-copies them): training and every evaluator keep their own state,
+    even when the model returns one dict for both, so each reads back its own values after ``fit()``.
+    """
     get_metrics = getattr(model, "get_metrics", None)
     if get_metrics is None:
         return {}
@@ -58,7 +63,8 @@ def model_metrics(model: object, is_train: bool, fabric: Fabric) -> dict[str, An
     prepared = {}
     for name, metric in metrics.items():
         if all(hasattr(metric, method) for method in ("update", "compute", "reset")):
-            prepared[name] = metric.to(fabric.device) if isinstance(metric, torch.nn.Module) else metric
+            copied = copy.deepcopy(metric)
+            prepared[name] = copied.to(fabric.device) if isinstance(copied, torch.nn.Module) else copied
         elif callable(metric):
             prepared[name] = CallableMetric(metric, fabric)
         else:
