@@ -26,19 +26,23 @@ when a ``HuggingFaceModel`` is made. Batches are mappings of the model's inputs 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import inspect
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
 
+from fabric.plugins.io.storage import filesystem, is_remote
 from fabric.plugins.io.temporaries import owned_temporary, remove_abandoned, remove_temporary, temporary_sibling
 from fabric.trainer.model import TrainerModel
 from fabric.utilities.lazy import install_hint
@@ -57,6 +61,27 @@ def _transformers() -> Any:
     return transformers
 
 
+#: Metrics as Composer passes them (a list of torchmetrics objects, named after their classes) or by name.
+MetricsInput = Sequence[Any] | Mapping[str, Any] | None
+
+
+def _named_metrics(metrics: MetricsInput, argument: str) -> dict[str, Any]:
+    """``metrics`` by name: a mapping as it is; a list (Composer's form) under each object's class name."""
+    if metrics is None:
+        return {}
+    if isinstance(metrics, Mapping):
+        return dict(metrics)
+    if isinstance(metrics, (str, bytes)) or not isinstance(metrics, Sequence):
+        raise TypeError(f"{argument}= takes a list of metrics or a dict of name -> metric, got {metrics!r}.")
+    named: dict[str, Any] = {}
+    for metric in metrics:
+        name = type(metric).__name__
+        if name in named:
+            raise ValueError(f"{argument}= holds two {name}s; pass a dict to give them their own names.")
+        named[name] = metric
+    return named
+
+
 class HuggingFaceModel(TrainerModel):
     """Wraps ``model`` (a ``transformers.PreTrainedModel``) for the Trainer; its config travels with checkpoints."""
 
@@ -64,9 +89,9 @@ class HuggingFaceModel(TrainerModel):
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase | None = None,
-        *,
-        metrics: Mapping[str, Any] | None = None,
-        eval_metrics: Mapping[str, Any] | None = None,
+        use_logits: bool = False,
+        metrics: MetricsInput = None,
+        eval_metrics: MetricsInput = None,
         shift_labels: bool | None = None,
     ) -> None:
         super().__init__()
@@ -76,8 +101,15 @@ class HuggingFaceModel(TrainerModel):
         self.model = model
         self.tokenizer = tokenizer
         self._tokenizer_files: dict[str, bytes] | None = None  # written once, on the first checkpoint
-        self.train_metrics = dict(metrics or {})
-        self.val_metrics = dict(eval_metrics) if eval_metrics is not None else {"loss": _output_loss}
+        #: Whether evaluation gives the metrics the logits (a tensor) instead of the model's whole output.
+        self.use_logits = bool(use_logits)
+        self.train_metrics = _named_metrics(metrics, "metrics")
+        if eval_metrics is not None:
+            self.val_metrics = _named_metrics(eval_metrics, "eval_metrics")
+        elif metrics is not None:  # Composer: the training metrics, also for evaluation (the Trainer copies them)
+            self.val_metrics = dict(self.train_metrics)
+        else:
+            self.val_metrics = {} if self.use_logits else {"loss": _output_loss}
         causal = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
         #: Whether labels are compared with the logits one position earlier (next-token prediction).
         self.shift_labels = type(model).__name__ in causal if shift_labels is None else shift_labels
@@ -127,9 +159,19 @@ class HuggingFaceModel(TrainerModel):
         return self.train_metrics if is_train else self.val_metrics
 
     @override
+    def eval_forward(self, batch: Any, outputs: Any | None = None) -> Any:
+        """The model's output, or with ``use_logits=True`` its logits (one-column logits squeezed to a vector)."""
+        outputs = self(batch) if outputs is None else outputs
+        if not self.use_logits or isinstance(outputs, torch.Tensor):
+            return outputs
+        logits = outputs["logits"]
+        return logits.squeeze(1) if logits.ndim == 2 and logits.shape[1] == 1 else logits
+
+    @override
     def update_metric(self, batch: Any, outputs: Any, metric: Any) -> None:
         """Feed ``(logits, labels)`` to a metric object; for causal LMs the logits of position t meet label t+1."""
-        logits, labels = outputs["logits"], batch["labels"]
+        logits = outputs if isinstance(outputs, torch.Tensor) else outputs["logits"]
+        labels = batch["labels"]
         if self.shift_labels:
             logits, labels = logits[:, :-1], labels[:, 1:]
         metric.update(logits, labels)
@@ -155,6 +197,40 @@ class HuggingFaceModel(TrainerModel):
                 f"The checkpoint holds a {saved} and this HuggingFaceModel wraps a {type(self.model).__name__}."
             )
 
+    @staticmethod
+    def hf_from_composer_checkpoint(
+        checkpoint_path: str | os.PathLike[str],
+        model_instantiation_class: Any = None,
+        model_config_kwargs: Mapping[str, Any] | None = None,
+        local_checkpoint_save_location: str | os.PathLike[str] | None = None,
+        trust_remote_code: bool = False,
+    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+        """Composer's name: the model (configured as saved, ``model_config_kwargs`` set on its config) and the tokenizer
+        (``None`` if none was saved) of a one-file Trainer checkpoint of a :class:`HuggingFaceModel`.
+
+        As in Composer, the weights are not loaded: load them with ``Trainer(load_path=checkpoint_path)`` (or write a
+        ``from_pretrained`` folder with :func:`write_huggingface_pretrained`). ``model_instantiation_class`` is a
+        ``PreTrainedModel`` class, an ``AutoModel...`` class or its import path; by default the saved class. A URL
+        (``s3://...``) is copied to ``local_checkpoint_save_location`` (default: a temporary file) and read there.
+        """
+        transformers = _transformers()
+        with _local_file(checkpoint_path, local_checkpoint_save_location) as path, tempfile.TemporaryDirectory() as tmp:
+            saved = _read_saved_model(path, Path(tmp), "nothing was loaded")
+            config = saved.model_class.config_class.from_dict(json.loads(saved.config))
+            for name, value in (model_config_kwargs or {}).items():
+                setattr(config, name, value)
+            chosen: Any = _import_class(model_instantiation_class or saved.model_class)
+            is_model_class = inspect.isclass(chosen) and issubclass(chosen, transformers.PreTrainedModel)
+            remote = {"trust_remote_code": trust_remote_code}
+            # a PreTrainedModel class takes the config; an Auto class picks the model class for it
+            model = chosen(config) if is_model_class else chosen.from_config(config, **remote)
+            if not saved.tokenizer_files:
+                return model, None
+            for name, content in saved.tokenizer_files.items():
+                (Path(tmp) / name).write_bytes(content)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(tmp, **remote)
+        return model, tokenizer
+
 
 #: The files ``save_pretrained`` writes for a model: its config, generation config and weights (one file, or
 #: shards and their index). A tokenizer file may not replace them.
@@ -172,8 +248,37 @@ def write_huggingface_pretrained(checkpoint: str | os.PathLike[str], folder: str
     so a failed export leaves ``folder`` as it was; of an existing ``folder`` the files that are not the
     model's are kept. Returns the folder.
     """
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; write_huggingface_pretrained writes a folder.")
+    saved = _read_saved_model(Path(checkpoint), out, "nothing was written")
+    model = saved.model_class(saved.model_class.config_class.from_dict(json.loads(saved.config)))
+    model.load_state_dict({name.removeprefix("model."): value for name, value in saved.weights.items()}, strict=True)
+    with owned_temporary(out, directory=True) as staging:
+        model.save_pretrained(staging)
+        for name, content in saved.tokenizer_files.items():
+            with (staging / name).open("xb") as file:  # never over a file of the model's
+                file.write(content)
+        _replace_folder(staging, out)
+    remove_abandoned(out, kinds=("tmp", "old"))  # what killed exports left behind
+    return out
+
+
+@dataclass(frozen=True)
+class _SavedModel:
+    """What a one-file checkpoint of a :class:`HuggingFaceModel` holds."""
+
+    weights: dict[str, torch.Tensor]
+    config: str  # JSON
+    model_class: Any  # a transformers PreTrainedModel class
+    tokenizer_files: Mapping[str, bytes]
+
+
+def _read_saved_model(path: Path, destination: Path, consequence: str) -> _SavedModel:
+    """Read ``path`` safely (``weights_only``) and check it, before anything is written: its saved class is one of
+    ``transformers``' own, its tokenizer files can be written into ``destination`` (a folder, or where one will be).
+    Errors end with ``consequence``."""
     transformers = _transformers()
-    path = Path(checkpoint)
     if path.is_dir():
         raise ValueError(f"{path} is a sharded checkpoint folder; run 'fabric consolidate {path}' and pass the file.")
     weights = torch.load(path, map_location="cpu", weights_only=True)["model"]
@@ -183,31 +288,46 @@ def write_huggingface_pretrained(checkpoint: str | os.PathLike[str], folder: str
     found = getattr(transformers, extra["class"], None)
     if not (inspect.isclass(found) and issubclass(found, transformers.PreTrainedModel)):
         raise ValueError(f"{path} names the model class {extra['class']!r}, which transformers does not have.")
-    model_class: Any = found
-    out = Path(folder)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file; write_huggingface_pretrained writes a folder.")
     tokenizer_files = extra.get("tokenizer", {})
     if not isinstance(tokenizer_files, Mapping):
         raise ValueError(
             f"{path} holds a tokenizer entry of type {type(tokenizer_files).__name__}; a HuggingFaceModel saves its "
-            "tokenizer as a dict of file name -> bytes. Nothing was written."
+            f"tokenizer as a dict of file name -> bytes. {consequence.capitalize()}."
         )
-    name_max = _longest_file_name(out)
+    name_max = _longest_file_name(destination)
     for name, content in tokenizer_files.items():
         problem = _tokenizer_file_problem(name, content, name_max)
         if problem:
-            raise ValueError(f"{path} holds a tokenizer file {name!r} that {problem}; nothing was written.")
-    model = model_class(model_class.config_class.from_dict(json.loads(extra["config"])))
-    model.load_state_dict({name.removeprefix("model."): value for name, value in weights.items()}, strict=True)
-    with owned_temporary(out, directory=True) as staging:
-        model.save_pretrained(staging)
-        for name, content in tokenizer_files.items():
-            with (staging / name).open("xb") as file:  # never over a file of the model's
-                file.write(content)
-        _replace_folder(staging, out)
-    remove_abandoned(out, kinds=("tmp", "old"))  # what killed exports left behind
-    return out
+            raise ValueError(f"{path} holds a tokenizer file {name!r} that {problem}; {consequence}.")
+    return _SavedModel(weights, extra["config"], found, tokenizer_files)
+
+
+@contextlib.contextmanager
+def _local_file(path: str | os.PathLike[str], keep_at: str | os.PathLike[str] | None) -> Iterator[Path]:
+    """``path`` itself when local; a URL's object copied to ``keep_at`` (kept) or to a temporary file."""
+    if not is_remote(path):
+        yield Path(path)
+        return
+    fs, inner = filesystem(path)
+    if keep_at is not None:
+        fs.get_file(inner, os.fspath(keep_at))
+        yield Path(keep_at)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        local = Path(folder) / "checkpoint.pt"
+        fs.get_file(inner, os.fspath(local))
+        yield local
+
+
+def _import_class(value: Any) -> Any:
+    """A class, or the class an import path (``"transformers.AutoModelForCausalLM"``, ``"module:Name"``) names."""
+    if not isinstance(value, str):
+        return value
+    module, _, name = value.replace(":", ".").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ValueError(f"model_instantiation_class={value!r} names no importable class: {error}") from error
 
 
 def _tokenizer_file_problem(name: object, content: object, name_max: int) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -231,3 +232,83 @@ def test_wrong_inputs_fail_with_what_is_missing(tmp_path: Path) -> None:
     torch.save({"model": {"weight": torch.zeros(1)}}, tmp_path / "plain.pt")
     with pytest.raises(ValueError, match="holds no HuggingFaceModel"):
         write_huggingface_pretrained(tmp_path / "plain.pt", tmp_path / "out")
+
+
+def _text_rows(tokenizer: Any) -> list[dict[str, torch.Tensor]]:
+    texts = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9", "w1", "w2 w3 w4 w5 w6", "w7 w8"] * 2
+    encoded = tokenizer(texts, padding="longest", return_tensors="pt")
+    labels = encoded["input_ids"].masked_fill(encoded["attention_mask"] == 0, -100)
+    return [
+        {"input_ids": ids, "attention_mask": mask, "labels": label}
+        for ids, mask, label in zip(encoded["input_ids"], encoded["attention_mask"], labels, strict=True)
+    ]
+
+
+def test_composers_hugging_face_tutorial_fine_tunes_with_metric_lists_and_reloads_from_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Composer's contract: metrics as a list named after their classes (also evaluated when eval_metrics is left
+    out), use_logits=True, and hf_from_composer_checkpoint giving back the configured model and the tokenizer."""
+    from fabric.trainer.metrics import LanguageCrossEntropy, LanguagePerplexity
+
+    tokenizer, rows = _tokenizer(), _text_rows(_tokenizer())
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=12, n_positions=8, bos_token_id=0)
+    torch.manual_seed(0)
+    model = HuggingFaceModel(
+        transformers.GPT2LMHeadModel(config),
+        tokenizer=tokenizer,
+        use_logits=True,
+        metrics=[LanguageCrossEntropy(), LanguagePerplexity()],
+    )
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(rows, batch_size=4),
+        eval_dataloader=DataLoader(rows, batch_size=6),
+        max_duration="2ep",
+        optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
+        save_folder=str(tmp_path / "checkpoints"),
+        save_filename="ep{epoch}.pt",
+        progress_bar=False,
+        accelerator="cpu",
+        seed=0,
+    )
+    trainer.fit()
+    model.eval()
+    with torch.no_grad():  # the logits of position t against the label of t+1, padding left out
+        batch = _stacked(rows)
+        logits = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        expected = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, 12), batch["labels"][:, 1:].reshape(-1), ignore_index=-100
+        ).item()
+    assert trainer.state.metrics["metrics/eval/LanguageCrossEntropy"] == pytest.approx(expected, rel=1e-5)
+    assert trainer.state.metrics["metrics/eval/LanguagePerplexity"] == pytest.approx(math.exp(expected), rel=1e-5)
+    trainer.close()
+
+    checkpoint = tmp_path / "checkpoints" / "ep2.pt"
+    hf_model, hf_tokenizer = HuggingFaceModel.hf_from_composer_checkpoint(str(checkpoint))
+    assert type(hf_model) is transformers.GPT2LMHeadModel and hf_model.config.n_embd == 16
+    assert hf_tokenizer is not None and hf_tokenizer("w1 w2")["input_ids"] == tokenizer("w1 w2")["input_ids"]
+    reloaded = HuggingFaceModel(hf_model, tokenizer=hf_tokenizer, use_logits=True, metrics=[LanguageCrossEntropy()])
+    evaluator = Trainer(
+        model=reloaded,
+        eval_dataloader=DataLoader(rows, batch_size=6),
+        load_path=str(checkpoint),
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    assert evaluator.eval()["metrics/eval/LanguageCrossEntropy"] == pytest.approx(expected, rel=1e-5)
+
+    auto, _ = HuggingFaceModel.hf_from_composer_checkpoint(
+        str(checkpoint), "transformers.AutoModelForCausalLM", model_config_kwargs={"n_layer": 2}
+    )
+    assert type(auto) is transformers.GPT2LMHeadModel and len(auto.transformer.h) == 2
+
+
+def test_hugging_face_metric_arguments_that_cannot_be_named_are_refused() -> None:
+    from fabric.trainer.metrics import LanguageCrossEntropy
+
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=12))
+    with pytest.raises(ValueError, match=r"metrics= holds two LanguageCrossEntropys; pass a dict"):
+        HuggingFaceModel(gpt2, metrics=[LanguageCrossEntropy(), LanguageCrossEntropy()])
+    with pytest.raises(TypeError, match=r"eval_metrics= takes a list of metrics or a dict"):
+        HuggingFaceModel(gpt2, eval_metrics="LanguageCrossEntropy")
