@@ -29,12 +29,20 @@ range                      from, to
 
 A range covers the algorithms and callbacks of its closing event, not those of its opening one.
 For custom loops, :meth:`fabric.Fabric.profiler` gives the same schedule and traces without a Trainer.
+
+``trace_handlers=[JSONTraceHandler(...)]`` also write these ranges as a trace of their own
+(:mod:`fabric.trainer.trace_handlers`); ``torch_prof_memory_filename`` writes torch's memory timeline per cycle
+(it needs the ``torch_prof_profile_memory``, ``_record_shapes`` and ``_with_stack`` options). As in Composer, the
+torch trace folder must hold no earlier traces when the first ``fit()`` starts, unless ``torch_prof_overwrite=True``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -42,11 +50,14 @@ from typing_extensions import override
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.events import Event
 from fabric.trainer.core.state import require_fabric
-from fabric.utilities.profiler import TraceProfiler, check_filename, check_schedule
+from fabric.trainer.trace_handlers import JSONTraceHandler, TraceHandler
+from fabric.utilities.profiler import TraceProfiler, check_filename, check_memory_timeline, check_schedule
 
 if TYPE_CHECKING:
     from fabric.trainer.core.state import State
     from fabric.trainer.loggers.logger import Logger
+
+__all__ = ["CyclicSchedule", "JSONTraceHandler", "Profiler", "TraceHandler", "cyclic_schedule"]
 
 #: Event -> (ranges to close, in order; ranges to open).
 _RANGES: dict[Event, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -102,6 +113,7 @@ class Profiler(Callback):
     def __init__(
         self,
         schedule: CyclicSchedule | None = None,
+        trace_handlers: TraceHandler | Sequence[TraceHandler] | None = None,
         *,
         torch_prof_folder: str = "{run_name}/torch_traces",
         torch_prof_filename: str = "rank{rank}.{batch}.pt.trace.json",
@@ -109,6 +121,8 @@ class Profiler(Callback):
         torch_prof_profile_memory: bool = False,
         torch_prof_with_stack: bool = False,
         torch_prof_with_flops: bool = False,
+        torch_prof_memory_filename: str | None = None,
+        torch_prof_overwrite: bool = False,
     ) -> None:
         if schedule is not None and not isinstance(schedule, CyclicSchedule):
             raise TypeError(
@@ -128,6 +142,18 @@ class Profiler(Callback):
             "with_flops": torch_prof_with_flops,
         }
         check_filename(torch_prof_filename)
+        if torch_prof_memory_filename is not None:
+            check_memory_timeline(
+                torch_prof_memory_filename, torch_prof_profile_memory, torch_prof_record_shapes, torch_prof_with_stack
+            )
+        self._options["memory_filename"] = torch_prof_memory_filename
+        handlers = [] if trace_handlers is None else trace_handlers
+        self.trace_handlers = [handlers] if isinstance(handlers, TraceHandler) else list(handlers)
+        for handler in self.trace_handlers:
+            if not isinstance(handler, TraceHandler):
+                raise TypeError(f"trace_handlers take TraceHandler objects (JSONTraceHandler), got {handler!r}.")
+        self.overwrite = torch_prof_overwrite
+        self._checked_folder = False
         self.run_name = "run"
         self.profiler: TraceProfiler | None = None
         #: Every trace written on this rank, over all fit() calls.
@@ -148,9 +174,18 @@ class Profiler(Callback):
     @override
     def fit_start(self, state: State, logger: Logger) -> None:
         self.close()  # an earlier fit() that raised left its profiler running
+        folder, rank = Path(self.folder.format(run_name=self.run_name)), require_fabric(state).global_rank
+        if not self._checked_folder and not self.overwrite and folder.is_dir() and any(folder.iterdir()):
+            raise FileExistsError(
+                f"Profiler: {os.fspath(folder)!r} already holds traces; use another torch_prof_folder, empty it, or "
+                "pass torch_prof_overwrite=True."
+            )
+        self._checked_folder = True
+        for handler in self.trace_handlers:
+            handler.start(self.run_name, rank)
         self.profiler = TraceProfiler(
-            self.folder.format(run_name=self.run_name),
-            rank=require_fabric(state).global_rank,
+            folder,
+            rank=rank,
             first_step=int(state.timestamp.batch),
             **asdict(self.schedule),
             **self._options,
@@ -159,15 +194,20 @@ class Profiler(Callback):
 
     @override
     def fit_end(self, state: State, logger: Logger) -> None:
-        self.close()
+        self.close(state)
+        for handler in self.trace_handlers:
+            handler.fit_end(require_fabric(state).barrier)
 
     @override
     def close(self, state: State | None = None, logger: Logger | None = None) -> None:
         """``Trainer.close()``: stop a profiler that a failed ``fit()`` left running (writing what it recorded)."""
         if self.profiler is not None:
-            self.profiler.stop()
-            self.traces.extend(self.profiler.traces)
-            self.profiler = None
+            profiler, self.profiler = self.profiler, None
+            written = len(profiler.traces)
+            profiler.stop()
+            self.traces.extend(profiler.traces)
+            if len(profiler.traces) > written and state is not None:  # the cycle cut short was written
+                self._cycle_ended(state)
 
     def _marker(self, event: Event, close: tuple[str, ...], open_: tuple[str, ...]) -> Callable[[State, Any], None]:
         names_to_close = tuple(f"trainer/{name}" for name in close)
@@ -178,11 +218,25 @@ class Profiler(Callback):
             profiler = self.profiler
             if profiler is None:
                 return
+            if self.trace_handlers and profiler.recording:
+                now = time.perf_counter_ns()
+                for handler in self.trace_handlers:
+                    for name in names_to_close:
+                        handler.end(name, now)
+                    for name in names_to_open:
+                        handler.begin(name, now)
             for name in names_to_close:
                 profiler.end(name)
             for name in names_to_open:
                 profiler.begin(name)
             if step:
+                written = len(profiler.traces)
                 profiler.step()
+                if len(profiler.traces) > written:  # a recorded cycle ended with this batch
+                    self._cycle_ended(state)
 
         return mark
+
+    def _cycle_ended(self, state: State) -> None:
+        for handler in self.trace_handlers:
+            handler.cycle_end(int(state.timestamp.epoch), int(state.timestamp.batch))

@@ -51,6 +51,32 @@ def check_filename(filename: str) -> None:
         raise ValueError(f"filename={filename!r} may use only {{rank}} and {{batch}}: {error!r}") from None
 
 
+def check_memory_timeline(filename: str, profile_memory: bool, record_shapes: bool, with_stack: bool) -> None:
+    """Fail now, naming what is missing, unless torch can write a memory timeline to ``filename``: it needs
+    ``profile_memory``, ``record_shapes`` and ``with_stack``, and an ``.html`` file needs matplotlib."""
+    check_filename(filename)
+    missing = [
+        name
+        for name, on in {
+            "profile_memory": profile_memory,
+            "record_shapes": record_shapes,
+            "with_stack": with_stack,
+        }.items()
+        if not on
+    ]
+    if missing:
+        needed = ", ".join(f"{name}=True" for name in missing)
+        raise ValueError(f"A memory timeline ({filename!r}) needs {needed}, as torch records it.")
+    if filename.endswith(".html"):
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ImportError(
+                f"A memory timeline as HTML ({filename!r}) needs matplotlib (pip install matplotlib); a .json or "
+                ".json.gz name writes the raw timeline without it."
+            )
+
+
 class TraceProfiler:
     """Profiles steps with ``torch.profiler`` as the schedule says; writes one trace per rank and active cycle."""
 
@@ -70,14 +96,19 @@ class TraceProfiler:
         profile_memory: bool = False,
         with_stack: bool = False,
         with_flops: bool = False,
+        memory_filename: str | None = None,
     ) -> None:
         schedule = {"skip_first": skip_first, "wait": wait, "warmup": warmup, "active": active, "repeat": repeat}
         check_schedule(schedule)
         check_filename(filename)
+        if memory_filename is not None:
+            check_memory_timeline(memory_filename, profile_memory, record_shapes, with_stack)
         self.folder = Path(folder)
         self.rank = rank
         self.schedule = schedule
         self.filename = filename
+        #: Where each cycle's memory timeline goes (``{rank}``, ``{batch}``); ``None``: none is written.
+        self.memory_filename = memory_filename
         self.options = {
             "record_shapes": record_shapes,
             "profile_memory": profile_memory,
@@ -86,7 +117,7 @@ class TraceProfiler:
         }
         #: The step count ``{batch}`` starts from (the Trainer passes the batches already trained).
         self.first_step = first_step
-        #: The trace files written so far, in order.
+        #: The trace files written so far, in order (memory timelines too).
         self.traces: list[Path] = []
         self._profile: torch.profiler.profile | None = None
         self._open: list[tuple[str, Any]] = []
@@ -185,10 +216,17 @@ class TraceProfiler:
     def _write_trace(self, profile: torch.profiler.profile) -> None:
         if self._discard:
             return
-        path = self.folder / self.filename.format(rank=self.rank, batch=self.first_step + profile.step_num)
+        batch = self.first_step + profile.step_num
+        path = self.folder / self.filename.format(rank=self.rank, batch=batch)
         path.parent.mkdir(parents=True, exist_ok=True)
         profile.export_chrome_trace(str(path))
         self.traces.append(path)
+        if self.memory_filename is not None:
+            import torch
+
+            memory = self.folder / self.memory_filename.format(rank=self.rank, batch=batch)
+            profile.export_memory_timeline(str(memory), device="cuda:0" if torch.cuda.is_available() else "cpu")
+            self.traces.append(memory)
 
     def __enter__(self) -> TraceProfiler:
         self.start()

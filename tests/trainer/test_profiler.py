@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -208,3 +210,71 @@ def test_a_fit_that_fails_while_recording_keeps_its_trace_and_the_next_fit_profi
     assert (first.name, len(_named(_spans(first), "trainer/batch"))) == ("rank0.2.pt.trace.json", 3)
     assert len(_named(_spans(first), "trainer/backward")) == 2
     assert second.name == "rank0.4.pt.trace.json"
+
+
+def _trainer_with(profiler: Profiler) -> Trainer:
+    model = Regressor()
+    return Trainer(
+        model=model,
+        train_dataloader=_loader(),
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.01),
+        profiler=profiler,
+        progress_bar=False,
+        accelerator="cpu",
+    )
+
+
+def test_a_json_trace_handler_writes_the_trainers_phases_and_torch_writes_its_memory_timeline(tmp_path: Path) -> None:
+    """Composer's profiling tutorial: trace_handlers=[JSONTraceHandler(...)], torch_prof_memory_filename= and
+    torch_prof_overwrite= were TypeErrors."""
+    from fabric.trainer.trace_handlers import JSONTraceHandler
+
+    handler = JSONTraceHandler(folder=str(tmp_path / "traces"))
+    profiler = Profiler(
+        cyclic_schedule(skip_first=1, warmup=1, active=2),
+        trace_handlers=[handler],
+        torch_prof_folder=str(tmp_path / "torch"),
+        torch_prof_memory_filename="rank{rank}.{batch}.memory.json",
+        torch_prof_profile_memory=True,
+        torch_prof_record_shapes=True,
+        torch_prof_with_stack=True,
+    )
+    _trainer_with(profiler).fit()  # 6 batches: batch 1 skipped, 2 warms up, 3 and 4 are recorded
+    assert handler.traces == [tmp_path / "traces" / "ep0-ba4-rank0.json", tmp_path / "traces" / "merged_trace.json"]
+    events = json.loads(handler.traces[0].read_text())["traceEvents"]
+    for name in ("trainer/batch", "trainer/forward", "trainer/backward", "trainer/optimizer_step"):
+        phases = [event["ph"] for event in events if event["name"] == name]
+        assert phases == ["B", "E", "B", "E"], name  # each of the 2 recorded batches opened and closed it once
+    times = [event["ts"] for event in events]
+    assert times == sorted(times)
+    assert json.loads(handler.traces[1].read_text())["traceEvents"] == events  # one rank: the merge is its cycle
+    memory = tmp_path / "torch" / "rank0.4.memory.json"
+    assert memory in profiler.traces and isinstance(json.loads(memory.read_text()), list)
+
+    with pytest.raises(FileExistsError, match=r"already holds traces; .* torch_prof_overwrite=True"):
+        _trainer_with(Profiler(torch_prof_folder=str(tmp_path / "torch"))).fit()
+    again = Profiler(
+        cyclic_schedule(warmup=0, active=1), torch_prof_folder=str(tmp_path / "torch"), torch_prof_overwrite=True
+    )
+    _trainer_with(again).fit()
+    assert again.traces == [tmp_path / "torch" / "rank0.1.pt.trace.json"]
+
+
+def test_trace_options_that_cannot_work_fail_when_made() -> None:
+    from fabric.trainer.trace_handlers import JSONTraceHandler
+
+    with pytest.raises(ValueError, match=r"memory timeline .* needs record_shapes=True, with_stack=True"):
+        Profiler(torch_prof_memory_filename="memory.json", torch_prof_profile_memory=True)
+    html_needs_matplotlib = pytest.raises(ImportError, match=r"needs matplotlib .* a \.json or \.json\.gz name")
+    with html_needs_matplotlib if importlib.util.find_spec("matplotlib") is None else contextlib.nullcontext():
+        Profiler(
+            torch_prof_memory_filename="memory.html",
+            torch_prof_profile_memory=True,
+            torch_prof_record_shapes=True,
+            torch_prof_with_stack=True,
+        )
+    with pytest.raises(TypeError, match=r"trace_handlers take TraceHandler objects"):
+        Profiler(trace_handlers=["json"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"filename='\{step\}.json' may use only"):
+        JSONTraceHandler(filename="{step}.json")
