@@ -261,6 +261,7 @@ class Trainer:
             max_duration=None if max_duration is None else _scaled_duration(max_duration, self.scale_schedule_ratio),
         )
         self.logger, self.engine = _start_engine(state, self.fabric, loggers, progress_bar, passes)
+        found: str | None = None  # autoresume's checkpoint
         if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
             assert save_folder is not None
             found = _find_resume_checkpoint(
@@ -316,6 +317,11 @@ class Trainer:
             self.engine.run_event(Event.AFTER_LOAD)
         if defaulted:  # said only once every argument proved valid: never before a configuration error
             warn_default_optimizer(default)
+        if found is not None and self.fabric.is_global_zero:
+            print(
+                f"fabric: autoresume: resumed run {self.run_name!r} from {found} at {self._position()}.",
+                file=sys.stderr,
+            )
 
     @property
     def step_schedulers_every_batch(self) -> bool:
@@ -601,6 +607,12 @@ class Trainer:
             self._use_default_optimizer()
         self._apply_grad_accum()
         self._clock_check.start_fit(state, self._named_intervals(), self._train_step.lr_schedule)
+        if state.finished and self.fabric.is_global_zero:
+            print(
+                f"fabric: nothing left to train: the run is at {self._position()}, which max_duration="
+                f"{state.max_duration} reaches (a longer max_duration, or fit(duration=...), trains on).",
+                file=sys.stderr,
+            )
         run_event = self.engine.run_event
         with self._preemption or nullcontext():
             run_event(Event.FIT_START)
@@ -611,6 +623,11 @@ class Trainer:
             run_event(Event.ITERATION_END)
             run_event(Event.ITERATION_CHECKPOINT)
             run_event(Event.FIT_END)
+
+    def _position(self) -> str:
+        """Where training stands, in words: ``epoch 3, batch 24``."""
+        timestamp = self.state.timestamp
+        return f"epoch {int(timestamp.epoch)}, batch {int(timestamp.batch)}"
 
     def _use_default_optimizer(self) -> None:
         """A Trainer built without a train dataloader or optimizers trains with Composer's default optimizer."""

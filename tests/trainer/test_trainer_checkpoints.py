@@ -461,3 +461,20 @@ def test_a_folder_that_refuses_writes_fails_before_training(tmp_path: Path) -> N
     with pytest.raises(CheckpointError, match=r"Checkpoints cannot be written to '.*run1'"):
         trainer.fit()
     assert counter.count == 0
+
+
+def test_an_autoresumed_run_says_where_it_resumed_and_that_nothing_is_left_to_train(
+    tmp_path: Path, initial: nn.Module, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rerun of a finished run printed two progress bars and exited 0 without a word of either."""
+    first = _trainer(initial, max_duration="3ba", save_folder=str(tmp_path), run_name="exp1", save_interval="1ba")
+    first.fit()
+    capsys.readouterr()
+    rerun = _trainer(initial, max_duration="3ba", save_folder=str(tmp_path), run_name="exp1", autoresume=True)
+    assert capsys.readouterr().err == (
+        f"fabric: autoresume: resumed run 'exp1' from {tmp_path / 'ep0-ba3-rank0.pt'} at epoch 0, batch 3.\n"
+    )
+    rerun.fit()
+    assert "fabric: nothing left to train: the run is at epoch 0, batch 3, which max_duration=3ba reaches" in (
+        capsys.readouterr().err
+    )
