@@ -3,6 +3,7 @@ namespace of its own) start one world whose ranks, local ranks and node ranks ar
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import engines
@@ -11,6 +12,7 @@ from engines import MpiLaunchers
 from test_launched_worlds import WORLD, assert_one_world_trained, reports
 
 mpi_launchers = engines.mpi_launchers
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
@@ -33,3 +35,27 @@ def test_mpi_ranks_with_contradicting_devices_fail_naming_both(mpi_launchers: Mp
     expected = "mpirun started 2 processes, 2 on this node, but Fabric(devices=1, num_nodes=1)"
     # every rank fails so, but mpiexec stops the others at the first failure: a slow rank may not get to say it
     assert expected in result.stderr, result.stderr[-3000:]
+
+
+def _documented_mpi_commands() -> list[tuple[str, str]]:
+    """Every ``mpirun``/``mpiexec`` command line in the README and the multi-node guide, with its page."""
+    commands = []
+    for page in (ROOT / "README.md", ROOT / "docs" / "multi-node.md"):
+        for line in page.read_text().splitlines():
+            if line.startswith(("mpirun ", "mpiexec")):
+                commands.append((page.name, line.split("#", 1)[0].strip()))
+    return commands
+
+
+@pytest.mark.parametrize(("page", "command"), _documented_mpi_commands())
+def test_the_documented_mpi_commands_run_as_written(
+    mpi_launchers: MpiLaunchers, tmp_path: Path, page: str, command: str
+) -> None:
+    """As written, `mpirun -np 2 ...` refused to run as root and `mpiexec -n 2 -genv ...` was OpenMPI's (after
+    scripts/install_engines.sh), which has no -genv."""
+    engines.require_engine("the documented MPI launchers", shlex.split(command)[0])
+    args = shlex.split(command.replace("<host of rank 0>", "127.0.0.1"))
+    script = args.index("train.py")
+    result = mpi_launchers.run([*args[:script], WORLD, str(tmp_path), *args[script + 1 :]])
+    assert result.returncode == 0, f"{page}: {command}\n{result.stderr[-3000:]}"
+    assert_one_world_trained(reports(tmp_path, 2), 2)
