@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS, RUN_DIRECTORY_VARIABLE
-from fabric.utilities.device_parser import ALL, AUTO, parse_devices
+from fabric.utilities.device_parser import ALL, AUTO, cpu_oversubscription, parse_devices
 from fabric.utilities.network import SOCKET_INTERFACE_VARIABLES
 from fabric.utilities.processes.rank_environment import rank_variables, thread_defaults
 from fabric_cli.layout import Layout
@@ -190,7 +190,11 @@ def processes_per_node(accelerator: str, devices: str) -> int:
             raise PlanError(f"--devices={devices} lists device indices; on CPU pass a process count, e.g. --devices=2.")
         if request == AUTO:
             return 1
-        return (os.cpu_count() or 1) if request == ALL else request
+        count = (os.cpu_count() or 1) if request == ALL else request
+        warning = cpu_oversubscription(count, os.cpu_count() or 1, "--devices")
+        if warning is not None:  # said before the processes start, as Fabric(devices=...) says it
+            print(f"fabric: warning: {warning}", file=sys.stderr, flush=True)
+        return count
     if isinstance(request, int) and request >= 1 and accelerator == "auto":
         return request  # whichever accelerator the script finds, this many processes
     return _count_on_device(accelerator, devices)

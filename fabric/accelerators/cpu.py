@@ -8,11 +8,8 @@ import torch
 from typing_extensions import override
 
 from fabric.accelerators.accelerator import Accelerator
-from fabric.utilities.device_parser import ALL, AUTO, DeviceRequest
+from fabric.utilities.device_parser import ALL, AUTO, DeviceRequest, cpu_oversubscription
 from fabric.utilities.rank_zero import rank_zero_warn
-
-#: More CPU processes than this many per core is almost surely a mistake (e.g. devices=100000): warn.
-OVERSUBSCRIPTION_WARNING_FACTOR = 4
 
 
 class CPUAccelerator(Accelerator):
@@ -39,11 +36,7 @@ class CPUAccelerator(Accelerator):
         if request == AUTO:
             return [torch.device("cpu")]
         count = self.device_count() if request == ALL else request
-        cores = self.device_count()
-        if count > OVERSUBSCRIPTION_WARNING_FACTOR * cores:
-            rank_zero_warn(
-                f"devices={count} starts {count} CPU processes on this node, which has {cores} cores "
-                f"({count / cores:.0f} per core): each gets a sliver of a core and its own copy of the model, and "
-                f"the job may exhaust memory or take ages to start. Did you mean devices={cores} (or devices=-1)?"
-            )
+        warning = cpu_oversubscription(count, self.device_count(), "devices")
+        if warning is not None:
+            rank_zero_warn(warning)
         return [torch.device("cpu")] * count

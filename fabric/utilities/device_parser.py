@@ -61,3 +61,20 @@ def _check_indices(indices: tuple[int, ...], original: object) -> tuple[int, ...
             f"devices={original!r} must list distinct, non-negative device indices. Accepted: {ACCEPTED_DEVICES}."
         )
     return indices
+
+
+#: More CPU processes than this many per core is almost surely a mistake (e.g. devices=100000): warned of.
+OVERSUBSCRIPTION_WARNING_FACTOR = 4
+
+
+def cpu_oversubscription(count: int, cores: int, option: str) -> str | None:
+    """The warning for ``count`` CPU processes on a node of ``cores`` cores (``option``: how the user asked, e.g.
+    ``devices`` or ``--devices``), or ``None`` when there are at most :data:`OVERSUBSCRIPTION_WARNING_FACTOR` per
+    core. Fabric and the CLI give the same warning for the same count."""
+    if count <= OVERSUBSCRIPTION_WARNING_FACTOR * cores:
+        return None
+    return (
+        f"{option}={count} starts {count} CPU processes on this node, which has {cores} cores "
+        f"({count / cores:.0f} per core): each gets a sliver of a core and its own copy of the model, and "
+        f"the job may exhaust memory or take ages to start. Did you mean {option}={cores} (or {option}=-1)?"
+    )

@@ -274,3 +274,21 @@ def test_a_busy_main_port_is_one_line_naming_it_and_the_option() -> None:
                 result.stderr == f"fabric: error: port {port} is already in use on this machine: pick a free one "
                 "with --main-port.\n"
             )
+
+
+def test_the_cli_warns_of_oversubscribed_cpu_processes_before_starting_them_as_fabric_does() -> None:
+    """Fabric(devices=64) warned on a 2-core machine; `fabric run model --devices=64` started 64 processes silently."""
+    cores = os.cpu_count() or 1
+    many, fine = 4 * cores + 1, 4 * cores
+    result = _fabric("run", "model", "--accelerator=cpu", f"--devices={many}", "--dry-run", REPORT)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        f"fabric: warning: --devices={many} starts {many} CPU processes on this node, which has {cores} cores "
+        f"({many / cores:.0f} per core): each gets a sliver of a core and its own copy of the model, and the job may "
+        f"exhaust memory or take ages to start. Did you mean --devices={cores} (or --devices=-1)?\n"
+    )
+    assert _fabric("run", "model", "--accelerator=cpu", f"--devices={fine}", "--dry-run", REPORT).stderr == ""
+    with pytest.warns(UserWarning, match=rf"^devices={many} starts {many} CPU processes on this node"):
+        from fabric import Fabric
+
+        Fabric(accelerator="cpu", devices=many)
