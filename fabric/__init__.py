@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fabric.utilities import moved_modules
 from fabric.utilities.lazy import lazy_exports
 from fabric.utilities.name_clash import DISTRIBUTION, refuse_mixed_install
 
@@ -22,3 +23,4 @@ __all__ = ["Fabric", "__version__", "seed_everything"]
 __getattr__ = lazy_exports(__name__, {"Fabric": "fabric.fabric", "seed_everything": "fabric.utilities.seed"})
 
 refuse_mixed_install(__path__[0])
+moved_modules.install()  # old import paths of moved modules still work, with a warning naming the new one
