@@ -148,10 +148,10 @@ def _supervise(plan: LaunchPlan, processes: dict[int, subprocess.Popen[bytes]], 
             exits = _exits_once_the_cause_shows(plan, processes, local_rank)
             cause = failure_cause(exits)
             assert cause is not None, "the exits hold the failed rank's"
+            stop_processes(processes.values())  # first, so that the summary is the last thing on screen
             _report_failure(plan, cause.rank, describe_exit(cause.returncode, oom_kills_before))
             if cause.rank != local_rank:
                 print(f"fabric: rank {plan.global_rank(local_rank)} failed after it.", file=sys.stderr)
-            stop_processes(processes.values())
             return job_exit_code(exits)
         _say(plan, f"rank {plan.global_rank(local_rank)} exited with code {describe_exit(returncode)}")
     return job_exit_code(ended)

@@ -36,7 +36,7 @@ from fabric.utilities.collective_watch import CollectiveWatch
 from fabric.utilities.data import shard_dataloader
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.network import socket_interface_defaults
-from fabric.utilities.peer_loss import mark_lost_peer_failures
+from fabric.utilities.peer_loss import install_lost_peer_hook
 from fabric.utilities.processes.rank_environment import export_variables, rank_variables, restore_variables
 
 T = TypeVar("T")
@@ -265,8 +265,8 @@ class ParallelStrategy(Strategy):
         self._assign_local_ranks()
         if self._replaced_variables is None:
             self._replaced_variables = export_variables(self._process_variables())
-        if RUN_DIRECTORY_VARIABLE in os.environ:  # started by `fabric run`: tell it a lost peer from a cause
-            mark_lost_peer_failures(os.environ[RUN_DIRECTORY_VARIABLE], self.global_rank)
+        # a rank that only lost its peer says so in one line (and tells `fabric run` a lost peer from a cause)
+        install_lost_peer_hook(self.global_rank, os.environ.get(RUN_DIRECTORY_VARIABLE))
         self.accelerator.setup_device(self.root_device)
         if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.num_processes))

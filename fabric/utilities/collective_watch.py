@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fabric.utilities.peer_loss import PEER_GONE_EXPLANATION, collective_lost_a_peer
+from fabric.utilities.peer_loss import MONITORED_BARRIER_FAILURE, PEER_GONE_EXPLANATION, collective_lost_a_peer
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import Store
@@ -192,8 +192,10 @@ class CollectiveWatch:
 
     def _explain_peer_gone(self, entry: Entry, error: RuntimeError) -> str:
         """Not a mismatch of collectives: the rank at the other end died, and its own failure is the cause."""
+        # gloo's monitored barrier quotes its timeout ("in 1800000 ms") although it failed at once: leave it out
+        detail = "" if MONITORED_BARRIER_FAILURE in str(error) else f" ({error})"
         return (
-            f"Rank {self.rank} failed in {entry.name}, called at {entry.site}: {PEER_GONE_EXPLANATION} ({error}). "
+            f"Rank {self.rank} failed in {entry.name}, called at {entry.site}: {PEER_GONE_EXPLANATION}{detail}. "
             "That rank's own failure (an exception, sys.exit, a signal such as the out-of-memory killer's SIGKILL) is "
             "the cause; the launcher reports it."
         )

@@ -59,19 +59,50 @@ def lost_peer_marker(directory: str | Path, rank: int) -> Path:
     return Path(directory, f".rank{rank}.lost-peer")
 
 
-def mark_lost_peer_failures(directory: str | Path, rank: int) -> None:
-    """Make an uncaught peer-lost error in this process leave :func:`lost_peer_marker` before it ends, so the
-    launcher that started it (``fabric run``, which cannot read rank 0's output) can tell a consequence from the
-    cause. Installed once per process, around the current ``sys.excepthook``."""
+def install_lost_peer_hook(rank: int, run_directory: str | Path | None) -> None:
+    """Make an uncaught peer-lost error end this rank with one line instead of a traceback: the cause is the other
+    rank's failure, which its own traceback and the launcher's summary show; this rank's would only bury them.
+
+    Under ``fabric run`` (``run_directory`` given) the rank also leaves :func:`lost_peer_marker`, so the launcher,
+    which cannot read rank 0's output, can tell a consequence from the cause. Installed once per process, around the
+    current ``sys.excepthook``; other errors go to it unchanged.
+    """
     previous = sys.excepthook
-    if getattr(previous, "marks_lost_peer", False):
+    if getattr(previous, "reports_lost_peer", False):
         return
 
     def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
-        if a_peer_left(error):
+        if not a_peer_left(error):
+            previous(kind, error, traceback)
+            return
+        if run_directory is not None:
             with contextlib.suppress(OSError):  # the run directory went away: the launcher falls back to exit order
-                lost_peer_marker(directory, rank).touch()
-        previous(kind, error, traceback)
+                lost_peer_marker(run_directory, rank).touch()
+        print(f"fabric: {lost_peer_line(rank, error, traceback)}", file=sys.stderr, flush=True)
 
-    hook.marks_lost_peer = True  # type: ignore[attr-defined]
+    hook.reports_lost_peer = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def lost_peer_line(rank: int, error: BaseException, traceback: TracebackType | None) -> str:
+    """One line for a rank that failed only because another rank's process ended: Fabric's own explanation when
+    the error is a Fabric collective's, else where the script was (its last frame outside torch and Fabric)."""
+    if PEER_GONE_EXPLANATION in str(error):
+        return str(error).splitlines()[0]
+    site = _script_site(traceback)
+    return (
+        f"Rank {rank} failed{f' at {site}' if site else ''}: {PEER_GONE_EXPLANATION} ({type(error).__name__}). That "
+        "rank's own failure is the cause; the launcher reports it."
+    )
+
+
+def _script_site(traceback: TracebackType | None) -> str | None:
+    import traceback as tracebacks
+
+    fabric_package = str(Path(__file__).resolve().parents[1])
+    frames = [
+        frame
+        for frame in tracebacks.extract_tb(traceback)
+        if not frame.filename.startswith(fabric_package) and "site-packages" not in frame.filename
+    ]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None

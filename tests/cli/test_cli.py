@@ -112,6 +112,26 @@ def test_a_rank_that_exits_mid_collective_is_reported_as_the_cause_not_the_rank_
     assert "probably called on some ranks only" not in result.stderr
 
 
+def test_a_rank_that_only_lost_its_peer_says_so_in_one_line_and_the_summary_comes_last(tmp_path: Path) -> None:
+    """Rank 0, waiting in a barrier for rank 1 that exited, printed a 28-line traceback ending in gloo's "Ranks 1 failed
+    to pass monitoredBarrier in 1800000 ms" (the job did not wait 30 minutes: that is the timeout, quoted)."""
+    script = str(SCRIPTS / "ddp_failures.py")
+    result = _fabric("run", "model", "--devices", "2", "--run-dir", str(tmp_path / "run"), script,
+                     "child_exits_3_at_barrier", str(tmp_path / "pids"), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    fabric_lines = [line.split("]: ", 1)[-1] for line in result.stderr.splitlines() if "fabric: " in line]
+    assert fabric_lines[0].startswith(
+        f"fabric: Rank 0 failed in barrier 'after work', called at {script}:"
+    ) and fabric_lines[0].endswith(": another rank's process ended while this rank waited for it. That rank's own "
+        "failure (an exception, sys.exit, a signal such as the out-of-memory killer's SIGKILL) is the cause; the "
+        "launcher reports it."), fabric_lines  # fmt: skip
+    # the summary, naming the cause, is the last thing on screen (rank 1 printed nothing: no tail of its log follows)
+    lines = result.stderr.splitlines()
+    summary = f"fabric: rank 1 exited with code 3; log: {tmp_path / 'run' / 'rank1' / 'stderr.log'}"
+    assert lines[lines.index(summary) :] in ([summary], [summary, "fabric: rank 0 failed after it."]), lines
+
+
 def test_two_jobs_started_together_from_one_directory_keep_their_own_run_directories(tmp_path: Path) -> None:
     """Started in the same second, two jobs shared runs/<second>/ and one overwrote the other's rank logs."""
     out_dirs = [tmp_path / "out0", tmp_path / "out1"]

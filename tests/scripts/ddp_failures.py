@@ -1,7 +1,9 @@
 """Jobs that go wrong on purpose: ``python ddp_failures.py MODE PID_DIR``.
 
 MODE: ``child_raises`` (rank 1 raises), ``child_exits_3`` (rank 1 calls sys.exit(3)), ``child_exits_3_in_loop``
-(rank 1 calls sys.exit(3) at step 20 of a loop of all_reduces, so rank 0 loses it mid-collective), ``rank0_raises``,
+(rank 1 calls sys.exit(3) at step 20 of a loop of all_reduces, so rank 0 loses it mid-collective),
+``child_exits_3_at_barrier`` (rank 1 calls sys.exit(3) while rank 0 waits in ``fabric.barrier("after work")``),
+``rank0_raises``,
 ``only_rank0_barrier`` (rank 0 waits at a barrier that rank 1 never reaches), ``rank0_exits_7`` (rank 0 calls
 sys.exit(7) while rank 1 enters an all_reduce), ``rank0_raises_systemexit_7`` (the same with ``raise
 SystemExit(7)``), ``rank0_exits_7_training`` (rank 0 calls sys.exit(7) at step 3 of training a DDP-wrapped
@@ -42,6 +44,10 @@ if mode == "child_exits_3_in_loop":
         if step == 20 and fabric.global_rank == 1:
             sys.exit(3)
         fabric.all_reduce(torch.ones(1))
+if mode == "child_exits_3_at_barrier":
+    if fabric.global_rank == 1:
+        sys.exit(3)
+    fabric.barrier("after work")
 if mode == "rank0_raises" and fabric.global_rank == 0:
     raise ValueError("rank 0 fails on purpose")
 if mode in ("rank0_exits_7", "rank0_raises_systemexit_7"):
