@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,8 +27,15 @@ def _clean_env() -> dict[str, str]:
 
 
 def _fabric(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``fabric ...`` run to its end; by default in a new temporary directory, where its ``runs/`` folder goes."""
     return subprocess.run(
-        [*FABRIC, *args], capture_output=True, text=True, timeout=timeout, env=_clean_env(), cwd=cwd, check=False
+        [*FABRIC, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_clean_env(),
+        cwd=cwd or tempfile.mkdtemp(prefix="fabric-cli-"),
+        check=False,
     )
 
 

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,9 @@ def _env() -> dict[str, str]:
 def _nodes(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
     """Run one CLI per node at the same time; return how each ended."""
     started = [
-        subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.mkdtemp()
+        )
         for command in commands
     ]
     results = []
@@ -147,7 +150,9 @@ def _start_node(rank: int, port: str, out_dir: Path) -> subprocess.Popen[str]:
     command = [*FABRIC, "--devices", "1", "--num-nodes", "2", "--node-rank", str(rank), "--main-address", "127.0.0.1",
                "--main-port", port, "--join-timeout", "60", "--run-dir", str(out_dir / f"run{rank}"), REPORT,
                str(out_dir)]  # fmt: skip
-    return subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.mkdtemp()
+    )
 
 
 def _connect_when_listening(port: int) -> socket.socket:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +23,14 @@ def _env() -> dict[str, str]:
 
 
 def _start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*FABRIC, *args], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(  # in a new temporary directory, where the job's runs/ folder goes
+        [*FABRIC, *args],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tempfile.mkdtemp(prefix="fabric-cli-"),
+    )
 
 
 def test_sigterm_to_the_cli_lets_the_trainer_save_and_the_job_exits_75(tmp_path: Path) -> None:
