@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _fabric(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # in a new temporary directory, where a job's runs/ folder goes
-        [*FABRIC, *args],
-        capture_output=True,
-        text=True,
-        env=env or _env(),
-        timeout=timeout,
-        cwd=tempfile.mkdtemp(prefix="fabric-cli-"),
-        check=False,
+    return subprocess.run(
+        [*FABRIC, *args], capture_output=True, text=True, env=env or _env(), timeout=timeout, check=False
     )
 
 
