@@ -21,6 +21,7 @@ import click
 
 import fabric
 from fabric.accelerators.registry import accelerator_choices
+from fabric.compat import DROP_IN_MODES
 from fabric.plugins.precision.registry import PRECISION_REGISTRY
 from fabric.strategies.registry import STRATEGY_REGISTRY, strategy_choices
 from fabric.utilities.cli_contract import CLI_SETTINGS
@@ -123,6 +124,13 @@ def run() -> None:
     help="Run SCRIPT as a command (an executable), not with python.",
 )
 @click.option(
+    "--drop-in",
+    "--drop_in",
+    type=click.Choice(sorted(DROP_IN_MODES)),
+    help="Run SCRIPT (or -m module) unchanged in a drop-in mode: `lightning` answers its `lightning.fabric` imports "
+    "and `L.Fabric` with this project (as `python -m fabric.compat.lightning`).",
+)
+@click.option(
     "--run-dir",
     "--run_dir",
     "--run_directory",
@@ -223,6 +231,7 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
         script=options["script"],
         script_args=tuple(os.path.expandvars(os.path.expanduser(arg)) for arg in options["script_args"]),
         mode=mode,
+        drop_in=options["drop_in"],
         layout=layout,
         main_address=main_address,
         main_port=main_port,
@@ -259,6 +268,11 @@ def _mode(options: dict[str, Any]) -> str:
     if options["module"] and options["command_mode"]:
         raise PlanError("-m/--module_mode and -c/--command_mode exclude each other: pick one.")
     if options["command_mode"]:
+        if options["drop_in"]:
+            raise PlanError(
+                f"--drop-in={options['drop_in']} runs Python code, but -c/--command_mode runs SCRIPT as a command. "
+                "Pass a Python script, or -m for a module."
+            )
         if shutil.which(script) is None:
             raise PlanError(f"SCRIPT {script!r} is not an executable command (-c/--command_mode).")
         return "command"

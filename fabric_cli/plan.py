@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fabric.compat import DROP_IN_MODES
 from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS, RUN_DIRECTORY_VARIABLE
 from fabric.utilities.device_parser import ALL, AUTO, cpu_oversubscription, parse_devices
 from fabric.utilities.network import SOCKET_INTERFACE_VARIABLES
@@ -41,6 +42,8 @@ class LaunchPlan:
     script_args: tuple[str, ...]
     #: ``"script"`` (``python SCRIPT``), ``"module"`` (``python -m SCRIPT``) or ``"command"`` (``SCRIPT`` itself).
     mode: str
+    #: The drop-in mode SCRIPT runs in (``fabric.compat.DROP_IN_MODES``), or ``None``.
+    drop_in: str | None
     layout: Layout
     main_address: str
     main_port: int
@@ -64,6 +67,8 @@ class LaunchPlan:
 
     def command(self) -> list[str]:
         prefix = {"script": [sys.executable], "module": [sys.executable, "-m"], "command": []}[self.mode]
+        if self.drop_in is not None:  # python -m fabric.compat.NAME [-m] SCRIPT
+            prefix = [sys.executable, "-m", DROP_IN_MODES[self.drop_in], *prefix[1:]]
         return [*prefix, self.script, *self.script_args]
 
     def global_rank(self, local_rank: int) -> int:

@@ -287,8 +287,27 @@ def test_fabric_save_of_a_set_up_loader_pickles_it_and_load_gives_back_a_set_up_
     assert isinstance(restored, FabricDataLoader) and isinstance(restored, MyLoader) and restored.note == "mine"
     assert restored._fabric_epoch == 1 and state["iter_num"] == 3
     assert [batch[0].tolist() for batch in restored] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    with pytest.raises(CheckpointError, match="weights_only=False"):  # a pickled object needs a trusted load
-        fabric.load(tmp_path / "state.ckpt", {"train_dataloader": None})
+    raw = fabric.load(tmp_path / "state.ckpt", weights_only=False)
+    assert isinstance(raw["train_dataloader"], MyLoader) and raw["train_dataloader"].note == "mine"
+
+
+def test_a_checkpoint_holding_a_set_up_loader_resumes_with_the_safe_default_and_keeps_the_live_loader(
+    tmp_path: Path,
+) -> None:
+    """litgpt's ``pretrain --resume`` loads ``{"train_dataloader": loader, ...}`` with the default weights_only=True:
+    under Lightning that crashes on the pickled loader. The loader is kept opaque in the file, so the safe load works,
+    the program's own loader stays in place, and a loader read without a live one says how to get it."""
+    fabric = Fabric(accelerator="cpu")
+    loader = fabric.setup_dataloaders(MyLoader(TensorDataset(torch.arange(10.0)), note="mine"))
+    fabric.save(tmp_path / "state.ckpt", {"train_dataloader": loader, "iter_num": 3})
+    live = fabric.setup_dataloaders(MyLoader(TensorDataset(torch.arange(4.0)), note="live"))
+    state: dict[str, Any] = {"train_dataloader": live, "iter_num": 0}
+    assert fabric.load(tmp_path / "state.ckpt", state) == {}
+    assert state["train_dataloader"] is live and state["iter_num"] == 3
+    saved = fabric.load(tmp_path / "state.ckpt")["train_dataloader"]
+    with pytest.raises(TypeError, match=r"saved pickled and loaded with weights_only=True.*weights_only=False"):
+        iter(saved)
+    assert [batch[0].tolist() for batch in saved.rebuild()] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
 class ResumableLoader(DataLoader):  # type: ignore[type-arg]

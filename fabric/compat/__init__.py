@@ -5,3 +5,7 @@ runs a program whose ``lightning.fabric`` imports and ``L.Fabric`` are answered 
 :mod:`fabric.compat.lightning_names`, says for each Lightning Fabric name what answers it here or why nothing does;
 :mod:`fabric.compat.aliases` is the mechanism that applies such a table.
 """
+
+#: The drop-in modes, by name, and the module that runs a program in each (``python -m MODULE SCRIPT``,
+#: ``fabric run model --drop-in=NAME``).
+DROP_IN_MODES = {"lightning": "fabric.compat.lightning"}

@@ -31,7 +31,14 @@ from fabric.plugins.io.formats import read_whole
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.launchers.launcher import Launcher
-from fabric.utilities.checkpoint_state import Stateful, check_module_state, check_optimizer_state
+from fabric.utilities.checkpoint_state import (
+    Stateful,
+    check_module_state,
+    check_optimizer_state,
+    loaded_value,
+    rebuilt_loaders,
+    saved_form,
+)
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.inheritance import inherits_unchanged
@@ -378,9 +385,7 @@ class Strategy:
             return self.get_module_state_dict(obj)
         if isinstance(obj, Optimizer):
             return self.get_optimizer_state(obj)
-        if isinstance(obj, Stateful):
-            return obj.state_dict()
-        return obj
+        return saved_form(obj)
 
     @property
     def saves_on_every_rank(self) -> bool:
@@ -440,7 +445,7 @@ class Strategy:
         if not isinstance(checkpoint, dict):
             raise CheckpointError(f"{path!s} holds a {type(checkpoint).__name__}, not a checkpoint dict.")
         if state is None:
-            return checkpoint
+            return rebuilt_loaders(checkpoint, weights_only)
         keys = entries_to_load(path, state, checkpoint, strict)
         for key in keys:
             self._check_fits(state[key], checkpoint[key], strict, where=f"Entry {key!r} of {path!s}")
@@ -452,8 +457,9 @@ class Strategy:
             elif isinstance(target, Optimizer):
                 self.load_optimizer_state_dict(target, checkpoint[key])
             elif not isinstance(target, Stateful):
-                state[key] = checkpoint[key]
-        return {key: value for key, value in checkpoint.items() if key not in state and key != PRECISION_STATE_KEY}
+                state[key] = loaded_value(target, checkpoint[key], weights_only)
+        rest = {key: value for key, value in checkpoint.items() if key not in state and key != PRECISION_STATE_KEY}
+        return rebuilt_loaders(rest, weights_only)
 
     def load_raw(
         self,

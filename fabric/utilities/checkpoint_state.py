@@ -7,13 +7,15 @@ parameter-group sizes) before the first object is modified, so a wrong or foreig
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+import pickle
+from collections.abc import Iterator, Mapping
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.optim import Optimizer
+from torch.utils.data import DataLoader
 
 from fabric.utilities.exceptions import CheckpointError
 
@@ -25,6 +27,70 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class SavedDataLoader:
+    """A data loader without ``state_dict()`` as a checkpoint holds it: its pickle, kept opaque.
+
+    Lightning pickles such a loader into the checkpoint (litgpt's ``pretrain`` saves its ``train_dataloader``), so
+    the file needs ``weights_only=False`` to load, and programs that resume with the safe default crash (litgpt's
+    ``--resume`` does under Lightning with torch >= 2.6). Kept as bytes, the checkpoint loads safely; the live loader
+    in a load's ``state`` stays as it is, and ``weights_only=False`` (a trusted file) rebuilds the saved one.
+    """
+
+    def __init__(self, pickled: bytes) -> None:
+        self.pickled = pickled
+
+    def __reduce__(self) -> tuple[type[SavedDataLoader], tuple[bytes]]:
+        return SavedDataLoader, (self.pickled,)
+
+    def rebuild(self) -> DataLoader[Any]:
+        """The saved loader. This unpickles it, which runs code from the file: only for trusted checkpoints."""
+        loader: DataLoader[Any] = pickle.loads(self.pickled)
+        return loader
+
+    def __iter__(self) -> Iterator[Any]:
+        self._refuse("iterated")
+
+    def __len__(self) -> int:
+        self._refuse("measured")
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise TypeError(
+            f"This data loader was saved pickled and loaded with weights_only=True, so it cannot be {what}: load "
+            "the checkpoint with weights_only=False (only for files you trust), or call .rebuild()."
+        )
+
+
+torch.serialization.add_safe_globals([SavedDataLoader])
+
+
+def saved_form(obj: object) -> Any:
+    """What a checkpoint holds for an entry that is neither a module nor an optimizer: the ``state_dict()`` of a
+    stateful object (a scheduler, a resumable loader), a loader without one as a :class:`SavedDataLoader`, any
+    other value itself."""
+    if isinstance(obj, Stateful):
+        return obj.state_dict()
+    if isinstance(obj, DataLoader):
+        return SavedDataLoader(pickle.dumps(obj))
+    return obj
+
+
+def loaded_value(live: object, saved: object, weights_only: bool) -> Any:
+    """What a load's ``state[key]`` holds afterwards for a live object without ``load_state_dict()``: the saved
+    value, except that a live loader stays (a loader saved without state has nothing to restore) and a trusted
+    load (``weights_only=False``) rebuilds a saved loader."""
+    if not isinstance(saved, SavedDataLoader):
+        return saved
+    if isinstance(live, DataLoader):
+        return live
+    return saved if weights_only else saved.rebuild()
+
+
+def rebuilt_loaders(checkpoint: dict[str, Any], weights_only: bool) -> dict[str, Any]:
+    """A raw checkpoint as ``fabric.load(path)`` returns it: with ``weights_only=False`` the saved loaders
+    rebuilt, as Lightning returns them; otherwise as they are."""
+    return {key: loaded_value(None, value, weights_only) for key, value in checkpoint.items()}
 
 
 def check_module_state(module: nn.Module, state_dict: object, strict: bool, where: str) -> None:

@@ -34,9 +34,22 @@ def _run(*arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, check=False)
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_a_lightning_fabric_program_runs_unchanged_through_the_drop_in_mode(tmp_path: Path, devices: int) -> None:
-    job = _run("-m", "fabric.compat.lightning", PROGRAM, str(devices), str(tmp_path))
+RUNNERS = {
+    "runner": ["-m", "fabric.compat.lightning"],
+    "cli": ["-m", "fabric_cli", "run", "model", "--drop-in=lightning"],
+}
+
+
+@pytest.mark.parametrize(("runner", "devices"), [("runner", 1), ("runner", 2), ("cli", 2)])
+def test_a_lightning_fabric_program_runs_unchanged_through_the_drop_in_mode(
+    tmp_path: Path, runner: str, devices: int
+) -> None:
+    """``python -m fabric.compat.lightning PROGRAM``, or ``fabric run model --drop-in=lightning --devices=2 PROGRAM``
+    (the CLI starts the ranks; the program's ``launch()`` finds them started)."""
+    cli_options = (
+        ["--accelerator=cpu", f"--devices={devices}", f"--run-dir={tmp_path / 'run'}"] if runner == "cli" else []
+    )
+    job = _run(*RUNNERS[runner], *cli_options, PROGRAM, str(devices), str(tmp_path))
     assert job.returncode == 0, job.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(devices)]
     for report in reports:
@@ -53,6 +66,14 @@ def test_a_lightning_fabric_program_runs_unchanged_through_the_drop_in_mode(tmp_
 def test_without_the_runner_nothing_answers_for_lightning(tmp_path: Path) -> None:
     job = _run(PROGRAM, "1", str(tmp_path))
     assert job.returncode == 1 and "No module named 'lightning'" in job.stderr
+
+
+def test_the_cli_refuses_a_drop_in_mode_for_a_command_or_one_it_does_not_have() -> None:
+    command = _run(*RUNNERS["cli"], "-c", "ls")
+    assert command.returncode == 2
+    assert "--drop-in=lightning runs Python code, but -c/--command_mode runs SCRIPT as a command" in command.stderr
+    unknown = _run("-m", "fabric_cli", "run", "model", "--drop-in=composer", PROGRAM)
+    assert unknown.returncode == 2 and "'composer' is not 'lightning'" in unknown.stderr
 
 
 def test_the_runner_says_how_to_call_it() -> None:

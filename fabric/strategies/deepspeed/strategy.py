@@ -54,7 +54,7 @@ from fabric.strategies.deepspeed.config import (
 from fabric.strategies.deepspeed.precision import DeepSpeedPrecision
 from fabric.strategies.parallel import ParallelArgs, ParallelStrategy
 from fabric.strategies.strategy import CheckpointFilter, entries_to_load, load_unvalidated_state
-from fabric.utilities.checkpoint_state import Stateful
+from fabric.utilities.checkpoint_state import Stateful, loaded_value, rebuilt_loaders
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
@@ -445,8 +445,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         load_unvalidated_state(path, self.precision, state, client_state, keys)
         for key in keys:
             if not isinstance(state[key], Stateful):
-                state[key] = client_state[key]
-        return {key: value for key, value in client_state.items() if key not in state}
+                state[key] = loaded_value(state[key], client_state[key], weights_only)
+        return rebuilt_loaders({key: value for key, value in client_state.items() if key not in state}, weights_only)
 
     def _engine_in(self, state: dict[str, Any]) -> tuple[str, DeepSpeedEngine]:
         modules = [(key, value) for key, value in state.items() if isinstance(value, nn.Module)]

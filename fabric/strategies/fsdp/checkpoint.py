@@ -56,7 +56,7 @@ from fabric.plugins.io.distributed_checkpoint import (
 from fabric.plugins.io.storage import is_remote
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.strategy import PRECISION_STATE_KEY, entries_to_load, load_unvalidated_state
-from fabric.utilities.checkpoint_state import Stateful
+from fabric.utilities.checkpoint_state import Stateful, loaded_value, rebuilt_loaders, saved_form
 from fabric.utilities.exceptions import CheckpointError
 
 #: ``owner_of(optimizer)``: the set-up module whose sharded parameters the optimizer updates.
@@ -238,9 +238,13 @@ def load_sharded(
         elif isinstance(target, Optimizer):
             set_optimizer_state_dict(owner_of(target), target, targets[key])
         elif not isinstance(target, Stateful):
-            state[key] = targets[key]
+            state[key] = loaded_value(target, targets[key], weights_only)
     rest = available - set(state) - {PRECISION_STATE_KEY}
-    return read_whole(path, keys=rest, weights_only=weights_only, storage_options=storage_options) if rest else {}
+    if not rest:
+        return {}
+    return rebuilt_loaders(
+        read_whole(path, keys=rest, weights_only=weights_only, storage_options=storage_options), weights_only
+    )
 
 
 def _sharded_state_of(value: object, owner_of: OwnerOf) -> Any:
@@ -248,9 +252,7 @@ def _sharded_state_of(value: object, owner_of: OwnerOf) -> Any:
         return get_model_state_dict(value)
     if isinstance(value, Optimizer):
         return get_optimizer_state_dict(owner_of(value), value)
-    if isinstance(value, Stateful):
-        return value.state_dict()
-    return value
+    return saved_form(value)
 
 
 def _parameter_names(module: nn.Module, optimizer: Optimizer) -> list[str]:
