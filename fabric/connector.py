@@ -127,6 +127,13 @@ COMPATIBILITY_RULES: tuple[tuple[Callable[[Resolved], bool], Callable[[Resolved]
         ),
     ),
     (
+        lambda r: not r.precision.works_with_sharding and r.strategy.saves_on_every_rank,
+        lambda r: (
+            f"{type(r.precision).__name__} replaces whole layers in each process, which {type(r.strategy).__name__} "
+            "shards over the ranks: use it on one device or with strategy='ddp'."
+        ),
+    ),
+    (
         lambda r: r.strategy.configuration_error() is not None,
         lambda r: str(r.strategy.configuration_error()),
     ),

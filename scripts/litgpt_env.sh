@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 venv="${1:-.venv-litgpt}"
 python -m venv "$venv"
 "$venv/bin/pip" install -q --upgrade pip
-"$venv/bin/pip" install -q "torch==2.13.0" "litgpt==0.5.13" "lightning==2.6.6" "jsonargparse[signatures]==4.41.0" requests
+"$venv/bin/pip" install -q "torch==2.13.0" "litgpt==0.5.13" "lightning==2.6.6" "jsonargparse[signatures]==4.41.0" requests "bitsandbytes==0.50.2"
 "$venv/bin/pip" install -q -e .
 echo "$venv/bin/python"

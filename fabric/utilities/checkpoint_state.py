@@ -93,11 +93,27 @@ def rebuilt_loaders(checkpoint: dict[str, Any], weights_only: bool) -> dict[str,
     return {key: loaded_value(None, value, weights_only) for key, value in checkpoint.items()}
 
 
+def loadable_state(module: nn.Module) -> dict[str, Any]:
+    """The entries ``module.load_state_dict`` takes: its ``state_dict()``, except where a submodule loads another form
+    than it saves and says so with ``loadable_entries()`` (a quantized Linear layer takes the full-precision weight of
+    the layer it replaced, and quantizes it as it loads)."""
+    state = module.state_dict()
+    for name, submodule in module.named_modules():
+        entries = getattr(submodule, "loadable_entries", None)
+        if entries is None:
+            continue
+        prefix = f"{name}." if name else ""
+        state = {key: value for key, value in state.items() if not key.startswith(prefix)} | {
+            f"{prefix}{key}": value for key, value in entries().items()
+        }
+    return state
+
+
 def check_module_state(module: nn.Module, state_dict: object, strict: bool, where: str) -> None:
     """Raise unless ``module.load_state_dict(state_dict, strict)`` would load every entry without error."""
     if not isinstance(state_dict, Mapping):
         raise CheckpointError(f"{where}: expected a module state dict, found {type(state_dict).__name__}.")
-    expected = module.state_dict()
+    expected = loadable_state(module)
     problems = []
     if strict:
         missing = sorted(set(expected) - set(state_dict))

@@ -33,6 +33,9 @@ class Precision:
     #: When True, gradients carry the loss scale until ``unscale_gradients`` (a GradScaler), and the
     #: optimizer step goes through the scaler, which takes no closure.
     scales_gradients: ClassVar[bool] = False
+    #: False when the plugin replaces whole layers in one process (quantized weights), which a strategy that shards
+    #: parameters over ranks (FSDP, DeepSpeed) cannot take: such a pair is refused at ``Fabric(...)``.
+    works_with_sharding: ClassVar[bool] = True
     #: Derived for each subclass, never set by hand: True when it overrides none of :meth:`pre_backward`,
     #: :meth:`backward` and :attr:`requires_fabric_backward`, so ``tensor.backward`` is called directly, two calls
     #: shorter on every step.
