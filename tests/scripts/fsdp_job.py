@@ -82,7 +82,8 @@ if mode == "train":
         (a - b).abs().max().item() for a, b in zip(trained, reference.parameters(), strict=True)
     )
 
-    fabric.save(out_dir / "sharded", {"model": model, "optimizer": optimizer, "step": 5})
+    loader = fabric.setup_dataloaders(torch.utils.data.DataLoader(list(range(8)), batch_size=2))
+    fabric.save(out_dir / "sharded", {"model": model, "optimizer": optimizer, "step": 5, "loader": loader})
     fabric.strategy.state_dict_type = "full"  # type: ignore[attr-defined]
     fabric.save(out_dir / "full.pt", {"model": model, "optimizer": optimizer, "step": 5})
     fabric.strategy.state_dict_type = "sharded"  # type: ignore[attr-defined]
@@ -97,9 +98,11 @@ if mode == "train":
         report["foreign_optimizer"] = str(error)
     fresh = make_model()
     fresh, fresh_optimizer = fabric.setup(fresh, torch.optim.Adam(fresh.parameters(), lr=LR))
-    state = {"model": fresh, "optimizer": fresh_optimizer, "step": 0}
-    fabric.load(out_dir / "sharded", state)
+    live_loader = fabric.setup_dataloaders(torch.utils.data.DataLoader(list(range(4))))
+    state = {"model": fresh, "optimizer": fresh_optimizer, "step": 0, "loader": live_loader}
+    fabric.load(out_dir / "sharded", state)  # weights_only=True, the default: the saved loader is kept opaque
     report["reload_step"] = state["step"]
+    report["reload_kept_the_live_loader"] = state["loader"] is live_loader
     report["reload_params_equal"] = all(
         torch.equal(full(a), b) for a, b in zip(fresh.parameters(), trained, strict=True)
     )

@@ -21,6 +21,7 @@ from fabric.plugins.io.temporaries import (
     temporary_sibling,
 )
 from fabric.plugins.io.write_errors import disk_full_error, is_disk_full
+from fabric.utilities import checkpoint_state  # noqa: F401 - lets weights_only loads read a saved loader
 from fabric.utilities.exceptions import CheckpointError, CheckpointNotFoundError
 
 if TYPE_CHECKING:
