@@ -27,7 +27,7 @@ from fabric.connector import AcceleratorArg, Plugin, PrecisionArg, StrategyArg, 
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.precision.precision import Precision
 from fabric.strategies.strategy import CheckpointFilter, Strategy
-from fabric.utilities.apply_func import move_data_to_device, optimizer_to_device
+from fabric.utilities.apply_func import as_list, move_data_to_device, optimizer_to_device
 from fabric.utilities.compile import CompileArg, Compiler, compiler_for, uncompiled
 from fabric.utilities.device_parser import DevicesArg
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
@@ -89,8 +89,8 @@ class Fabric:
             interactive=is_interactive(),
         )
         self._strategy: Strategy = self._resolved.strategy
-        self._callbacks: list[Any] = _as_list(callbacks)
-        self._loggers: list[Logger] = _as_list(loggers)
+        self._callbacks: list[Any] = as_list(callbacks)
+        self._loggers: list[Logger] = as_list(loggers)
         self._logs_saved_at_exit = False
         self._launched = False
         self._wrapped_modules: weakref.WeakSet[FabricModule] = weakref.WeakSet()
@@ -151,7 +151,7 @@ class Fabric:
     @loggers.setter
     def loggers(self, loggers: Logger | Sequence[Logger] | None) -> None:
         """Replace the loggers :meth:`log` writes to (a Trainer adds its route to its destinations this way)."""
-        self._loggers = _as_list(loggers)
+        self._loggers = as_list(loggers)
 
     @property
     def logger(self) -> Logger:
@@ -683,12 +683,6 @@ def _check_scheduler(scheduler: LRScheduler | None, optimizers: Sequence[Optimiz
             f"setup(scheduler={type(scheduler).__name__}(...)) needs the optimizer it schedules in the same call: "
             "fabric.setup(model, optimizer, scheduler=scheduler)."
         )
-
-
-def _as_list(items: object) -> list[Any]:
-    if items is None:
-        return []
-    return list(items) if isinstance(items, (list, tuple)) else [items]
 
 
 def _as_tensor(value: torch.Tensor | float, device: torch.device) -> torch.Tensor:

@@ -15,11 +15,11 @@ from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 from typing_extensions import override
 
-from fabric.loggers.logger import Logger, next_version, params_to_dict, prepare_metrics, version_dir_name
+from fabric.loggers.logger import VersionedLogger, params_to_dict, prepare_metrics
 from fabric.utilities.rank_zero import rank_zero_only
 
 
-class CSVLogger(Logger):
+class CSVLogger(VersionedLogger):
     """Logs metrics to ``<root_dir>/<name>/<version>/metrics.csv`` and hyperparameters to ``hparams.json``.
 
     The CSV file has a ``step`` column plus one column per metric key ever logged. A key that shows up
@@ -49,10 +49,7 @@ class CSVLogger(Logger):
     ) -> None:
         if flush_logs_every_n_steps < 1:
             raise ValueError(f"`flush_logs_every_n_steps` must be at least 1, got {flush_logs_every_n_steps}.")
-        self._root_dir = os.fspath(root_dir)
-        self._name = name
-        self._version = version
-        self._prefix = prefix
+        super().__init__(root_dir, name, version, prefix)
         self._flush_every = flush_logs_every_n_steps
         self._hparams: dict[str, Any] = {}
         self._rows: list[dict[str, float]] = []  # logged but not yet written
@@ -61,29 +58,6 @@ class CSVLogger(Logger):
         self._rows_logged = 0
         self._warned_step_conflict = False
         self._storage: tuple[AbstractFileSystem, str] | None = None  # filesystem and path of the log dir
-
-    @property
-    @override
-    def name(self) -> str:
-        return self._name
-
-    @property
-    @override
-    def version(self) -> int | str:
-        """The run's version; when none was given, the next free number, chosen on first access."""
-        if self._version is None:
-            self._version = next_version(self._root_dir, self._name)
-        return self._version
-
-    @property
-    @override
-    def root_dir(self) -> str:
-        return self._root_dir
-
-    @property
-    @override
-    def log_dir(self) -> str:
-        return os.path.join(self._root_dir, self._name, version_dir_name(self.version))
 
     @rank_zero_only
     @override

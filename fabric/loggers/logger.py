@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from fsspec.core import url_to_fs
+from typing_extensions import override
 
 from fabric.utilities.rank_zero import rank_zero_only
 
@@ -63,6 +64,40 @@ class Logger(ABC):
     def finalize(self, status: str) -> None:
         """Flush and release resources at the end of the run; ``status`` is e.g. ``"success"`` or ``"failed"``."""
         self.save()
+
+
+class VersionedLogger(Logger):
+    """A logger that writes into ``<root_dir>/<name>/<version>`` (the CSV and TensorBoard loggers): that directory's
+    parts, the version chosen on first access when none was given, and the prefix of every metric key."""
+
+    def __init__(self, root_dir: str | os.PathLike[str], name: str, version: int | str | None, prefix: str) -> None:
+        self._root_dir = os.fspath(root_dir)
+        self._name = name
+        self._version = version
+        self._prefix = prefix
+
+    @property
+    @override
+    def name(self) -> str:
+        return self._name
+
+    @property
+    @override
+    def version(self) -> int | str:
+        """The run's version; when none was given, the next free number, chosen on first access."""
+        if self._version is None:
+            self._version = next_version(self._root_dir, self._name)
+        return self._version
+
+    @property
+    @override
+    def root_dir(self) -> str:
+        return self._root_dir
+
+    @property
+    @override
+    def log_dir(self) -> str:
+        return os.path.join(self._root_dir, self._name, version_dir_name(self.version))
 
 
 def next_version(root_dir: str, name: str) -> int:

@@ -15,7 +15,7 @@ import torch
 from lightning_utilities.core.imports import RequirementCache
 from typing_extensions import override
 
-from fabric.loggers.logger import Logger, next_version, params_to_dict, prepare_metrics, version_dir_name
+from fabric.loggers.logger import VersionedLogger, params_to_dict, prepare_metrics
 from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_only
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 _TENSORBOARD_AVAILABLE = RequirementCache("tensorboard")
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(VersionedLogger):
     """Logs metrics as TensorBoard scalars and hyperparameters to TensorBoard's HPARAMS tab.
 
     Event files go to ``<root_dir>/<name>/<version>``; view them with ``tensorboard --logdir <root_dir>``.
@@ -50,37 +50,11 @@ class TensorBoardLogger(Logger):
         prefix: str = "",
         **summary_writer_kwargs: Any,
     ) -> None:
-        self._root_dir = os.fspath(root_dir)
-        self._name = name
-        self._version = version
+        super().__init__(root_dir, name, version, prefix)
         self._default_hp_metric = default_hp_metric
-        self._prefix = prefix
         self._summary_writer_kwargs = summary_writer_kwargs
         self._summary_writer: SummaryWriter | None = None
         self._calls = 0  # log_metrics calls so far, the step used when none is given
-
-    @property
-    @override
-    def name(self) -> str:
-        return self._name
-
-    @property
-    @override
-    def version(self) -> int | str:
-        """The run's version; when none was given, the next free number, chosen on first access."""
-        if self._version is None:
-            self._version = next_version(self._root_dir, self._name)
-        return self._version
-
-    @property
-    @override
-    def root_dir(self) -> str:
-        return self._root_dir
-
-    @property
-    @override
-    def log_dir(self) -> str:
-        return os.path.join(self._root_dir, self._name, version_dir_name(self.version))
 
     @property
     @rank_zero_only

@@ -106,6 +106,7 @@ from fabric.trainer.stages import (
 )
 from fabric.trainer.surgery import reapply_surgery
 from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers, count_tokens
+from fabric.utilities.apply_func import as_list
 from fabric.utilities.cli_contract import FABRIC_CHOICES
 from fabric.utilities.rank_zero import rank_zero_warn
 
@@ -212,7 +213,7 @@ class Trainer:
         self.spin_dataloaders = spin_dataloaders
         check_subset_num_batches(eval_subset_num_batches, "eval_subset_num_batches")
         passes = merged_passes(algorithm_passes)
-        loggers = console_loggers(log_to_console, console_log_interval, console_stream, _as_list(loggers), progress_bar)
+        loggers = console_loggers(log_to_console, console_log_interval, console_stream, as_list(loggers), progress_bar)
         load_strict = strict_model_weights(load_strict, load_strict_model_weights)
         check_ignore_paths(save_ignore_keys, "save_ignore_keys")
         if not isinstance(save_metrics, bool):
@@ -248,14 +249,14 @@ class Trainer:
         self._grad_accum = grad_accum if isinstance(grad_accum, int) else None  # resolved per train dataloader
         self.scale_schedule_ratio = float(scale_schedule_ratio)
         self.seed, self.run_name = _join_processes(self.fabric, seed, run_name)
-        defaulted = optimizers is None and (train_dataloader is not None or bool(_as_list(schedulers)))
+        defaulted = optimizers is None and (train_dataloader is not None or bool(as_list(schedulers)))
         if defaulted:
             optimizers = default = default_optimizer(model)  # Composer's default, for a Trainer that is to train
         self.state = state = State(
             model=model,
-            optimizers=_as_list(optimizers),
-            algorithms=_as_list(algorithms),
-            callbacks=[*_as_list(callbacks), *([saver] if saver else []), *_bound_profiler(profiler, self.run_name)],
+            optimizers=as_list(optimizers),
+            algorithms=as_list(algorithms),
+            callbacks=[*as_list(callbacks), *([saver] if saver else []), *_bound_profiler(profiler, self.run_name)],
             fabric=self.fabric,
             run_name=self.run_name,
             max_duration=None if max_duration is None else _scaled_duration(max_duration, self.scale_schedule_ratio),
@@ -274,7 +275,7 @@ class Trainer:
             reapply_surgery(state.model, surgery, state.optimizers, state.algorithms)
         state.model, state.optimizers = _setup_model(self.fabric, state.model, state.optimizers, compile_options)
         lr_schedule, torch_schedulers = self._setup_schedulers(
-            _as_list(schedulers), state.optimizers, self.scale_schedule_ratio
+            as_list(schedulers), state.optimizers, self.scale_schedule_ratio
         )
         state.schedulers = _all_schedulers(lr_schedule, torch_schedulers)
         state.train_metrics = model_metrics(state.model.module, True, self.fabric)
@@ -537,7 +538,7 @@ class Trainer:
         training = state.optimizers if new_optimizers is None else new_optimizers
         lr_schedule, torch_schedulers = self._train_step.lr_schedule, list(self._train_step.torch_schedulers)
         if schedulers is not None:
-            lr_schedule, torch_schedulers = self._setup_schedulers(_as_list(schedulers), training, scale_schedule_ratio)
+            lr_schedule, torch_schedulers = self._setup_schedulers(as_list(schedulers), training, scale_schedule_ratio)
         elif new_optimizers is not None:
             lr_schedule = rebound_schedule(lr_schedule, new_optimizers)
         if new_optimizers is not None:
@@ -922,12 +923,6 @@ class Trainer:
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _as_list(items: Any) -> list[Any]:
-    if items is None:
-        return []
-    return list(items) if isinstance(items, (list, tuple)) else [items]
 
 
 def _make_saver(

@@ -39,3 +39,11 @@ def optimizer_to_device(optimizer: torch.optim.Optimizer, device: torch.device) 
             # The ``step`` counter of some optimizers must stay on the CPU unless it is "capturable".
             if isinstance(value, torch.Tensor) and not (key == "step" and value.dim() == 0):
                 param_state[key] = value.to(device)
+
+
+def as_list(items: object) -> list[Any]:
+    """An argument that takes one object or several (``callbacks=``, ``loggers=``) as a list: ``None`` is empty, a
+    list or tuple gives its items, anything else is the one item."""
+    if items is None:
+        return []
+    return list(items) if isinstance(items, (list, tuple)) else [items]

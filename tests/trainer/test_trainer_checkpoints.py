@@ -422,6 +422,20 @@ def test_model_surgery_is_reapplied_when_its_checkpoint_loads_into_a_fresh_model
         assert torch.equal(fresh.state.model(batch), trained.state.model(batch))
 
 
+def test_surgery_records_are_read_from_a_sharded_checkpoint_and_an_unreadable_one_raises(tmp_path: Path) -> None:
+    """They were read from single files only, and any error gave no records: a sharded checkpoint's surgery was
+    silently not reapplied (harmless only when it changes a parameter's shape, and the load then fails)."""
+    from fabric.trainer.checkpoint.checkpointer import read_surgery_records
+
+    records = [{"algorithm": "fabric.trainer.algorithms.ghost_batchnorm.GhostBatchNorm", "hparams": {"ghost": 4}}]
+    write_shards({"model": {"w": torch.ones(2)}, "meta": {"format": "fabric.trainer/1", "surgery": records}},
+                 tmp_path / "sharded")  # fmt: skip
+    assert read_surgery_records(str(tmp_path / "sharded")) == records
+    (tmp_path / "truncated.pt").write_bytes(b"PK\x03\x04 not a whole checkpoint")
+    with pytest.raises(CheckpointError, match=r"truncated\.pt"):
+        read_surgery_records(str(tmp_path / "truncated.pt"))
+
+
 def test_a_checkpoint_saver_can_be_passed_as_a_callback(tmp_path: Path, initial: nn.Module) -> None:
     from fabric.trainer.checkpoint.saver import CheckpointSaver
 

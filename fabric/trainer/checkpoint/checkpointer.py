@@ -235,13 +235,12 @@ def _read_file(path: str, checkpoint_io: CheckpointIO, storage_options: StorageO
 
 
 def read_surgery_records(path: str, storage_options: StorageOptions = None) -> list[dict[str, Any]]:
-    """The model surgery a checkpoint file was saved with (``meta["surgery"]``), read without loading its tensors.
+    """The model surgery a checkpoint was saved with (``meta["surgery"]``), read without its tensors where the format
+    allows (:func:`read_meta`), in every format the Trainer saves.
 
-    Only single-file checkpoints are read (memory-mapped when local); anything unreadable gives ``[]``,
-    and the real load reports the problem.
+    A checkpoint that cannot be read raises here, as its load would: without its records, surgery that leaves the
+    state dict's keys and shapes as they were (a LayerNorm swapped for a low-precision one) would silently not be
+    reapplied, and the checkpoint would load into the unchanged model.
     """
-    try:
-        checkpoint = _read_file(path, TorchCheckpointIO(), storage_options)
-        return list(checkpoint.get("meta", {}).get("surgery", []))
-    except Exception:  # the real load, later, reports what is wrong with the file
-        return []
+    meta = read_meta(path, TorchCheckpointIO(), storage_options)
+    return list(meta.get("surgery", [])) if isinstance(meta, dict) else []
