@@ -50,8 +50,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.model import TrainerModel
 
 IMAGE_SIZE = 16

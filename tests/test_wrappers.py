@@ -16,7 +16,6 @@ from typing_extensions import override
 from fabric import Fabric
 from fabric.plugins.precision.precision import Precision
 from fabric.trainer.stages import switch_precision
-from fabric.utilities.exceptions import CheckpointError
 from fabric.wrappers import FabricDataLoader, FabricModule, wrap_dataloader
 
 

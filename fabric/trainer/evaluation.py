@@ -29,11 +29,11 @@ import torch
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
 from fabric.trainer.core.engine import Engine
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State, loader_length, require_fabric
 from fabric.trainer.core.time import Timestamp
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.intervals import IntervalInput
-from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.metrics import compute_metrics, update_metric
 from fabric.trainer.microbatch import is_out_of_memory
 

@@ -54,8 +54,8 @@ from fabric.trainer.trace_handlers import JSONTraceHandler, TraceHandler
 from fabric.utilities.profiler import TraceProfiler, check_filename, check_memory_timeline, check_schedule
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 __all__ = ["CyclicSchedule", "JSONTraceHandler", "Profiler", "TraceHandler", "cyclic_schedule"]
 

@@ -57,6 +57,7 @@ from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.engine import Engine
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.passes import AlgorithmPass
 from fabric.trainer.core.state import State, loader_length
 from fabric.trainer.core.time import Time, Timestamp, TimeUnit
@@ -71,7 +72,6 @@ from fabric.trainer.evaluation import (
 )
 from fabric.trainer.export import export_for_inference
 from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_eval_interval
-from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
 from fabric.trainer.metrics import compute_metrics, model_metrics
 from fabric.trainer.migration import algorithm_passes as merged_passes

@@ -23,6 +23,7 @@ MOVED: dict[str, str] = {
         for name in ("algorithm", "callback", "engine", "events", "passes", "state", "time")
     },
     "fabric.trainer.algorithms.surgery": "fabric.trainer.surgery",
+    "fabric.trainer.loggers.logger": "fabric.trainer.core.logger",
     "fabric.strategies.deepspeed_config": "fabric.strategies.deepspeed.config",
     "fabric.strategies.deepspeed_precision": "fabric.strategies.deepspeed.precision",
     "fabric.strategies.deepspeed_checkpoint": "fabric.plugins.io.deepspeed_checkpoint",

@@ -43,8 +43,8 @@ from typing_extensions import override
 from fabric.trainer.algorithms.seq_length_warmup import set_batch_sequence_length
 from fabric.trainer.algorithms.transformer_paths import disable_fused_transformer_paths
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules, share_tensors, update_params_in_optimizer
 
 POSITION_EMBEDDING_NAMES = ("position_embeddings", "position_embedding", "pos_embedding", "pos_embed", "wpe")

@@ -36,8 +36,8 @@ from fabric.trainer.algorithms.augmentation_primitives import (
 )
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 
 
 def _check(depth: int, width: int, alpha: float) -> None:

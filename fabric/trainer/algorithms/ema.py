@@ -31,9 +31,9 @@ from typing_extensions import override
 
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
 from fabric.trainer.core.time import Time, TimeUnit
-from fabric.trainer.loggers.logger import Logger
 
 _INTERVAL_UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH)
 _EVAL_ROUND_OPENINGS = (Event.EVAL_BEFORE_ALL, Event.EVAL_STANDALONE_START)

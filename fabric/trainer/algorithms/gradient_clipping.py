@@ -23,8 +23,8 @@ from typing_extensions import override
 
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 
 CLIPPING_TYPES = ("norm", "value", "adaptive")
 #: AGC's floor on a unit's weight norm, so freshly zero-initialised units can still move (Brock et al.).

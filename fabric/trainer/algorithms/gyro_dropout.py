@@ -35,9 +35,9 @@ from typing_extensions import override
 
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
 from fabric.trainer.core.time import TimeUnit
-from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.surgery import replace_modules
 
 

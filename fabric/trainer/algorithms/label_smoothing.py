@@ -21,8 +21,8 @@ from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch
 from fabric.trainer.algorithms.mixup import to_probabilities
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 
 
 def _check_smoothing(smoothing: float) -> float:

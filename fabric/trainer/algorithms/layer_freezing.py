@@ -26,8 +26,8 @@ from typing_extensions import override
 
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 
 _INTERVAL_EVENTS = {"epoch": Event.EPOCH_END, "batch": Event.BATCH_END}
 

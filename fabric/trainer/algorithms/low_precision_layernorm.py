@@ -27,8 +27,8 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules, share_tensors
 
 

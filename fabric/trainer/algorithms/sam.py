@@ -38,8 +38,8 @@ from fabric.trainer.algorithms.label_smoothing import LabelSmoothing
 from fabric.trainer.algorithms.mixup import MixUp
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.microbatch import batch_size as count_samples
 from fabric.trainer.microbatch import loss_weight, split_batch
 

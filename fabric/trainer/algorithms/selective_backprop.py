@@ -29,8 +29,8 @@ from typing_extensions import override
 from fabric.trainer.algorithms.batch import BatchKey, check_batch_key, get_batch_item, index_batch, set_batch_item
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.microbatch import batch_size
 
 LossFunction = Callable[..., torch.Tensor]

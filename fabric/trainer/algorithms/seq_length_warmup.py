@@ -21,8 +21,8 @@ from typing_extensions import override
 
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 
 
 def warmup_length(elapsed: float, duration: float, min_seq_length: int, max_seq_length: int, step_size: int) -> int:

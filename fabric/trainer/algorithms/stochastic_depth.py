@@ -34,9 +34,9 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
 from fabric.trainer.core.time import Time, TimeUnit, elapsed_fraction
-from fabric.trainer.loggers.logger import Logger
 from fabric.trainer.surgery import SurgeryAlgorithm
 
 DROP_DISTRIBUTIONS = ("linear", "uniform")

@@ -28,9 +28,9 @@ from typing_extensions import override
 from fabric.trainer.algorithms.ema import model_tensors, time_reached
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
 from fabric.trainer.core.time import Time, TimeUnit
-from fabric.trainer.loggers.logger import Logger
 from fabric.wrappers import FabricModule
 
 _ANNEAL_STRATEGIES = ("linear", "cos")

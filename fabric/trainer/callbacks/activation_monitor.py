@@ -17,8 +17,8 @@ from fabric.trainer.core.time import Time
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 #: The name of the model itself (the root module, whose name in ``named_modules`` is empty).
 ROOT_NAME = "full_model"

@@ -18,8 +18,8 @@ from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.time import Time, Timestamp, TimeUnit
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 #: ``comparator(a, b)`` is true when ``a`` is better than ``b`` (``operator.lt``: lower is better).
 Comparator = Callable[[float, float], Any]

@@ -14,8 +14,8 @@ from fabric.trainer.core.callback import Callback
 from fabric.trainer.export import SAVE_FORMATS, check_save_format, export_model, on_cpu
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 
 class ExportForInference(Callback):

@@ -12,8 +12,8 @@ from fabric.trainer.core.callback import Callback
 from fabric.wrappers import FabricOptimizer
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 
 class LRMonitor(Callback):

@@ -16,8 +16,8 @@ from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.state import require_fabric
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
     from fabric.utilities.distributed import ReduceOp
 
 #: Composer's default ``torch.cuda.memory_stats`` keys and the names they are logged under (after ``memory/``).

@@ -24,8 +24,8 @@ from fabric.trainer.core.time import Time
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 
 class MemorySnapshot(Callback):

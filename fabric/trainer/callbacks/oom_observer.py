@@ -23,8 +23,8 @@ from fabric.trainer.core.callback import Callback
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 #: The files written per out-of-memory error: ``<filename><suffix>``, as Composer names them.
 SNAPSHOT_SUFFIX = "_snapshot.pickle"

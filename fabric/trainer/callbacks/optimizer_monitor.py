@@ -14,8 +14,8 @@ from fabric.trainer.core.callback import Callback
 from fabric.wrappers import unwrap_optimizer
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 #: Optimizer state entries holding a first moment: Adam's family, and SGD's momentum.
 _MOMENT_KEYS = ("exp_avg", "momentum_buffer")

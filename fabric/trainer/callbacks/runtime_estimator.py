@@ -9,8 +9,8 @@ from typing_extensions import override
 from fabric.trainer.core.callback import Callback
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 
 class RuntimeEstimator(Callback):

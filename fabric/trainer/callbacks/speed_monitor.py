@@ -12,9 +12,9 @@ from fabric.trainer.core.callback import Callback
 from fabric.utilities.throughput import Throughput
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
     from fabric.trainer.core.time import Timestamp
-    from fabric.trainer.loggers.logger import Logger
 
 #: Throughput's global rates -> the names SpeedMonitor logs.
 _LOGGED_NAMES = {

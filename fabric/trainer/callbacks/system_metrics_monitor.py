@@ -14,8 +14,8 @@ from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.state import require_fabric
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 #: Per-GPU metrics (Composer's names) and how to read them from ``torch.cuda`` (through NVML).
 GPU_METRICS = ("gpu_percentage", "memory_percentage", "gpu_temperature_C", "gpu_power_usage_W")

@@ -10,8 +10,8 @@ from typing_extensions import override
 from fabric.trainer.callbacks.early_stopper import Comparator, MetricWatcher
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 
 class ThresholdStopper(MetricWatcher):

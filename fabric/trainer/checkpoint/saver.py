@@ -40,9 +40,9 @@ from fabric.trainer.checkpoint.storage import (
 )
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State, require_fabric
 from fabric.trainer.intervals import IntervalInput, create_interval, fires_once
-from fabric.trainer.loggers.logger import Logger
 from fabric.utilities.exceptions import CheckpointError
 
 #: ``save(path, weights_only, storage_options, async_save)``: write a Trainer checkpoint (a collective call);

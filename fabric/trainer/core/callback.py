@@ -32,17 +32,25 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from fabric.trainer.core.events import Event
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 #: What runs for an event: a callback's bound hook method, called with ``(state, logger)``.
 Handler: TypeAlias = "Callable[[State, Logger], None]"
+
+
+@runtime_checkable
+class SavesCheckpoints(Protocol):
+    """A callback that writes checkpoints (the Trainer's ``CheckpointSaver``): ``saved`` lists their paths, oldest
+    first. Loggers that upload checkpoints as artifacts read it, without depending on the checkpoint package."""
+
+    saved: list[str]
 
 
 class Callback:

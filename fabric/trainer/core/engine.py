@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.callback import Callback, Handler, warn_unknown_hooks
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.passes import DEFAULT_PASSES, AlgorithmPass, check_compatibility
 from fabric.trainer.core.state import State
-from fabric.trainer.loggers.logger import Logger
 
 #: What an event nobody listens to runs: a builtin that returns ``()`` and runs no Python frame.
 _IDLE: Callable[[], object] = tuple

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 from fabric.utilities.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.loggers.console import ConsoleLogger
     from fabric.trainer.loggers.destination import LoggerDestination
     from fabric.trainer.loggers.fabric_logger import CSVLogger, FabricLoggerDestination, TensorBoardLogger
     from fabric.trainer.loggers.file import FileLogger
     from fabric.trainer.loggers.in_memory import InMemoryLogger
-    from fabric.trainer.loggers.logger import Logger
     from fabric.trainer.loggers.mlflow_logger import MLFlowLogger
     from fabric.trainer.loggers.progress_bar import ProgressBarLogger
     from fabric.trainer.loggers.wandb_logger import WandBLogger
@@ -41,7 +41,7 @@ __getattr__ = lazy_exports(
         "FabricLoggerDestination": "fabric.trainer.loggers.fabric_logger",
         "FileLogger": "fabric.trainer.loggers.file",
         "InMemoryLogger": "fabric.trainer.loggers.in_memory",
-        "Logger": "fabric.trainer.loggers.logger",
+        "Logger": "fabric.trainer.core.logger",
         "LoggerDestination": "fabric.trainer.loggers.destination",
         "MLFlowLogger": "fabric.trainer.loggers.mlflow_logger",
         "ProgressBarLogger": "fabric.trainer.loggers.progress_bar",

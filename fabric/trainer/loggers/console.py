@@ -13,8 +13,8 @@ from fabric.trainer.intervals import IntervalInput, create_interval
 from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 
 class ConsoleLogger(LoggerDestination):

@@ -2,7 +2,7 @@
 
 A destination is also a :class:`~fabric.trainer.Callback`, so it sees every event it
 overrides (a progress bar redraws at ``batch_end``). Values reach it through the trainer's
-:class:`~fabric.trainer.loggers.logger.Logger`, already converted to Python numbers.
+:class:`~fabric.trainer.core.logger.Logger`, already converted to Python numbers.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 from typing_extensions import override
 
 from fabric.trainer.core.callback import Callback
-from fabric.trainer.loggers.logger import Logger, LogSink
+from fabric.trainer.core.logger import Logger, LogSink
 
 if TYPE_CHECKING:
     from fabric.trainer.core.state import State

@@ -21,8 +21,8 @@ from fabric.loggers.logger import Logger as FabricLogger
 from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 _P = ParamSpec("_P")
 

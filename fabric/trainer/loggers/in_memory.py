@@ -10,9 +10,9 @@ from typing_extensions import override
 from fabric.trainer.loggers.destination import LoggerDestination
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
     from fabric.trainer.core.time import Timestamp
-    from fabric.trainer.loggers.logger import Logger
 
 #: The counters of the run's clock that :meth:`InMemoryLogger.get_timeseries` gives beside a metric's values.
 TIMESERIES_UNITS = ("epoch", "batch", "sample", "token", "batch_in_epoch", "sample_in_epoch", "token_in_epoch")

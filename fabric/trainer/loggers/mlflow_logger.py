@@ -35,8 +35,8 @@ from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 
 #: Metric values kept while the tracking store fails; past this the oldest are dropped (and counted).

@@ -14,8 +14,8 @@ from fabric.trainer.loggers.destination import LoggerDestination
 if TYPE_CHECKING:
     from tqdm import tqdm
 
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 LOSS_NAME = "loss/train/total"
 

@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from fabric.trainer.core.callback import SavesCheckpoints
 from fabric.trainer.loggers.destination import LoggerDestination
 from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from fabric.trainer.core.logger import Logger
     from fabric.trainer.core.state import State
-    from fabric.trainer.loggers.logger import Logger
 
 _OWN_OPTIONS = ("project", "group", "name", "entity", "tags")
 
@@ -126,9 +127,7 @@ class WandBLogger(LoggerDestination):
         """Log the checkpoints the Trainer's savers wrote since the last call (they ran before the loggers)."""
         if not self.log_artifacts:
             return
-        from fabric.trainer.checkpoint.saver import CheckpointSaver
-
-        for saver in (callback for callback in state.callbacks if isinstance(callback, CheckpointSaver)):
+        for saver in (callback for callback in state.callbacks if isinstance(callback, SavesCheckpoints)):
             for path in saver.saved:
                 if path not in self._logged_checkpoints:
                     self._logged_checkpoints.add(path)

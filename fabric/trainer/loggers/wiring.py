@@ -1,6 +1,6 @@
 """One set of destinations for a Trainer and its Fabric: what ``Trainer(loggers=...)`` and ``fabric.log`` reach.
 
-:func:`connect_loggers` builds the Trainer's :class:`~fabric.trainer.loggers.logger.Logger` facade over
+:func:`connect_loggers` builds the Trainer's :class:`~fabric.trainer.core.logger.Logger` facade over
 
 - the destinations given to the Trainer (Fabric loggers among them adapted, the progress bar added), and
 - the loggers the Fabric already holds (``Fabric(loggers=[...])``), adapted, so the Trainer's values reach them,
@@ -21,9 +21,9 @@ from typing_extensions import override
 
 from fabric.loggers.logger import Logger as FabricLogger
 from fabric.loggers.logger import params_to_dict
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.loggers.destination import LoggerDestination
 from fabric.trainer.loggers.fabric_logger import FabricLoggerDestination
-from fabric.trainer.loggers.logger import Logger
 
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
