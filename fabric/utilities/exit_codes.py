@@ -5,7 +5,7 @@ A rank's exit *fails* the job when it is non-zero, except 75 (``EX_TEMPFAIL``, p
 same batch and saves together, so the others are let finish their part of the save. Rank 0 of ``python train.py`` is
 the launcher itself and the others cannot outlive it: any code it leaves with ends the job, 75 included. Given the
 ranks' exits as the launcher saw them end, :func:`job_exit_code` picks the job's code (tested row by row in
-``tests/test_exit_codes.py``):
+``tests/utilities/test_exit_codes.py``):
 
 =============================================================  ================================================
 What happened                                                  The job's exit code

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 from fabric.plugins.environments import find_free_port
 from fabric.utilities.torch_workarounds import TAG, TORCH_WORKAROUNDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def no_longer_needed(workaround: str) -> str:

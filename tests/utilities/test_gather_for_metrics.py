@@ -16,7 +16,7 @@ from fabric import Fabric
 from fabric.utilities.data import shard_dataloader
 from fabric.utilities.metrics_gather import SampleSharding, sample_sharding, unpadded_rows
 
-SCRIPT = Path(__file__).parent / "scripts" / "gather_for_metrics.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "gather_for_metrics.py"
 
 
 @pytest.fixture(scope="module")

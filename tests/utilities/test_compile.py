@@ -16,7 +16,7 @@ from torch import nn
 from fabric import Fabric
 from fabric.utilities import is_wrapped
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
 class Net(nn.Module):

@@ -17,7 +17,7 @@ from torch import nn
 from fabric import Fabric
 from fabric.utilities.module_calls import forward_redirected, parameter_calls_refused
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
 class Net(nn.Module):

@@ -19,7 +19,7 @@ from fabric.strategies.ddp import DDPStrategy
 from fabric.strategies.fsdp import FSDPStrategy
 from fabric.utilities.collective_watch import CollectiveError, CollectiveWatch
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
 
 
