@@ -128,7 +128,7 @@ def run() -> None:
     "--drop_in",
     type=click.Choice(sorted(DROP_IN_MODES)),
     help="Run SCRIPT (or -m module) unchanged in a drop-in mode: `lightning` answers its `lightning.fabric` imports "
-    "and `L.Fabric` with this project (as `python -m fabric.compat.lightning`).",
+    "and `L.Fabric` with this project, `composer` its `composer` imports (as `python -m fabric.compat.NAME`).",
 )
 @click.option(
     "--run-dir",

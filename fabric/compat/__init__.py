@@ -1,11 +1,12 @@
-"""Running programs written for Lightning Fabric unchanged, an opt-in drop-in mode (never on by default).
+"""Running programs written for Lightning Fabric or Composer unchanged: opt-in drop-in modes (never on by default).
 
-``python -m fabric.compat.lightning -m litgpt pretrain ...`` (or ``python -m fabric.compat.lightning train.py``)
-runs a program whose ``lightning.fabric`` imports and ``L.Fabric`` are answered by this project. One table,
-:mod:`fabric.compat.lightning_names`, says for each Lightning Fabric name what answers it here or why nothing does;
-:mod:`fabric.compat.aliases` is the mechanism that applies such a table.
+``python -m fabric.compat.lightning -m litgpt pretrain ...`` runs a program whose ``lightning.fabric`` imports and
+``L.Fabric`` are answered by this project; ``python -m fabric.compat.composer train.py`` one whose ``composer``
+imports are. Each mode has one table (:mod:`fabric.compat.lightning_names`, :mod:`fabric.compat.composer_names`)
+saying for each name what answers it here or why nothing does; :mod:`fabric.compat.aliases` applies a table and
+:mod:`fabric.compat.runner` runs the program.
 """
 
 #: The drop-in modes, by name, and the module that runs a program in each (``python -m MODULE SCRIPT``,
 #: ``fabric run model --drop-in=NAME``).
-DROP_IN_MODES = {"lightning": "fabric.compat.lightning"}
+DROP_IN_MODES = {"composer": "fabric.compat.composer", "lightning": "fabric.compat.lightning"}

@@ -12,15 +12,12 @@ are served from the table alone, and Lightning's own parts are refused by name. 
 from __future__ import annotations
 
 import importlib.util
-import runpy
 import sys
 from collections.abc import Sequence
 
 from fabric.compat.aliases import install_finder, overlay
 from fabric.compat.lightning_names import LIGHTNING_FABRIC, LIGHTNING_OWN_NAMES
-
-USAGE = "usage: python -m fabric.compat.lightning (-m MODULE | SCRIPT) [ARGS ...]"
-
+from fabric.compat.runner import run_in_mode
 
 _enabled: list[str] = []  # how it was switched on in this process, once
 
@@ -42,17 +39,7 @@ def enable() -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Enable the drop-in mode, then run ``-m MODULE`` or ``SCRIPT`` as ``__main__`` with the remaining arguments."""
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if not arguments or arguments[0] in ("-h", "--help") or arguments == ["-m"]:
-        print(USAGE, file=sys.stderr if not arguments or arguments == ["-m"] else sys.stdout)
-        raise SystemExit(0 if arguments and arguments[0] in ("-h", "--help") else 2)
-    enable()
-    if arguments[0] == "-m":
-        sys.argv = [arguments[1], *arguments[2:]]
-        runpy.run_module(arguments[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = arguments
-        runpy.run_path(arguments[0], run_name="__main__")
+    run_in_mode("fabric.compat.lightning", enable, argv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Every place Fabric works around a bug or limit of torch, by id.
 
 Each is marked where it is done by one comment, ``# torch-workaround(<id>): <what torch does wrong>``, and listed
-here with what torch does wrong and the file that holds it. ``tests/utilities/test_torch_workarounds.py`` reproduces each
-torch behaviour (where that costs too much, it probes it as cheaply as is honest, and says how) and fails with
-"torch no longer needs workaround <id>; remove it" once torch behaves; it also checks that the tags in the source and
-this list agree.
+here with what torch does wrong and the file that holds it. ``tests/utilities/test_torch_workarounds.py``
+reproduces each torch behaviour (where that costs too much, it probes it as cheaply as is honest, and says how) and
+fails with "torch no longer needs workaround <id>; remove it" once torch behaves; it also checks that the tags in the
+source and this list agree.
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def test_the_cli_refuses_a_drop_in_mode_for_a_command_or_one_it_does_not_have() 
     command = _run(*RUNNERS["cli"], "-c", "ls")
     assert command.returncode == 2
     assert "--drop-in=lightning runs Python code, but -c/--command_mode runs SCRIPT as a command" in command.stderr
-    unknown = _run("-m", "fabric_cli", "run", "model", "--drop-in=composer", PROGRAM)
-    assert unknown.returncode == 2 and "'composer' is not 'lightning'" in unknown.stderr
+    unknown = _run("-m", "fabric_cli", "run", "model", "--drop-in=keras", PROGRAM)
+    assert unknown.returncode == 2 and "'keras' is not one of 'composer', 'lightning'" in unknown.stderr
 
 
 def test_the_runner_says_how_to_call_it() -> None:

@@ -35,12 +35,14 @@ class CallableMetric:
         self._total = self._total + torch.as_tensor(value, dtype=torch.float64).detach().cpu() * samples
         self._samples += samples
 
-    def compute(self) -> float:
+    def compute(self) -> torch.Tensor:
+        """The mean over every rank, a 0-d float32 tensor as a torchmetrics metric gives (Composer programs call
+        ``.compute().item()``); NaN before any update."""
         totals = torch.tensor([float(self._total), float(self._samples)], dtype=torch.float64)
         if self.fabric is not None and self.fabric.world_size > 1:
             totals = self.fabric.all_reduce(totals.to(self.fabric.device), reduce_op="sum").cpu()
         total, samples = totals.tolist()
-        return total / samples if samples else float("nan")
+        return torch.tensor(total / samples if samples else float("nan"))
 
     def reset(self) -> None:
         self._total = torch.zeros((), dtype=torch.float64)
