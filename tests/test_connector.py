@@ -338,6 +338,7 @@ def test_fabric_run_model_keeps_the_scripts_configured_strategy(tmp_path: Path) 
         text=True,
         timeout=120,
         env=env,
+        cwd=tmp_path,  # the CLI's run directory (runs/...) goes there, not into the checkout
     )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]

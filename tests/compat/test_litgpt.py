@@ -61,15 +61,26 @@ FINETUNE_SETTINGS = [
 ]  # fmt: skip
 
 
-def _litgpt(*arguments: str, cli_devices: int | None = None) -> subprocess.CompletedProcess[str]:
+def _litgpt(
+    *arguments: str, cli_devices: int | None = None, run_dir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """``litgpt ARGUMENTS`` in the drop-in mode: through ``python -m fabric.compat.lightning``, or with
-    ``cli_devices`` through ``fabric run model --drop-in=lightning`` starting that many processes."""
+    ``cli_devices`` through ``fabric run model --drop-in=lightning`` starting that many processes (their logs in
+    ``run_dir``)."""
     environment = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     environment |= {"PYTHONPATH": str(Path(__file__).parent), "CUDA_VISIBLE_DEVICES": ""}
     if cli_devices is None:
         runner = ["-m", "fabric.compat.lightning", "-m", "litgpt"]
     else:
-        runner = ["-m", "fabric_cli", "run", "model", "--drop-in=lightning", "--accelerator=cpu"]
+        runner = [
+            "-m",
+            "fabric_cli",
+            "run",
+            "model",
+            "--drop-in=lightning",
+            "--accelerator=cpu",
+            f"--run-dir={run_dir}",
+        ]
         runner += [f"--devices={cli_devices}", "-m", "litgpt", "--"]
     command = [str(PYTHON), *runner, *arguments]
     run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, check=False)
@@ -132,7 +143,7 @@ def test_litgpt_pretrain_on_two_processes_runs_on_fsdp_and_resumes_through_fabri
     first = _pretrain(tmp_path, 2, 2048)
     assert _final_validation_loss(first) == pytest.approx(5.052, abs=0.01)
     resumed = _litgpt(*PRETRAIN, "--train.max_tokens", "4096", "--devices", "2", "--out_dir", str(tmp_path),
-                      "--resume", "True", cli_devices=2)  # fmt: skip
+                      "--resume", "True", cli_devices=2, run_dir=tmp_path / "run")  # fmt: skip
     log = resumed.stdout + resumed.stderr
     assert f"Resuming training from {tmp_path / 'step-00000016' / 'lit_model.pth'}" in log
     assert _train_loss(log, 32) == pytest.approx(4.761, abs=0.01)

@@ -168,7 +168,7 @@ def test_stall_threshold_must_be_seconds_or_a_timedelta_at_least_zero() -> None:
     ],
 )  # fmt: skip
 def test_a_rank_killed_by_sigkill_is_reported_with_the_signal_and_its_usual_cause(
-    launcher: list[str], strategy: str, meanwhile: str, expected_code: int, report: str
+    launcher: list[str], strategy: str, meanwhile: str, expected_code: int, report: str, tmp_path: Path
 ) -> None:
     start = time.monotonic()
     result = subprocess.run(
@@ -177,6 +177,7 @@ def test_a_rank_killed_by_sigkill_is_reported_with_the_signal_and_its_usual_caus
         text=True,
         timeout=90,
         env=_env(),
+        cwd=tmp_path,  # the CLI's run directory (runs/...) goes there, not into the checkout
     )
     assert result.returncode == expected_code, result.stderr
     assert report in result.stderr
