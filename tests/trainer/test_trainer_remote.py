@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +73,17 @@ def _objects(url: str) -> list[str]:
     ("strategy", "save_async"), [*((strategy, False) for strategy in STRATEGIES), ("ddp", True), ("fsdp", True)]
 )
 def test_training_resumes_bit_identically_from_a_bucket(
-    strategy: str, save_async: bool, s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    strategy: str,
+    save_async: bool,
+    s3_server: S3Server,
+    s3_bucket: str,
+    tmp_path: Path,
+    sharded_reference: Callable[[str], dict[str, Any]],
 ) -> None:
     """FSDP's autoresume from s3:// failed with "'.../ep1-ba15-rank0.pt' is a directory, not a checkpoint file".
     Saves written in the background (``save_async``) resume the same."""
     options = [f"save_async={int(save_async)}"]
-    straight = _train(s3_server, strategy, str(tmp_path / "local"), "4ep", tmp_path / "straight.pt")
+    straight = sharded_reference(strategy)
     first = _train(s3_server, strategy, f"{s3_bucket}/run", "2ep", tmp_path / "first.pt", options)
     resumed = _train(s3_server, strategy, f"{s3_bucket}/run", "4ep", tmp_path / "resumed.pt", options)
     assert (first["batch"], resumed["started_at"], resumed["batch"]) == (8, 8, 16)
@@ -109,7 +114,7 @@ def test_a_two_rank_fsdp_checkpoint_in_a_bucket_loads_in_one_process_with_storag
 
 
 def test_a_rank_killed_while_writing_its_shard_leaves_the_previous_checkpoint_latest(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, sharded_reference: Callable[[str], dict[str, Any]]
 ) -> None:
     """Rank 1 dies mid-upload of the second save: that save is never complete, never resumed from, and the next
     run redoes it over the unfinished directory."""
@@ -122,7 +127,7 @@ def test_a_rank_killed_while_writing_its_shard_leaves_the_previous_checkpoint_la
     fs, _ = fsspec.core.url_to_fs(folder)
     assert fs.cat(f"{folder}/latest-rank0.pt.symlink") == b"ep1-ba4-rank0.pt"
 
-    straight = _train(s3_server, "fsdp", str(tmp_path / "local"), "4ep", tmp_path / "straight.pt")
+    straight = sharded_reference("fsdp")
     resumed = _train(s3_server, "fsdp", folder, "4ep", tmp_path / "resumed.pt")
     assert (resumed["started_at"], resumed["batch"]) == (4, 16)
     assert _same_weights(resumed, straight)

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,10 @@ def _train(strategy: str, folder: Path, duration: str, out: Path) -> dict[str, A
         ),
     ],
 )
-def test_sharded_training_resumes_bit_identically(strategy: str, tmp_path: Path) -> None:
-    straight = _train(strategy, tmp_path / "straight", "4ep", tmp_path / "straight.pt")
+def test_sharded_training_resumes_bit_identically(
+    strategy: str, tmp_path: Path, sharded_reference: Callable[[str], dict[str, Any]]
+) -> None:
+    straight = sharded_reference(strategy)
     first = _train(strategy, tmp_path / "interrupted", "2ep", tmp_path / "first.pt")
     resumed = _train(strategy, tmp_path / "interrupted", "4ep", tmp_path / "resumed.pt")
     assert (straight["batch"], first["batch"], resumed["started_at"], resumed["batch"]) == (16, 8, 8, 16)
