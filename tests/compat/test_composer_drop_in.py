@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from drop_in_checks import assert_answers, missing_from, served, table_entries
 
-from fabric.compat.aliases import AliasedModule, NotProvided, Refused, install_finder
+from fabric.compat.aliases import NotProvided, Refused
 from fabric.compat.composer_names import COMPOSER
 
 PROGRAM = str(Path(__file__).parent / "composer_program.py")
@@ -64,38 +65,18 @@ def test_without_the_runner_composer_is_not_there(tmp_path: Path) -> None:
 
 @pytest.fixture
 def drop_in() -> Iterator[None]:
-    """The finder on this process's ``sys.meta_path`` for one test; gone afterwards, with every module it served."""
-    finder = install_finder(COMPOSER, roots=("composer",))
-    try:
+    with served(COMPOSER, roots=("composer",)):
         yield
-    finally:
-        sys.meta_path.remove(finder)
-        for name in [name for name in sys.modules if name == "composer" or name.startswith("composer.")]:
-            del sys.modules[name]
-
-
-def _entries() -> list[tuple[str, str, str | Refused]]:
-    return [
-        (module, name, target)
-        for module, entry in COMPOSER.table.items()
-        if isinstance(entry, AliasedModule)
-        for name, target in entry.names.items()
-    ]
 
 
 @pytest.mark.usefixtures("drop_in")
-@pytest.mark.parametrize(("module", "name", "target"), _entries(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("module", "name", "target"), table_entries(COMPOSER), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_every_name_of_the_table_answers_with_ours_or_refuses_in_one_line(
     module: str, name: str, target: str | Refused
 ) -> None:
-    if isinstance(target, Refused):
-        with pytest.raises(NotProvided) as refused:
-            getattr(importlib.import_module(module), name)
-        message = str(refused.value)
-        assert message == f"{module}.{name} is not provided by torch-fabric: {target.reason}" and "\n" not in message
-    else:
-        where, _, attribute = target.partition(":")
-        assert getattr(importlib.import_module(module), name) is getattr(importlib.import_module(where), attribute)
+    assert_answers(module, name, target)
 
 
 @pytest.mark.usefixtures("drop_in")
@@ -115,7 +96,5 @@ def test_a_modules_other_names_come_from_our_module_and_the_rest_are_refused_by_
 
 
 def test_the_migration_doc_names_every_entry_of_the_table() -> None:
-    text = (ROOT / "docs" / "coming-from-composer.md").read_text()
-    missing = [f"{module}.{name}" for module, name, _ in _entries() if f"`{name}`" not in text]
-    missing += [module for module in COMPOSER.table if f"`{module}`" not in text]
-    assert missing == []
+    """The table is the migration doc made executable: each mapped or refused name, and each module, is in the doc."""
+    assert missing_from(COMPOSER, (ROOT / "docs" / "coming-from-composer.md").read_text()) == []

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from drop_in_checks import assert_answers, missing_from, served, table_entries
 
-from fabric.compat.aliases import AliasedModule, NotProvided, Refused, install_finder
+from fabric.compat.aliases import NotProvided, Refused
 from fabric.compat.lightning_names import LIGHTNING_FABRIC
 
 PROGRAM = str(Path(__file__).parent / "lightning_program.py")
@@ -83,38 +84,18 @@ def test_the_runner_says_how_to_call_it() -> None:
 
 @pytest.fixture
 def drop_in() -> Iterator[None]:
-    """The finder on this process's ``sys.meta_path`` for one test; gone afterwards, with every module it served."""
-    finder = install_finder(LIGHTNING_FABRIC, roots=("lightning",))
-    try:
+    with served(LIGHTNING_FABRIC, roots=("lightning",)):
         yield
-    finally:
-        sys.meta_path.remove(finder)
-        for name in [name for name in sys.modules if name == "lightning" or name.startswith("lightning.")]:
-            del sys.modules[name]
-
-
-def _entries() -> list[tuple[str, str, str | Refused]]:
-    return [
-        (module, name, target)
-        for module, entry in LIGHTNING_FABRIC.table.items()
-        if isinstance(entry, AliasedModule)
-        for name, target in entry.names.items()
-    ]
 
 
 @pytest.mark.usefixtures("drop_in")
-@pytest.mark.parametrize(("module", "name", "target"), _entries(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("module", "name", "target"), table_entries(LIGHTNING_FABRIC), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_every_name_of_the_table_answers_with_ours_or_refuses_in_one_line(
     module: str, name: str, target: str | Refused
 ) -> None:
-    if isinstance(target, Refused):
-        with pytest.raises(NotProvided) as refused:
-            getattr(importlib.import_module(module), name)
-        message = str(refused.value)
-        assert message == f"{module}.{name} is not provided by torch-fabric: {target.reason}" and "\n" not in message
-    else:
-        where, _, attribute = target.partition(":")
-        assert getattr(importlib.import_module(module), name) is getattr(importlib.import_module(where), attribute)
+    assert_answers(module, name, target)
 
 
 @pytest.mark.usefixtures("drop_in")
@@ -133,7 +114,5 @@ def test_a_modules_other_names_come_from_our_module_of_the_same_names() -> None:
 
 
 def test_the_migration_doc_names_every_entry_of_the_table() -> None:
-    """The table is the migration doc made executable: each mapped or refused name is in the doc."""
-    text = (ROOT / "docs" / "coming-from-lightning.md").read_text()
-    missing = [f"{module}.{name}" for module, name, _ in _entries() if f"`{name}`" not in text]
-    assert missing == []
+    """The table is the migration doc made executable: each mapped or refused name, and each module, is in the doc."""
+    assert missing_from(LIGHTNING_FABRIC, (ROOT / "docs" / "coming-from-lightning.md").read_text()) == []

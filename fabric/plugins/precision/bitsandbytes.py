@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from fabric.plugins.precision.precision import Precision, default_dtype
-from fabric.utilities.apply_func import convert_floating_tensors
+from fabric.plugins.precision.half import ComputeDtypePrecision
+from fabric.plugins.precision.precision import default_dtype
 from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
@@ -30,12 +30,11 @@ FOUR_BIT_MODES = {"nf4": ("nf4", False), "nf4-dq": ("nf4", True), "fp4": ("fp4",
 MODES = (*FOUR_BIT_MODES, "int8")
 
 
-class BitsandbytesPrecision(Precision):
+class BitsandbytesPrecision(ComputeDtypePrecision):
     """Quantize the Linear layers' weights to ``mode`` and compute in ``dtype`` (default: bfloat16 where CUDA
     supports it, else float16; the int8 modes need float16). ``ignore_modules``: names of submodules (prefixes)
     whose Linear layers stay as they are, e.g. ``{"lm_head"}``."""
 
-    forward_is_identity = False
     works_with_sharding = False
 
     def __init__(self, mode: str, dtype: torch.dtype | None = None, ignore_modules: set[str] | None = None) -> None:
@@ -110,22 +109,6 @@ class BitsandbytesPrecision(Precision):
                 "convert it, or leave ignore_modules out."
             )
         return _building_quantized(quantized_linear_class(self.mode, self.dtype), self.dtype)
-
-    @override
-    def tensor_init_context(self) -> AbstractContextManager[Any]:
-        return default_dtype(self.dtype)
-
-    @override
-    def forward_context(self) -> AbstractContextManager[Any]:
-        return default_dtype(self.dtype)
-
-    @override
-    def convert_input(self, data: Any) -> Any:
-        return convert_floating_tensors(data, self.dtype)
-
-    @override
-    def convert_output(self, data: Any) -> Any:
-        return convert_floating_tensors(data, torch.get_default_dtype(), src=(self.dtype,))
 
 
 @contextlib.contextmanager

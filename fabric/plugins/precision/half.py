@@ -20,19 +20,12 @@ from fabric.utilities.apply_func import convert_floating_tensors
 HalfName = Literal["16-true", "bf16-true"]
 
 
-class HalfPrecision(Precision):
+class ComputeDtypePrecision(Precision):
+    """Tensors made, inputs and compute in ``self.dtype`` (set by the subclass); outputs back in the default dtype.
+    The half precisions and the quantized one (``BitsandbytesPrecision``) share this."""
+
     forward_is_identity = False
-
-    def __init__(self, precision: HalfName = "bf16-true", *, device_type: str = "cpu") -> None:
-        super().__init__(device_type=device_type)
-        if precision not in get_args(HalfName):
-            raise ValueError(f"HalfPrecision(precision={precision!r}): accepted values are {list(get_args(HalfName))}.")
-        self.name = precision
-        self.dtype = PRECISION_DTYPES[precision]
-
-    @override
-    def convert_module(self, module: nn.Module) -> nn.Module:
-        return module.to(dtype=self.dtype)
+    dtype: torch.dtype
 
     @override
     def tensor_init_context(self) -> AbstractContextManager[Any]:
@@ -49,3 +42,16 @@ class HalfPrecision(Precision):
     @override
     def convert_output(self, data: Any) -> Any:
         return convert_floating_tensors(data, torch.get_default_dtype(), src=(self.dtype,))
+
+
+class HalfPrecision(ComputeDtypePrecision):
+    def __init__(self, precision: HalfName = "bf16-true", *, device_type: str = "cpu") -> None:
+        super().__init__(device_type=device_type)
+        if precision not in get_args(HalfName):
+            raise ValueError(f"HalfPrecision(precision={precision!r}): accepted values are {list(get_args(HalfName))}.")
+        self.name = precision
+        self.dtype = PRECISION_DTYPES[precision]
+
+    @override
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self.dtype)
