@@ -13,7 +13,7 @@ import os
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -42,7 +42,12 @@ from fabric.utilities.checkpoint_state import (
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.inheritance import inherits_unchanged
-from fabric.utilities.init import SkipParameterInit, refuse_forward_until_loaded, uninitialised_tensors
+from fabric.utilities.init import (
+    DeferredContexts,
+    SkipParameterInit,
+    refuse_forward_until_loaded,
+    uninitialised_tensors,
+)
 
 #: ``fabric.save(filter={key: fn})``: ``fn(name, value)`` says whether an item of entry ``key``'s state dict is saved.
 CheckpointFilter = Callable[[str, Any], bool]
@@ -287,18 +292,13 @@ class Strategy:
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """Build modules directly on the device, in the precision's dtype, optionally uninitialised."""
-        stack = ExitStack()
-        if empty_init:
-            stack.enter_context(SkipParameterInit())
-        stack.enter_context(self.root_device)
-        stack.enter_context(self.precision.module_init_context())
-        return stack
+        contexts = DeferredContexts(SkipParameterInit) if empty_init else DeferredContexts()
+        contexts.add(lambda: self.root_device)
+        contexts.add(self.precision.module_init_context)
+        return contexts
 
     def tensor_init_context(self) -> AbstractContextManager[Any]:
-        stack = ExitStack()
-        stack.enter_context(self.root_device)
-        stack.enter_context(self.precision.tensor_init_context())
-        return stack
+        return DeferredContexts(lambda: self.root_device, self.precision.tensor_init_context)
 
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
         """Skip gradient synchronisation inside the context; nothing to skip with a single process."""

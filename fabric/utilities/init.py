@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from types import TracebackType
 from typing import Any
 
@@ -20,6 +21,35 @@ from torch.utils.hooks import RemovableHandle
 
 #: Tensor attribute: the tensor's version counter when ``SkipParameterInit`` left it uninitialised.
 _SKIPPED_AT_VERSION = "_fabric_init_skipped_at_version"
+
+
+class DeferredContexts(AbstractContextManager[None]):
+    """Context managers made and entered when the ``with`` block starts, not when this object is made.
+
+    ``fabric.init_module()`` combines global modes (``torch.device`` is a torch function mode, a precision sets the
+    default dtype): entered eagerly, a context made but never entered, or one whose later part refuses to be entered,
+    left them on for the rest of the process. Here a failure while entering undoes what was entered.
+    """
+
+    def __init__(self, *makers: Callable[[], AbstractContextManager[Any]]) -> None:
+        self._makers = list(makers)
+        self._stack: ExitStack | None = None
+
+    def add(self, maker: Callable[[], AbstractContextManager[Any]]) -> None:
+        """One more context, entered after the others."""
+        self._makers.append(maker)
+
+    def __enter__(self) -> None:
+        with ExitStack() as stack:
+            for make in self._makers:
+                stack.enter_context(make())
+            self._stack = stack.pop_all()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> bool | None:
+        stack, self._stack = self._stack, None
+        return stack.__exit__(kind, error, traceback) if stack is not None else None
 
 
 class SkipParameterInit(TorchFunctionMode):

@@ -153,3 +153,32 @@ def test_under_ddp_the_forward_is_refused_until_fabric_load_then_trains_like_the
         assert report["loss"] == report["source_loss"] and torch.isfinite(torch.tensor(report["loss"]))
         assert report["params_equal_source"]
     assert reports[0]["params"] == reports[1]["params"]
+
+
+def test_an_init_context_that_fails_to_enter_or_is_never_entered_leaves_no_mode_on() -> None:
+    """``fabric.init_module()`` entered ``torch.device`` (a global torch function mode) when it was called: a precision
+    refusing the block, or a call never used in ``with``, left the mode on for the rest of the process (found when it
+    turned off the fused path of every later ``nn.TransformerEncoderLayer``)."""
+    from contextlib import AbstractContextManager
+    from typing import Any
+
+    from torch.overrides import _get_current_function_mode_stack
+    from typing_extensions import override
+
+    from fabric.plugins.precision.precision import Precision
+
+    class Refusing(Precision):
+        @override
+        def module_init_context(self) -> AbstractContextManager[Any]:
+            raise ValueError("this precision refuses init_module()")
+
+    fabric = Fabric(accelerator="cpu", plugins=Refusing())
+    fabric.init_module(empty_init=True)  # made, never entered
+    fabric.init_tensor()
+    assert _get_current_function_mode_stack() == []
+    with pytest.raises(ValueError, match="this precision refuses"), fabric.init_module(empty_init=True):
+        pass
+    assert _get_current_function_mode_stack() == []
+    with Fabric(accelerator="cpu").init_module(empty_init=True):
+        assert len(_get_current_function_mode_stack()) == 2  # skipped initialisation, the device
+    assert _get_current_function_mode_stack() == []

@@ -56,6 +56,7 @@ from fabric.strategies.parallel import ParallelArgs, ParallelStrategy
 from fabric.strategies.strategy import CheckpointFilter, entries_to_load, load_unvalidated_state
 from fabric.utilities.checkpoint_state import Stateful, loaded_value, rebuilt_loaders
 from fabric.utilities.exceptions import CheckpointError
+from fabric.utilities.init import DeferredContexts
 from fabric.utilities.lazy import install_hint
 from fabric.utilities.rank_zero import rank_zero_warn
 
@@ -206,7 +207,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         if not dist.is_initialized():
             raise RuntimeError("ZeRO-3 builds modules already partitioned: call fabric.launch() before init_module().")
         deepspeed = _import_deepspeed(self.root_device.type)
-        context.enter_context(deepspeed.zero.Init(config_dict_or_path=self.config))  # type: ignore[attr-defined]
+        assert isinstance(context, DeferredContexts)
+        context.add(lambda: deepspeed.zero.Init(config_dict_or_path=self.config))
         return context
 
     @override

@@ -13,7 +13,7 @@ import contextlib
 import weakref
 from collections.abc import Generator, Iterable, Mapping
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager
 from typing import Any, Literal, get_args
 
 import torch
@@ -40,6 +40,7 @@ from fabric.plugins.precision.dtypes import mixed_dtype
 from fabric.strategies.fsdp.options import ShardPolicy, UnitsLikeFsdp1, resolve_settings, shard_units
 from fabric.strategies.parallel import ParallelStrategy, split_common_arguments
 from fabric.strategies.strategy import CheckpointFilter
+from fabric.utilities.init import DeferredContexts
 
 StateDictType = Literal["sharded", "full"]
 STATE_DICT_TYPES: tuple[StateDictType, ...] = get_args(StateDictType)
@@ -198,10 +199,7 @@ class FSDPStrategy(ParallelStrategy):
         and then materialises only this rank's shards."""
         if not empty_init:
             return super().module_init_context(empty_init)
-        stack = ExitStack()
-        stack.enter_context(torch.device("meta"))
-        stack.enter_context(self.precision.module_init_context())
-        return stack
+        return DeferredContexts(lambda: torch.device("meta"), self.precision.module_init_context)
 
     @override
     def module_to_device(self, module: nn.Module) -> None:
