@@ -43,6 +43,9 @@ T = TypeVar("T")
 
 #: torch's own default for collectives; long, because a first NCCL step can take minutes to compile.
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+#: The least time a rank waits for the others to join the process group, whatever the collectives' timeout: on a
+#: cluster ranks start minutes apart (image pulls, a slow node), and a short collective timeout must not fail a join.
+JOIN_TIMEOUT_FLOOR = DEFAULT_TIMEOUT
 #: After this long in one collective a rank reports what it waits in and for whom (and keeps waiting).
 DEFAULT_STALL_THRESHOLD = timedelta(seconds=60)
 
@@ -271,13 +274,15 @@ class ParallelStrategy(Strategy):
         if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.num_processes))
         if not dist.is_initialized():
+            store = self._join_store()
             dist.init_process_group(
                 self.process_group_backend,
-                **self._rendezvous(),
+                store=store,
                 world_size=self.world_size,
                 rank=self.global_rank,
                 timeout=self.timeout,
             )
+            store.set_timeout(self.timeout)  # joined: the store's waits (barriers, hang reports) are collectives now
         # Barriers run on their own gloo group: it can name missing ranks (monitored_barrier) and never
         # interleaves with the training collectives of the default group.
         self._barrier_group = dist.new_group(backend="gloo", timeout=self.timeout)
@@ -304,23 +309,36 @@ class ParallelStrategy(Strategy):
             **socket_interface_defaults(environment.main_address, environment.main_port),
         }
 
-    def _rendezvous(self) -> dict[str, Any]:
-        """``init_process_group``'s ``init_method`` or ``store``: where the ranks find each other."""
+    @property
+    def join_timeout(self) -> timedelta:
+        """How long a rank waits for all others to join the process group: the collectives' timeout, at least
+        :data:`JOIN_TIMEOUT_FLOOR`."""
+        return max(self.timeout, JOIN_TIMEOUT_FLOOR)
+
+    def _join_store(self) -> dist.Store:
+        """The store the ranks find each other through, waiting :attr:`join_timeout` for them; rank 0 hosts it
+        unless torchrun's agent does."""
         environment = self.cluster_environment
-        if not isinstance(environment, TorchElasticEnvironment):
-            return {"init_method": f"tcp://{environment.main_address}:{environment.main_port}"}
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-            return {"init_method": "env://"}
-        # torch-workaround(torchrun-agent-store-reused): torchrun's agent hosts the store at MASTER_PORT and keeps it
-        # across restarts, and env:// joins it unprefixed: join it as a client under a prefix of this attempt, or a
-        # restarted attempt reads the previous attempt's gloo addresses ("connectFullMesh ... Connection refused", or
-        # a hang).
-        store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time, not in the stubs
-            environment.main_address, environment.main_port, self.world_size, is_master=False, timeout=self.timeout
+        agent_hosts = (
+            isinstance(environment, TorchElasticEnvironment)
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         )
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time, not in the stubs
+            environment.main_address,
+            environment.main_port,
+            self.world_size,
+            is_master=not agent_hosts and self.global_rank == 0,
+            timeout=self.join_timeout,
+            multi_tenant=True,
+        )
+        if not agent_hosts:
+            return store
+        # torch-workaround(torchrun-agent-store-reused): torchrun's agent hosts the store at MASTER_PORT and keeps it
+        # across restarts, and env:// joins it unprefixed: join it under a prefix of this attempt, or a restarted
+        # attempt reads the previous attempt's gloo addresses ("connectFullMesh ... Connection refused", or a hang).
         from torch.distributed.distributed_c10d import PrefixStore
 
-        return {"store": PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)}
+        return PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
     @override
     def teardown(self) -> None:
