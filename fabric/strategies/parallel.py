@@ -14,6 +14,7 @@ from typing import Any, TypeVar, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.distributed_c10d import PrefixStore, Store
 from torch.utils.data import DataLoader
 from typing_extensions import TypedDict, Unpack, override
 
@@ -315,7 +316,7 @@ class ParallelStrategy(Strategy):
         :data:`JOIN_TIMEOUT_FLOOR`."""
         return max(self.timeout, JOIN_TIMEOUT_FLOOR)
 
-    def _join_store(self) -> dist.Store:
+    def _join_store(self) -> Store:
         """The store the ranks find each other through, waiting :attr:`join_timeout` for them; rank 0 hosts it
         unless torchrun's agent does."""
         environment = self.cluster_environment
@@ -336,8 +337,6 @@ class ParallelStrategy(Strategy):
         # torch-workaround(torchrun-agent-store-reused): torchrun's agent hosts the store at MASTER_PORT and keeps it
         # across restarts, and env:// joins it unprefixed: join it under a prefix of this attempt, or a restarted
         # attempt reads the previous attempt's gloo addresses ("connectFullMesh ... Connection refused", or a hang).
-        from torch.distributed.distributed_c10d import PrefixStore
-
         return PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
     @override
