@@ -1,11 +1,13 @@
-"""Model parallelism on a 2-D device mesh: tensor parallelism within a group of ranks, FSDP2 across groups.
+"""Model parallelism on the N-D device mesh: tensor parallelism by the user's ``parallelize_fn``, FSDP2 (or HSDP)
+over the data-parallel dimensions.
 
-The mesh has the dimensions ``("data_parallel", "tensor_parallel")``. The user's
-``parallelize_fn(model, device_mesh)`` splits layers over ``device_mesh["tensor_parallel"]`` (DTensor's
-``parallelize_module`` with Colwise/Rowwise plans); the strategy then shards the result with
-``fully_shard`` over ``device_mesh["data_parallel"]``, unless ``parallelize_fn`` applied ``fully_shard``
-itself. Data is split over the data-parallel dimension only: the ranks of one tensor-parallel group read
-the same batches.
+The mesh is the one :class:`~fabric.strategies.mesh.MeshPlan` describes, every dimension named; Lightning's
+``ModelParallelStrategy(data_parallel_size, tensor_parallel_size)`` is ``MeshPlan(data_parallel=...,
+tensor_parallel=...)``. The user's ``parallelize_fn(model, device_mesh)`` splits layers over
+``device_mesh["tensor_parallel"]`` (DTensor's ``parallelize_module`` with Colwise/Rowwise plans); the strategy then
+shards the result with ``fully_shard`` over the data-parallel dimensions (``data_parallel``, with
+``data_parallel_replicate`` when there are replicas), unless ``parallelize_fn`` applied ``fully_shard`` itself.
+Data is split over the data-parallel dimensions only: the ranks of one tensor-parallel group read the same batches.
 
 Everything after the sharding is :class:`~fabric.strategies.fsdp.FSDPStrategy`'s: optimizers built
 before setup are re-pointed, meta-device models are materialised, and checkpoints are DCP directories
@@ -18,17 +20,17 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from typing_extensions import Unpack, override
 
 from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
-from fabric.strategies.parallel import ParallelArgs, ParallelStrategy, refuse_unexpected_arguments
+from fabric.strategies.mesh import AUTO, MeshPlan
+from fabric.strategies.parallel import ParallelArgs, refuse_unexpected_arguments
 
 #: ``parallelize_fn(model, device_mesh) -> model``: applies tensor parallelism (and optionally FSDP) in place.
 ParallelizeFn = Callable[[nn.Module, DeviceMesh], nn.Module]
 MeshSize = int | Literal["auto"]
-MESH_DIM_NAMES = ("data_parallel", "tensor_parallel")
 
 
 def _check_size(name: str, value: Any) -> None:
@@ -37,32 +39,12 @@ def _check_size(name: str, value: Any) -> None:
     raise ValueError(f"{name}={value!r} is not valid. Accepted: a positive int or 'auto'.")
 
 
-def mesh_shape(
-    world_size: int, num_nodes: int, data_parallel_size: MeshSize, tensor_parallel_size: MeshSize
-) -> tuple[int, int]:
-    """``(data_parallel, tensor_parallel)`` sizes whose product is ``world_size``.
-
-    With both ``"auto"``: tensor parallelism within a node, data parallelism across nodes. With one
-    ``"auto"``: what the other leaves.
-    """
-    if data_parallel_size == "auto" and tensor_parallel_size == "auto":
+def lightning_mesh(num_nodes: int, data_parallel_size: MeshSize, tensor_parallel_size: MeshSize) -> MeshPlan:
+    """Lightning's two sizes as a plan. Both ``"auto"``: tensor parallelism within a node, data parallelism across
+    nodes; one ``"auto"``: what the other leaves."""
+    if data_parallel_size == AUTO and tensor_parallel_size == AUTO:
         data_parallel_size = num_nodes
-    if tensor_parallel_size == "auto":
-        assert data_parallel_size != "auto"
-        tensor_parallel_size = _rest(world_size, data_parallel_size)
-    elif data_parallel_size == "auto":
-        data_parallel_size = _rest(world_size, tensor_parallel_size)
-    if data_parallel_size * tensor_parallel_size != world_size:
-        raise ValueError(
-            f"ModelParallelStrategy: data_parallel_size x tensor_parallel_size must equal the number of processes "
-            f"({world_size}); the sizes given ({data_parallel_size!r}, {tensor_parallel_size!r}) do not divide it."
-        )
-    return data_parallel_size, tensor_parallel_size
-
-
-def _rest(world_size: int, size: int) -> int:
-    """The other dimension's size, or 0 when ``size`` does not divide ``world_size``."""
-    return world_size // size if world_size % size == 0 else 0
+    return MeshPlan(data_parallel=data_parallel_size, tensor_parallel=tensor_parallel_size)
 
 
 class ModelParallelStrategy(FSDPStrategy):
@@ -76,6 +58,8 @@ class ModelParallelStrategy(FSDPStrategy):
             number of nodes, or what ``tensor_parallel_size`` leaves.
         tensor_parallel_size: ranks that split each layer; ``"auto"``: the processes per node, or what
             ``data_parallel_size`` leaves.
+        mesh: the whole mesh as a :class:`~fabric.strategies.mesh.MeshPlan` instead of the two sizes, e.g.
+            ``MeshPlan(data_parallel_replicate=2, data_parallel=2, tensor_parallel=2)`` (HSDP x TP).
         reshard_after_forward, state_dict_type: as in :class:`~fabric.strategies.fsdp.FSDPStrategy`.
         **common: the arguments of every parallel strategy (:class:`~fabric.strategies.parallel.ParallelArgs`);
             FSDPStrategy's other options (Lightning's too) are not taken.
@@ -87,6 +71,7 @@ class ModelParallelStrategy(FSDPStrategy):
         data_parallel_size: MeshSize = "auto",
         tensor_parallel_size: MeshSize = "auto",
         *,
+        mesh: MeshPlan | None = None,
         reshard_after_forward: bool = True,
         state_dict_type: StateDictType = "sharded",
         **common: Unpack[ParallelArgs],
@@ -99,46 +84,31 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         _check_size("data_parallel_size", data_parallel_size)
         _check_size("tensor_parallel_size", tensor_parallel_size)
+        if mesh is not None and not isinstance(mesh, MeshPlan):
+            raise ValueError(f"mesh={mesh!r} is not valid. Accepted: a fabric.strategies.MeshPlan, or None.")
+        if mesh is not None and (data_parallel_size, tensor_parallel_size) != (AUTO, AUTO):
+            raise ValueError(
+                "ModelParallelStrategy got mesh= and data_parallel_size/tensor_parallel_size, which describe the same "
+                "thing; give the degrees in the MeshPlan only."
+            )
+        if mesh is not None:
+            _refuse_unavailable_dimensions(mesh)
         refuse_unexpected_arguments(type(self), common)  # FSDPStrategy would take the others as Lightning's
         super().__init__(reshard_after_forward=reshard_after_forward, state_dict_type=state_dict_type, **common)
         self.parallelize_fn = parallelize_fn
         self.data_parallel_size = data_parallel_size
         self.tensor_parallel_size = tensor_parallel_size
+        self.mesh_plan_given = mesh
 
     @override
-    def configuration_error(self) -> str | None:
-        own_error = ParallelStrategy.configuration_error(self)  # FSDP's own checks do not apply
-        if own_error is not None:
-            return own_error
-        try:
-            self.mesh_shape()
-        except ValueError as error:
-            return str(error)
-        return None
-
-    def mesh_shape(self) -> tuple[int, int]:
-        """The resolved ``(data_parallel, tensor_parallel)`` sizes."""
-        return mesh_shape(self.world_size, self.num_nodes, self.data_parallel_size, self.tensor_parallel_size)
-
-    @override
-    def setup_environment(self) -> None:
-        ParallelStrategy.setup_environment(self)
-        self._mesh = init_device_mesh(self.root_device.type, self.mesh_shape(), mesh_dim_names=MESH_DIM_NAMES)
-
-    @property
-    def data_parallel_mesh(self) -> DeviceMesh:
-        return self.mesh[MESH_DIM_NAMES[0]]
+    def planned_mesh(self) -> MeshPlan:
+        if self.mesh_plan_given is not None:
+            return self.mesh_plan_given
+        return lightning_mesh(self.num_nodes, self.data_parallel_size, self.tensor_parallel_size)
 
     @property
     def tensor_parallel_mesh(self) -> DeviceMesh:
-        return self.mesh[MESH_DIM_NAMES[1]]
-
-    @property
-    @override
-    def data_parallel_shard(self) -> tuple[int, int]:
-        """Split over the data-parallel dimension: a tensor-parallel group shares its batches."""
-        mesh = self.data_parallel_mesh
-        return mesh.size(), mesh.get_local_rank()
+        return self.mesh["tensor_parallel"]
 
     @override
     def _shard(self, module: nn.Module) -> nn.Module:
@@ -155,6 +125,19 @@ class ModelParallelStrategy(FSDPStrategy):
     def __repr__(self) -> str:
         return (
             f"ModelParallelStrategy(devices={len(self._parallel_devices or [])}, "
-            f"data_parallel_size={self.data_parallel_size!r}, tensor_parallel_size={self.tensor_parallel_size!r}, "
-            f"state_dict_type={self.state_dict_type!r})"
+            f"mesh={self.planned_mesh().describe()}, state_dict_type={self.state_dict_type!r})"
         )
+
+
+#: Mesh dimensions a degree above 1 of which this strategy cannot honour yet, and why.
+UNAVAILABLE_DIMENSIONS = {
+    "pipeline_parallel": "pipeline parallelism is not available yet (issue 43)",
+    "context_parallel": "torch's context_parallel shards the CUDA attention kernels only (on CPU its backward has no "
+    "sharding strategy for aten._scaled_dot_product_flash_attention_for_cpu_backward), and it is not wired here yet",
+}
+
+
+def _refuse_unavailable_dimensions(mesh: MeshPlan) -> None:
+    for name, reason in UNAVAILABLE_DIMENSIONS.items():
+        if mesh.degrees[name] != 1:
+            raise ValueError(f"MeshPlan({name}={mesh.degrees[name]!r}) cannot be honoured: {reason}.")

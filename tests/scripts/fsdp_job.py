@@ -174,13 +174,11 @@ if mode == "train":
     report["after_load_forward_equal"] = torch.equal(scaled(x[:4]), source(x[:4]))
 
     # Hybrid sharding on one node: a (replicate=1, shard=2) mesh, trained one step like plain FSDP.
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from fabric.strategies.fsdp.strategy import mesh_layout
+    from fabric.strategies.mesh import DATA_PARALLEL_DIMS, MeshPlan
 
-    shape, names = mesh_layout(fabric.world_size, 1, hybrid=True)
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    mesh = MeshPlan(data_parallel_replicate=1).resolve(fabric.world_size).build("cpu")[DATA_PARALLEL_DIMS]
     torch.manual_seed(0)
     hybrid = nn.Linear(6, 4)
     torch.manual_seed(0)
@@ -188,7 +186,7 @@ if mode == "train":
     fully_shard(hybrid, mesh=mesh)
     F.mse_loss(hybrid(x[mine]), y[mine].expand(-1, 4)).backward()
     F.mse_loss(plain(x[batch]), y[batch].expand(-1, 4)).backward()
-    report["hybrid_mesh"] = [list(shape), list(names)]
+    report["hybrid_mesh"] = [list(mesh.shape), list(mesh.mesh_dim_names or ())]
     report["hybrid_placements"] = [str(p) for p in hybrid.weight.placements]
     report["hybrid_grad_matches"] = torch.allclose(full(hybrid.weight.grad), plain.weight.grad, atol=1e-6)
 else:

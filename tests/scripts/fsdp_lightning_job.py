@@ -112,7 +112,8 @@ report["set_up_equals_reference"] = all(
 )
 inner = model.module
 report["units"] = sorted(name for name, module in inner.named_modules() if isinstance(module, FSDPModule))
-report["mesh"] = [list(fabric.strategy.mesh.shape), list(fabric.strategy.mesh.mesh_dim_names or ())]  # type: ignore[attr-defined]
+sharded_over = fabric.strategy.data_parallel_mesh  # type: ignore[attr-defined]
+report["mesh"] = [list(sharded_over.shape), list(sharded_over.mesh_dim_names or ())]
 report["placements"] = [str(p) for p in inner.head.weight.placements]
 report["local_numel"] = sum(p.to_local().numel() for p in model.parameters())
 report["total_numel"] = sum(p.numel() for p in model.parameters())

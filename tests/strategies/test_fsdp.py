@@ -18,7 +18,7 @@ from torch import nn
 
 from fabric import Fabric
 from fabric.strategies import STRATEGY_REGISTRY
-from fabric.strategies.fsdp.strategy import FSDPStrategy, mesh_layout
+from fabric.strategies.fsdp.strategy import FSDPStrategy
 from fabric.utilities.exceptions import CheckpointError
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
@@ -101,7 +101,7 @@ def test_meta_device_init_gives_finite_reset_weights_and_guards_uninitialised_on
 
 def test_hybrid_shard_on_one_node_uses_a_replicate_by_shard_mesh(job: Path) -> None:
     for report in _reports(job, "train", 2):
-        assert report["hybrid_mesh"] == [[1, 2], ["replicate", "shard"]]
+        assert report["hybrid_mesh"] == [[1, 2], ["data_parallel_replicate", "data_parallel"]]
         assert report["hybrid_placements"] == ["R", "S(0)"]
         assert report["hybrid_grad_matches"]
 
@@ -172,12 +172,22 @@ def test_fsdp_names_are_registered() -> None:
     assert STRATEGY_REGISTRY.get("fsdp_cpu_offload").init_kwargs == {"cpu_offload": True}
 
 
-def test_mesh_layout_is_one_dimensional_or_replicate_by_shard() -> None:
-    assert mesh_layout(8, 2, hybrid=False) == ((8,), ("shard",))
-    assert mesh_layout(8, 2, hybrid=True) == ((2, 4), ("replicate", "shard"))
-    assert mesh_layout(2, 1, hybrid=True) == ((1, 2), ("replicate", "shard"))
-    with pytest.raises(ValueError, match="world_size=5 is not divisible by num_nodes=2"):
-        mesh_layout(5, 2, hybrid=True)
+def test_hybrid_shard_keeps_a_replica_per_node_and_replicate_only_shards_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    hybrid = Fabric(accelerator="cpu", devices=4, num_nodes=2, strategy=FSDPStrategy(hybrid_shard=True)).strategy
+    assert hybrid.mesh_plan().resolved_degrees == {  # type: ignore[attr-defined]
+        "pipeline_parallel": 1,
+        "data_parallel_replicate": 2,
+        "data_parallel": 4,
+        "context_parallel": 1,
+        "tensor_parallel": 1,
+    }
+    replicated = Fabric(accelerator="cpu", devices=4, strategy=FSDPStrategy(replicate_only=True)).strategy
+    assert replicated.mesh_plan().describe() == "data_parallel_replicate=4"  # type: ignore[attr-defined]
+    assert Fabric(accelerator="cpu", devices=4, strategy="fsdp").strategy.mesh_plan().describe() == "data_parallel=4"  # type: ignore[attr-defined]
 
 
 def test_cpu_offload_on_cpu_is_refused_when_fabric_is_built() -> None:

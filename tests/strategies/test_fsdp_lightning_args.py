@@ -26,7 +26,8 @@ from torch.distributed.fsdp.wrap import (
 
 from fabric import Fabric
 from fabric.strategies.fsdp.options import UnitsLikeFsdp1, shard_units
-from fabric.strategies.fsdp.strategy import FSDPStrategy, mesh_layout
+from fabric.strategies.fsdp.strategy import FSDPStrategy
+from fabric.strategies.mesh import MeshPlan
 
 
 class Block(nn.Module):
@@ -147,8 +148,18 @@ def test_an_unknown_sharding_strategy_is_refused_listing_the_accepted_ones(value
 
 
 def test_replicate_only_is_a_world_by_one_mesh() -> None:
-    assert mesh_layout(4, 2, hybrid=False, replicate_only=True) == ((4, 1), ("replicate", "shard"))
-    assert mesh_layout(4, 2, hybrid=False) == ((4,), ("shard",))
+    strategy = Fabric(accelerator="cpu", devices=4, strategy=FSDPStrategy(sharding_strategy="NO_SHARD")).strategy
+    plan = strategy.mesh_plan()  # type: ignore[attr-defined]
+    assert (plan.data_parallel_replicate, plan.data_parallel) == (4, 1)
+
+
+def test_lightnings_device_mesh_sizes_are_the_replicate_by_shard_plan() -> None:
+    strategy = FSDPStrategy(sharding_strategy="HYBRID_SHARD", device_mesh=(2, 2))
+    assert strategy.planned_mesh() == MeshPlan(data_parallel_replicate=2, data_parallel=2)
+    with pytest.raises(ValueError, match=r"device_mesh=.*DeviceMesh.* is not valid. Accepted: a \(replicate, shard\)"):
+        FSDPStrategy(sharding_strategy="HYBRID_SHARD", device_mesh="DeviceMesh('cpu', [[0, 1]])")
+    with pytest.raises(ValueError, match=r"mesh data_parallel_replicate=2 x data_parallel=2 does not fit 6 processes"):
+        Fabric(accelerator="cpu", devices=6, strategy=FSDPStrategy(device_mesh=(2, 2)))
 
 
 def test_the_defaults_are_unchanged() -> None:
@@ -237,8 +248,7 @@ def test_what_fsdp2_always_does_is_accepted_as_true_and_refused_as_false(name: s
 @pytest.mark.parametrize(
     ("name", "alternative"),
     [
-        ("device_mesh", "sharding_strategy='HYBRID_SHARD'"),
-        ("process_group", "sharding_strategy='HYBRID_SHARD'"),
+        ("process_group", r"mesh=MeshPlan\(data_parallel_replicate=..., data_parallel=...\)"),
         ("forward_prefetch", r"set_modules_to_forward_prefetch"),
         ("backward_prefetch", r"set_modules_to_backward_prefetch"),
         ("ignored_modules", r"fully_shard\(ignored_params=...\)"),
@@ -308,7 +318,7 @@ def test_lightning_style_shard_grad_op_with_synced_states_trains_like_one_proces
     assert all(r["set_up_equals_reference"] for r in reports)  # ... and got rank 0's by sync_module_states
     for report in reports:
         assert report["units"] == ["", "blocks.0", "blocks.1"]  # auto_wrap_policy={Block}
-        assert report["mesh"] == [[2], ["shard"]]
+        assert report["mesh"] == [[2], ["data_parallel"]]
         assert report["gathered_between_forward_and_backward"] == [True] * 4  # SHARD_GRAD_OP: no reshard
         assert report["block_calls_per_step"] == [4] * 4  # 2 blocks, each recomputed in the backward
         assert report["max_diff_to_reference"] < 1e-5 and report["moved"] > 0.1
@@ -319,8 +329,8 @@ def test_lightning_style_shard_grad_op_with_synced_states_trains_like_one_proces
 def test_hybrid_shard_on_one_node_with_an_fsdp1_size_policy_trains_like_one_process(runs: Path) -> None:
     reports = _reports(runs, "hybrid")
     for report in reports:
-        assert report["mesh"] == [[1, 2], ["replicate", "shard"]]
-        assert report["placements"] == ["R", "S(0)"]
+        assert report["mesh"] == [[2], ["data_parallel"]]  # one replica on one node: plain FSDP
+        assert report["placements"] == ["S(0)"]
         assert report["units"] == ["", "blocks.0.linear", "blocks.1.linear"]  # min_num_params=200
         assert report["gathered_between_forward_and_backward"] == [False] * 4  # FULL_SHARD-like resharding
         assert report["block_calls_per_step"] == [2] * 4  # no activation checkpointing
@@ -333,7 +343,7 @@ def test_hybrid_shard_on_one_node_with_an_fsdp1_size_policy_trains_like_one_proc
 def test_no_shard_replicates_and_fsdp1_mixed_precision_computes_in_bfloat16(runs: Path) -> None:
     reports = _reports(runs, "no_shard")
     for report in reports:
-        assert report["mesh"] == [[2, 1], ["replicate", "shard"]]
+        assert report["mesh"] == [[2, 1], ["data_parallel_replicate", "data_parallel"]]
         assert report["local_numel"] == report["total_numel"]  # every rank holds whole parameters
         assert report["dtypes_in_forward"] == ["torch.bfloat16"] and report["sharded_dtype"] == "torch.float32"
         # bfloat16 compute: close to the float32 reference, but not equal to it

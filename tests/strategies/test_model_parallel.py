@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from fabric import Fabric
-from fabric.strategies.model_parallel import ModelParallelStrategy, mesh_shape
+from fabric.strategies.model_parallel import ModelParallelStrategy, lightning_mesh
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "model_parallel_job.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def _report(out: Path, tag: str) -> dict:
 
 def test_tensor_parallel_on_two_ranks_trains_like_one_process(jobs: Path) -> None:
     report = _report(jobs, "1x2")
-    assert report["mesh"] == [1, 2]
+    assert report["mesh"] == [1, 1, 1, 1, 2]
     assert report["local_rows_of_first_layer"] == 8  # the Colwise layer's 16 output rows split over 2 ranks
     assert report["max_diff_to_reference"] < 1e-5  # parameters and Adam state after 3 steps, clipped
     assert report["norms"] == pytest.approx(report["reference_norms"], rel=1e-5)
@@ -56,7 +56,7 @@ def test_tensor_parallel_on_two_ranks_trains_like_one_process(jobs: Path) -> Non
 
 def test_a_2x2_mesh_on_four_processes_trains_like_one_process(jobs: Path) -> None:
     report = _report(jobs, "2x2")
-    assert report["world_size"] == 4 and report["mesh"] == [2, 2]
+    assert report["world_size"] == 4 and report["mesh"] == [1, 1, 2, 1, 2]
     assert report["local_rows_of_first_layer"] == 4  # 16 rows: tensor parallel 2, then FSDP 2
     assert report["max_diff_to_reference"] < 1e-5
     assert report["norms"] == pytest.approx(report["reference_norms"], rel=1e-5)
@@ -95,14 +95,15 @@ def _identity(model: nn.Module, mesh: object) -> nn.Module:
     ],
 )
 def test_mesh_sizes_resolve(world: int, nodes: int, dp: object, tp: object, expected: tuple[int, int]) -> None:
-    assert mesh_shape(world, nodes, dp, tp) == expected  # type: ignore[arg-type]
+    plan = lightning_mesh(nodes, dp, tp).resolve(world)  # type: ignore[arg-type]
+    assert (plan.data_parallel, plan.tensor_parallel) == expected
 
 
 def test_mesh_sizes_that_do_not_make_the_world_size_fail_at_construction() -> None:
-    with pytest.raises(ValueError, match=r"must equal the number of processes \(2\).*\(2, 2\)"):
+    with pytest.raises(ValueError, match=r"data_parallel=2 x tensor_parallel=2 does not fit 2 processes"):
         Fabric(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(_identity, 2, 2))
-    with pytest.raises(ValueError, match="do not divide it"):
-        mesh_shape(4, 1, "auto", 3)
+    with pytest.raises(ValueError, match="data_parallel=auto x tensor_parallel=3 does not fit 4 processes"):
+        lightning_mesh(1, "auto", 3).resolve(4)
     with pytest.raises(ValueError, match=r"tensor_parallel_size=0 is not valid.*positive int or 'auto'"):
         ModelParallelStrategy(_identity, tensor_parallel_size=0)
 

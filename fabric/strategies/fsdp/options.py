@@ -15,7 +15,8 @@ Lightning                                      FSDPStrategy (FSDP2)
 ``cpu_offload=CPUOffload(offload_params=b)``   ``cpu_offload=b``
 ``mixed_precision=MixedPrecision(...)``        ``mixed_precision=MixedPrecisionPolicy(...)`` (no ``buffer_dtype``)
 ``use_orig_params``, ``limit_all_gathers``     ``True``: always so in FSDP2; ``False`` refused
-``device_mesh``, ``process_group``, ...        refused, naming FSDP2's equivalent (:data:`REFUSED`)
+``device_mesh=(replicate, shard)``             ``mesh=MeshPlan(data_parallel_replicate=replicate, data_parallel=shard)``
+``process_group``, ...                         refused, naming FSDP2's equivalent (:data:`REFUSED`)
 =============================================  ===================================================================
 """
 
@@ -30,6 +31,8 @@ from typing import Any
 from torch import nn
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, MixedPrecisionPolicy, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
+
+from fabric.strategies.mesh import DATA_PARALLEL_DIMS, MeshPlan
 
 #: FSDP1's callable auto-wrap policy: ``(module, recurse, nonwrapped_numel) -> bool``.
 Fsdp1Policy = Callable[..., bool]
@@ -52,11 +55,9 @@ ALWAYS_ON: dict[str, str] = {
 
 #: Lightning/FSDP1 arguments with no FSDPStrategy setting, and what to use instead.
 REFUSED: dict[str, str] = {
-    "device_mesh": "FSDPStrategy builds its device mesh at launch: 1-D over every rank; 2-D (replicate across "
-    "nodes, shard within a node) with sharding_strategy='HYBRID_SHARD' or hybrid_shard=True and "
-    "Fabric(num_nodes=...); (world, 1) with sharding_strategy='NO_SHARD'",
     "process_group": "the process groups come from the device mesh FSDPStrategy builds at launch; choose its "
-    "layout with sharding_strategy='HYBRID_SHARD' (or hybrid_shard=True) and Fabric(num_nodes=...)",
+    "shape with mesh=MeshPlan(data_parallel_replicate=..., data_parallel=...) (Lightning: device_mesh=(replicate, "
+    "shard))",
     "forward_prefetch": "FSDP2 has no such flag; after fabric.setup, call "
     "unit.set_modules_to_forward_prefetch([next units]) on the sharded layers (FSDPModule)",
     "backward_prefetch": "FSDP2 always prefetches the next unit's all-gather in backward (as BACKWARD_PRE); to "
@@ -82,6 +83,7 @@ class FSDPSettings:
     cpu_offload: bool = False
     activation_checkpointing: set[type[nn.Module]] | None = None
     mixed_precision: MixedPrecisionPolicy | None = None
+    mesh: MeshPlan | None = None
 
 
 def resolve_settings(own: Mapping[str, Any], lightning: Mapping[str, Any]) -> FSDPSettings:
@@ -105,6 +107,7 @@ def resolve_settings(own: Mapping[str, Any], lightning: Mapping[str, Any]) -> FS
                 )
             values[setting] = setting_value
             given_as[setting] = name
+    _check_mesh_agrees(values)
     if values.get("hybrid_shard") and values.get("replicate_only"):
         raise ValueError(
             "FSDPStrategy got hybrid_shard=True (shard within each node) and replicate_only=True (shard nothing); "
@@ -119,6 +122,8 @@ def translate(name: str, value: Any) -> dict[str, Any]:
         return {"shard_modules": shard_policy(value)}
     if name == "activation_checkpointing_policy":
         return {"activation_checkpointing": checkpointed_classes(value)}
+    if name == "device_mesh":
+        return {"mesh": mesh_plan(value, argument="device_mesh")}
     if name == "sharding_strategy":
         reshard, hybrid, replicate = SHARDING_STRATEGIES[sharding_strategy_name(value)]
         return {"reshard_after_forward": reshard, "hybrid_shard": hybrid, "replicate_only": replicate}
@@ -128,7 +133,7 @@ def translate(name: str, value: Any) -> dict[str, Any]:
         raise ValueError(f"FSDPStrategy({name}={value!r}) is not possible: {ALWAYS_ON[name]}. Remove {name}.")
     if name in REFUSED:
         raise ValueError(f"FSDPStrategy({name}=...) is not supported: {REFUSED[name]}.")
-    accepted = ["auto_wrap_policy", "activation_checkpointing_policy", "sharding_strategy", *ALWAYS_ON]
+    accepted = ["auto_wrap_policy", "activation_checkpointing_policy", "sharding_strategy", "device_mesh", *ALWAYS_ON]
     raise ValueError(
         f"FSDPStrategy has no argument {name}={value!r}. Besides its own arguments it accepts Lightning's "
         f"{', '.join(accepted)}."
@@ -285,6 +290,38 @@ def mixed_precision_policy(value: object) -> MixedPrecisionPolicy:
     )
 
 
+def mesh_plan(value: object, argument: str = "mesh") -> MeshPlan:
+    """The :class:`MeshPlan` from itself or from Lightning's ``(replicate, shard)`` sizes."""
+    if isinstance(value, MeshPlan):
+        return value
+    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(size, int) for size in value):
+        return MeshPlan(data_parallel_replicate=value[0], data_parallel=value[1])
+    raise ValueError(
+        f"{argument}={value!r} is not valid. Accepted: a (replicate, shard) tuple of ints or a "
+        "fabric.strategies.MeshPlan; a DeviceMesh cannot be taken, the mesh is built at launch from the plan."
+    )
+
+
+def _check_mesh_agrees(values: Mapping[str, Any]) -> None:
+    """A mesh given with ``hybrid_shard``/``replicate_only`` must have the shape they mean; FSDP takes data-parallel
+    dimensions only (tensor parallelism needs ``ModelParallelStrategy``'s ``parallelize_fn``)."""
+    mesh = values.get("mesh")
+    if mesh is None:
+        return
+    others = {name: degree for name, degree in mesh.degrees.items() if name not in DATA_PARALLEL_DIMS and degree != 1}
+    if others:
+        raise ValueError(
+            f"FSDPStrategy(mesh={mesh!r}) shards over the data-parallel dimensions only; "
+            f"{', '.join(f'{name}={degree}' for name, degree in others.items())} needs "
+            "ModelParallelStrategy(parallelize_fn, mesh=...)."
+        )
+    if values.get("replicate_only") and mesh.data_parallel != 1:
+        raise ValueError(
+            f"FSDPStrategy got replicate_only=True (NO_SHARD) and mesh={mesh!r}, which shards over "
+            f"data_parallel={mesh.data_parallel}; give the mesh data_parallel=1, or drop replicate_only."
+        )
+
+
 def _unchanged(value: Any) -> Any:
     return value
 
@@ -293,4 +330,5 @@ def _unchanged(value: Any) -> Any:
 _OWN_FORMS: dict[str, Callable[[Any], Any]] = {
     "cpu_offload": cpu_offload_flag,
     "mixed_precision": mixed_precision_policy,
+    "mesh": mesh_plan,
 }

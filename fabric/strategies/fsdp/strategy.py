@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 import torch
 import torch.distributed
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffload,
     CPUOffloadPolicy,
@@ -38,30 +38,13 @@ from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.formats import CheckpointFormat, recognise
 from fabric.plugins.precision.dtypes import mixed_dtype
 from fabric.strategies.fsdp.options import ShardPolicy, UnitsLikeFsdp1, resolve_settings, shard_units
+from fabric.strategies.mesh import AUTO, DATA_PARALLEL_DIMS, MeshPlan
 from fabric.strategies.parallel import ParallelStrategy, split_common_arguments
 from fabric.strategies.strategy import CheckpointFilter
 from fabric.utilities.init import DeferredContexts
 
 StateDictType = Literal["sharded", "full"]
 STATE_DICT_TYPES: tuple[StateDictType, ...] = get_args(StateDictType)
-
-
-def mesh_layout(
-    world_size: int, num_nodes: int, hybrid: bool, replicate_only: bool = False
-) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The device mesh shape and dimension names: 1-D ``(shard,)``; for hybrid sharding (HSDP)
-    2-D ``(replicate=num_nodes, shard=devices per node)``: shards within a node, replicas across nodes;
-    with ``replicate_only`` ``(replicate=world_size, shard=1)``: every rank holds whole parameters."""
-    if replicate_only:
-        return (world_size, 1), ("replicate", "shard")
-    if not hybrid:
-        return (world_size,), ("shard",)
-    if world_size % num_nodes:
-        raise ValueError(
-            f"Hybrid sharding needs the same number of processes on every node; world_size={world_size} "
-            f"is not divisible by num_nodes={num_nodes}."
-        )
-    return (num_nodes, world_size // num_nodes), ("replicate", "shard")
 
 
 def _check_policy(name: str, policy: Any, allow_callable: bool) -> None:
@@ -89,9 +72,13 @@ class FSDPStrategy(ParallelStrategy):
         cpu_offload: keep shards, gradients and the optimizer step in CPU memory (accelerators only);
             FSDP1's ``CPUOffload(offload_params=...)`` is accepted too.
         activation_checkpointing: layer classes whose activations are recomputed in the backward.
-        hybrid_shard: shard within each node and replicate across nodes (HSDP, a 2-D device mesh).
+        mesh: the data-parallel shape, a :class:`~fabric.strategies.mesh.MeshPlan` (or ``(replicate, shard)``):
+            ``MeshPlan(data_parallel_replicate=2, data_parallel=4)`` shards over groups of 4 ranks and keeps 2
+            replicas (HSDP of any shape, whatever the nodes). By default every rank shards.
+        hybrid_shard: shard within each node and replicate across nodes (HSDP with a replica per node:
+            ``MeshPlan(data_parallel_replicate=num_nodes)``).
         replicate_only: shard nothing: every rank holds whole parameters and gradients are all-reduced
-            (a ``(world_size, 1)`` mesh; FSDP1's ``NO_SHARD``).
+            (``MeshPlan(data_parallel_replicate="auto", data_parallel=1)``; FSDP1's ``NO_SHARD``).
         state_dict_type: ``"sharded"`` saves a directory of per-rank shards (DCP); ``"full"`` saves one
             ``torch.save`` file gathered on rank 0.
         mixed_precision: FSDP2's ``MixedPrecisionPolicy`` (or FSDP1's ``MixedPrecision`` without
@@ -100,7 +87,7 @@ class FSDPStrategy(ParallelStrategy):
             that initialised the model differently start equal (a meta-device model has nothing to send).
         **kwargs: the common arguments of every parallel strategy
             (:class:`~fabric.strategies.parallel.ParallelArgs`: ``timeout``, ``process_group_backend``, ...),
-            and Lightning Fabric's: ``auto_wrap_policy``, ``sharding_strategy``,
+            and Lightning Fabric's: ``auto_wrap_policy``, ``sharding_strategy``, ``device_mesh=(replicate, shard)``,
             ``activation_checkpointing_policy``, ``use_orig_params=True``, ``limit_all_gathers=True``;
             translated to the settings above, or refused with a ``ValueError`` naming what to use instead
             (:mod:`fabric.strategies.fsdp.options`). Giving one with the own argument it sets is refused.
@@ -118,6 +105,7 @@ class FSDPStrategy(ParallelStrategy):
         state_dict_type: StateDictType = "sharded",
         mixed_precision: MixedPrecisionPolicy | MixedPrecision | None = None,
         sync_module_states: bool = False,
+        mesh: MeshPlan | tuple[int, int] | None = None,
         **kwargs: Any,
     ) -> None:
         own = {
@@ -128,6 +116,7 @@ class FSDPStrategy(ParallelStrategy):
             "hybrid_shard": hybrid_shard,
             "replicate_only": replicate_only,
             "mixed_precision": mixed_precision,
+            "mesh": mesh,
         }
         common, lightning_options = split_common_arguments(kwargs)
         settings = resolve_settings(own, lightning_options)
@@ -145,6 +134,7 @@ class FSDPStrategy(ParallelStrategy):
         self.hybrid_shard = settings.hybrid_shard
         self.replicate_only = settings.replicate_only
         self.mixed_precision = settings.mixed_precision
+        self.mesh_plan_given = settings.mesh
         self.sync_module_states = sync_module_states
         self.state_dict_type: StateDictType = state_dict_type
         self._mesh: DeviceMesh | None = None
@@ -164,9 +154,27 @@ class FSDPStrategy(ParallelStrategy):
                 "FSDPStrategy(cpu_offload=True) ('fsdp_cpu_offload') moves shards to CPU memory between uses, "
                 "which needs an accelerator; with accelerator='cpu' they already live there. Use strategy='fsdp'."
             )
-        if self.hybrid_shard and self.world_size % self.num_nodes:
+        if self.hybrid_shard and self.mesh_plan_given is None and self.world_size % self.num_nodes:
             return f"FSDPStrategy(hybrid_shard=True) needs equal nodes; {self.world_size} ranks on {self.num_nodes}."
+        try:
+            self.mesh_plan()
+        except ValueError as error:
+            return f"{type(self).__name__}: {error}"
         return None
+
+    def planned_mesh(self) -> MeshPlan:
+        """The mesh the settings ask for, before the world size fills in its ``"auto"`` degree."""
+        if self.mesh_plan_given is not None:
+            return self.mesh_plan_given
+        if self.hybrid_shard:
+            return MeshPlan(data_parallel_replicate=self.num_nodes)
+        if self.replicate_only:
+            return MeshPlan(data_parallel_replicate=AUTO, data_parallel=1)
+        return MeshPlan()
+
+    def mesh_plan(self) -> MeshPlan:
+        """The resolved mesh: every degree a number, their product the world size."""
+        return self.planned_mesh().resolve(self.world_size)
 
     @override
     def checkpoint_io_refusal(self) -> str | None:
@@ -188,8 +196,22 @@ class FSDPStrategy(ParallelStrategy):
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
-        shape, names = mesh_layout(self.world_size, self.num_nodes, self.hybrid_shard, self.replicate_only)
-        self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
+        self._mesh = self.mesh_plan().build(self.root_device.type)
+
+    @property
+    def data_parallel_mesh(self) -> DeviceMesh:
+        """What ``fully_shard`` shards over: ``mesh["data_parallel"]``, or with replicas (HSDP) the 2-D
+        ``mesh["data_parallel_replicate", "data_parallel"]``."""
+        if self.mesh_plan().data_parallel_replicate == 1:
+            return self.mesh["data_parallel"]
+        return self.mesh[DATA_PARALLEL_DIMS]
+
+    @property
+    @override
+    def data_parallel_shard(self) -> tuple[int, int]:
+        """Split over replicate x shard: the ranks of one tensor-parallel (or pipeline) group share their batches."""
+        plan = self.mesh_plan()
+        return plan.data_parallel_size, plan.data_parallel_index(self.global_rank)
 
     # --- modules -------------------------------------------------------------------------------------
 
@@ -251,7 +273,7 @@ class FSDPStrategy(ParallelStrategy):
                 from torch.distributed._composable.checkpoint_activation import checkpoint
 
                 checkpoint(submodule)
-        options = self._shard_options(self.mesh)
+        options = self._shard_options(self.data_parallel_mesh)
         units = shard_units(self.shard_modules, module)
         for submodule in reversed(list(module.modules())):  # descendants before their ancestors
             if submodule in units:
@@ -439,7 +461,7 @@ class FSDPStrategy(ParallelStrategy):
     def __repr__(self) -> str:
         return (
             f"FSDPStrategy(devices={len(self._parallel_devices or [])}, state_dict_type={self.state_dict_type!r}, "
-            f"cpu_offload={self.cpu_offload}, hybrid_shard={self.hybrid_shard}, replicate_only={self.replicate_only})"
+            f"cpu_offload={self.cpu_offload}, mesh={self.planned_mesh().describe()})"
         )
 
 
