@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from fabric.strategies.ddp import DDPStrategy
     from fabric.strategies.deepspeed.strategy import DeepSpeedStrategy
     from fabric.strategies.fsdp.strategy import FSDPStrategy
+    from fabric.strategies.mesh import MeshPlan
     from fabric.strategies.model_parallel import ModelParallelStrategy
     from fabric.strategies.parallel import ParallelStrategy
     from fabric.strategies.single_device import SingleDeviceStrategy
@@ -21,6 +22,7 @@ __all__ = [
     "DDPStrategy",
     "DeepSpeedStrategy",
     "FSDPStrategy",
+    "MeshPlan",
     "ModelParallelStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
@@ -32,6 +34,7 @@ __getattr__ = lazy_exports(
         "DDPStrategy": "fabric.strategies.ddp",
         "DeepSpeedStrategy": "fabric.strategies.deepspeed.strategy",
         "FSDPStrategy": "fabric.strategies.fsdp.strategy",
+        "MeshPlan": "fabric.strategies.mesh",
         "ModelParallelStrategy": "fabric.strategies.model_parallel",
         "ParallelStrategy": "fabric.strategies.parallel",
         "SingleDeviceStrategy": "fabric.strategies.single_device",

@@ -1,0 +1,159 @@
+"""A small causal transformer trained on an N-D mesh, for tests/strategies/test_mesh_shapes.py.
+
+``python mesh_job.py OUT reference``: one plain-torch process trains ``STEPS + EXTRA`` steps on the whole global batch
+of each step and writes ``OUT/reference.pt`` (the loss of every step, the weights after ``STEPS`` and at the end).
+
+``python mesh_job.py OUT train REPLICATE SHARD TENSOR [LOAD_DIR]``: ``REPLICATE x SHARD x TENSOR`` processes (HSDP x TP
+through ``ModelParallelStrategy(mesh=MeshPlan(...))``, or ``FSDPStrategy(mesh=...)`` when TENSOR is 1) train ``STEPS``
+steps from batches of ``setup_dataloaders`` and save ``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh
+model loads it and trains ``EXTRA`` steps more. Rank 0 writes ``OUT/TAG.pt``: losses and full weights.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.utils.data import DataLoader, TensorDataset
+
+VOCAB, DIM, HEADS, LENGTH, LAYERS = 32, 16, 4, 9, 2
+GLOBAL_BATCH, STEPS, EXTRA, LR = 8, 3, 2, 1e-2
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.q, self.v, self.o = (nn.Linear(DIM, DIM) for _ in range(3))
+        # no key bias: softmax ignores it, so its gradient is rounding noise, which Adam scales up to lr-sized steps
+        self.k = nn.Linear(DIM, DIM, bias=False)
+        self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        h = self.norm1(x)
+        # -1 heads: under tensor parallelism each rank holds HEADS / TENSOR of them
+        q, k, v = (part(h).view(batch, length, -1, DIM // HEADS).transpose(1, 2) for part in (self.q, self.k, self.v))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, length, -1)
+        x = x + self.o(attended)
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class Transformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def make_model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer()
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """Megatron-style plan: q, k, v and up split by columns, o and down by rows; the rest stays whole."""
+    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel()}
+    plan |= {"up": ColwiseParallel(), "down": RowwiseParallel()}
+    for block in model.blocks:  # type: ignore[union-attr]
+        parallelize_module(block, mesh["tensor_parallel"], plan)
+    return model
+
+
+def loss_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for name, p in model.named_parameters()
+    }
+
+
+tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH * (STEPS + EXTRA), LENGTH), generator=torch.Generator().manual_seed(1))
+out_dir, mode = Path(sys.argv[1]), sys.argv[2]
+
+if mode == "reference":
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, after_steps = [], {}
+    for step in range(STEPS + EXTRA):
+        loss = loss_of(model, tokens[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if step + 1 == STEPS:
+            after_steps = full_weights(model)
+    torch.save({"losses": losses, "weights": after_steps, "final": full_weights(model)}, out_dir / "reference.pt")
+    sys.exit(0)
+
+from fabric import Fabric  # noqa: E402
+from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy  # noqa: E402
+
+replicate, shard, tensor = (int(value) for value in sys.argv[3:6])
+tag = f"{replicate}x{shard}x{tensor}"
+plan = MeshPlan(data_parallel_replicate=replicate, data_parallel=shard, tensor_parallel=tensor)
+strategy = (
+    FSDPStrategy(mesh=plan, shard_modules={Block}) if tensor == 1 else ModelParallelStrategy(parallelize, mesh=plan)
+)
+fabric = Fabric(accelerator="cpu", devices=replicate * shard * tensor, strategy=strategy)
+fabric.launch()
+loader = fabric.setup_dataloaders(DataLoader(TensorDataset(tokens), batch_size=GLOBAL_BATCH // (replicate * shard)))
+
+
+def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> list[float]:
+    """Train on the batches of ``steps``; the loss of each step averaged over the ranks (= over the global batch)."""
+    losses = []
+    for step, (batch,) in enumerate(loader):
+        if step not in steps:
+            continue
+        loss = loss_of(model, batch)
+        optimizer.zero_grad()
+        fabric.backward(loss)
+        optimizer.step()
+        losses.append(fabric.all_reduce(loss.detach(), reduce_op="mean").item())
+    return losses
+
+
+model = make_model()
+optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+model, optimizer = fabric.setup(model, optimizer)
+report: dict[str, object] = {
+    "mesh": dict(zip(strategy.mesh.mesh_dim_names or (), strategy.mesh.shape, strict=True)),
+    "data_parallel_shard": strategy.data_parallel_shard,
+    "losses": train(model, optimizer, range(STEPS)),
+    "weights": full_weights(model.module),
+}
+fabric.save(out_dir / f"ckpt-{tag}", {"model": model, "optimizer": optimizer, "step": STEPS})
+
+if len(sys.argv) > 6:  # continue from a checkpoint another mesh shape saved
+    fresh = make_model(seed=123)  # other initial weights: all must come from the checkpoint
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=LR)
+    fresh, fresh_optimizer = fabric.setup(fresh, fresh_optimizer)
+    state = {"model": fresh, "optimizer": fresh_optimizer, "step": 0}
+    fabric.load(sys.argv[6], state)
+    report["loaded_weights"] = full_weights(fresh.module)
+    report["resumed_losses"] = train(fresh, fresh_optimizer, range(int(state["step"]), STEPS + EXTRA))
+    report["final"] = full_weights(fresh.module)
+
+shards = fabric.all_gather(torch.tensor(report["data_parallel_shard"]))
+report["data_parallel_shards"] = shards.tolist()
+if fabric.is_global_zero:
+    torch.save(report, out_dir / f"{tag}.pt")

@@ -1,0 +1,98 @@
+"""Every mesh shape trains like one process, and a checkpoint saved on one shape continues on the next.
+
+Real gloo processes (tests/scripts/mesh_job.py): a small causal transformer trains 3 AdamW steps on each shape of a
+chain, each launch first loading the checkpoint the previous shape saved and training 2 steps more. A plain-torch
+process that sees each step's whole global batch is the reference (tolerances: float32 reduction order).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "mesh_job.py"
+#: (replicate, shard, tensor) in launch order; each loads the checkpoint of the one before it.
+CHAIN = [(2, 2, 1), (4, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2), (2, 4, 1)]
+LOSS_TOLERANCE, WEIGHT_TOLERANCE = 1e-5, 2e-5
+
+
+def _tag(shape: tuple[int, int, int]) -> str:
+    return "x".join(map(str, shape))
+
+
+def _run(*args: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("meshes")
+    _run(str(out), "reference")
+    previous: str | None = None
+    for shape in CHAIN:
+        _run(str(out), "train", *map(str, shape), *([previous] if previous else []))
+        previous = str(out / f"ckpt-{_tag(shape)}")
+    return out
+
+
+def _max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
+    assert sorted(first) == sorted(second)
+    return max((first[name] - second[name]).abs().max().item() for name in first)
+
+
+@pytest.mark.parametrize("shape", CHAIN, ids=_tag)
+def test_the_shape_trains_like_one_process(runs: Path, shape: tuple[int, int, int]) -> None:
+    replicate, shard, tensor = shape
+    report = torch.load(runs / f"{_tag(shape)}.pt")
+    reference = torch.load(runs / "reference.pt")
+    assert report["mesh"] == {
+        "pipeline_parallel": 1,
+        "data_parallel_replicate": replicate,
+        "data_parallel": shard,
+        "context_parallel": 1,
+        "tensor_parallel": tensor,
+    }
+    # data splits over replicate x shard; the ranks of a tensor-parallel group (neighbours) share their share
+    assert report["data_parallel_shards"] == [
+        [replicate * shard, rank // tensor] for rank in range(len(report["data_parallel_shards"]))
+    ]
+    assert report["losses"] == pytest.approx(reference["losses"][:3], rel=LOSS_TOLERANCE)
+    assert _max_difference(report["weights"], reference["weights"]) < WEIGHT_TOLERANCE
+    assert _max_difference(reference["weights"], reference["final"]) > 1e-3  # the steps really moved the weights
+
+
+@pytest.mark.parametrize(
+    "index", range(1, len(CHAIN)), ids=lambda index: f"{_tag(CHAIN[index - 1])}->{_tag(CHAIN[index])}"
+)
+def test_a_checkpoint_of_one_shape_continues_on_the_next_like_one_process(runs: Path, index: int) -> None:
+    saved = torch.load(runs / f"{_tag(CHAIN[index - 1])}.pt")
+    report = torch.load(runs / f"{_tag(CHAIN[index])}.pt")
+    reference = torch.load(runs / "reference.pt")
+    for name, value in saved["weights"].items():  # loaded exactly as the other shape saved it
+        assert torch.equal(report["loaded_weights"][name], value), name
+    assert report["resumed_losses"] == pytest.approx(reference["losses"][3:], rel=LOSS_TOLERANCE)
+    assert _max_difference(report["final"], reference["final"]) < WEIGHT_TOLERANCE
+
+
+def test_consolidate_writes_the_weights_an_hsdp_by_tp_mesh_saved(runs: Path) -> None:
+    checkpoint = runs / "ckpt-2x2x2"
+    output = runs / "consolidated.pt"
+    done = subprocess.run(
+        [sys.executable, "-m", "fabric_cli", "consolidate", str(checkpoint), str(output)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    consolidated = torch.load(output, weights_only=True)
+    saved = torch.load(runs / "2x2x2.pt")["weights"]
+    assert consolidated["step"] == 3
+    for name, value in saved.items():
+        assert torch.equal(consolidated["model"][name], value), name
