@@ -21,9 +21,10 @@ from typing import Any, Literal
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from typing_extensions import Unpack, override
 
+from fabric.strategies.fsdp.options import ShardPolicy
 from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
 from fabric.strategies.mesh import AUTO, MeshPlan
 from fabric.strategies.parallel import ParallelArgs, refuse_unexpected_arguments
@@ -48,11 +49,12 @@ def lightning_mesh(num_nodes: int, data_parallel_size: MeshSize, tensor_parallel
 
 
 class ModelParallelStrategy(FSDPStrategy):
-    """Tensor parallelism by ``parallelize_fn`` on a 2-D mesh, FSDP2 on its data-parallel dimension.
+    """Tensor parallelism by ``parallelize_fn`` on the N-D mesh, FSDP2 (or HSDP) on its data-parallel dimensions.
 
     Args:
         parallelize_fn: ``(model, device_mesh) -> model``; called once in ``fabric.setup`` with the
-            2-D mesh. Typically calls ``parallelize_module(model, device_mesh["tensor_parallel"], plan)``.
+            mesh (every dimension named, see :mod:`fabric.strategies.mesh`). Typically calls
+            ``parallelize_module(model, device_mesh["tensor_parallel"], plan)``.
             If it applies ``fully_shard`` itself, the strategy does not shard again.
         data_parallel_size: ranks that hold different data (FSDP shards over them); ``"auto"``: the
             number of nodes, or what ``tensor_parallel_size`` leaves.
@@ -60,9 +62,11 @@ class ModelParallelStrategy(FSDPStrategy):
             ``data_parallel_size`` leaves.
         mesh: the whole mesh as a :class:`~fabric.strategies.mesh.MeshPlan` instead of the two sizes, e.g.
             ``MeshPlan(data_parallel_replicate=2, data_parallel=2, tensor_parallel=2)`` (HSDP x TP).
-        reshard_after_forward, state_dict_type: as in :class:`~fabric.strategies.fsdp.FSDPStrategy`.
+        reshard_after_forward, state_dict_type, shard_modules, activation_checkpointing, mixed_precision,
+            sync_module_states: as in :class:`~fabric.strategies.fsdp.FSDPStrategy`, applied after
+            ``parallelize_fn`` (unless it sharded itself).
         **common: the arguments of every parallel strategy (:class:`~fabric.strategies.parallel.ParallelArgs`);
-            FSDPStrategy's other options (Lightning's too) are not taken.
+            FSDPStrategy's Lightning names are not taken.
     """
 
     def __init__(
@@ -74,6 +78,10 @@ class ModelParallelStrategy(FSDPStrategy):
         mesh: MeshPlan | None = None,
         reshard_after_forward: bool = True,
         state_dict_type: StateDictType = "sharded",
+        shard_modules: ShardPolicy | None = None,
+        activation_checkpointing: set[type[nn.Module]] | None = None,
+        mixed_precision: MixedPrecisionPolicy | None = None,
+        sync_module_states: bool = False,
         **common: Unpack[ParallelArgs],
     ) -> None:
         if not callable(parallelize_fn):
@@ -94,7 +102,15 @@ class ModelParallelStrategy(FSDPStrategy):
         if mesh is not None:
             _refuse_unavailable_dimensions(mesh)
         refuse_unexpected_arguments(type(self), common)  # FSDPStrategy would take the others as Lightning's
-        super().__init__(reshard_after_forward=reshard_after_forward, state_dict_type=state_dict_type, **common)
+        super().__init__(
+            reshard_after_forward=reshard_after_forward,
+            state_dict_type=state_dict_type,
+            shard_modules=shard_modules,
+            activation_checkpointing=activation_checkpointing,
+            mixed_precision=mixed_precision,
+            sync_module_states=sync_module_states,
+            **common,
+        )
         self.parallelize_fn = parallelize_fn
         self.data_parallel_size = data_parallel_size
         self.tensor_parallel_size = tensor_parallel_size
@@ -118,9 +134,9 @@ class ModelParallelStrategy(FSDPStrategy):
             raise TypeError(
                 f"parallelize_fn must return the parallelized nn.Module; it returned {type(parallelized).__name__}."
             )
-        if not any(isinstance(submodule, FSDPModule) for submodule in parallelized.modules()):
-            fully_shard(parallelized, **self._shard_options(self.data_parallel_mesh))
-        return parallelized
+        if any(isinstance(submodule, FSDPModule) for submodule in parallelized.modules()):
+            return parallelized
+        return super()._shard(parallelized)  # activation checkpointing, FSDP units, the root
 
     def __repr__(self) -> str:
         return (

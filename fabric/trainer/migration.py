@@ -47,8 +47,9 @@ Every other Composer ``Trainer`` argument is accepted with Composer's meaning or
   checkpoint, is not re-applied before it loads.
 * ``algorithm_passes``: accepted; functions ``(algorithms, event) -> list``, or ``(function, index)`` pairs, added to
   the default passes as Composer's Engine registers them (appended, or inserted at ``index``).
-* ``parallelism_config``: ``{"fsdp": {...}}`` accepted as an ``FSDPStrategy``, each key mapped or refused by name
-  (:mod:`fabric.trainer.parallelism`); ``{"tp": ...}`` refused (``strategy=ModelParallelStrategy(...)``).
+* ``parallelism_config``: ``{"fsdp": {...}, "tp": {...}}`` accepted as an ``FSDPStrategy`` (``ModelParallelStrategy``
+  with ``tp``) on a ``MeshPlan`` of the degrees, each key mapped or refused by name
+  (:mod:`fabric.trainer.parallelism`).
 * ``fsdp_config``, ``fsdp_auto_wrap``: refused, Composer's older names for ``parallelism_config={"fsdp": ...}``.
 * ``python_log_level``, ``precision_config``, ``ddp_sync_strategy``, ``load_object_store``,
   ``accumulate_train_batch_on_tokens``, ``auto_log_hparams``, ``log_traces``, ``train_dataloader_label`` (also a
@@ -143,15 +144,15 @@ def translate_fabric_choices(
             raise ValueError("deepspeed_config= and parallelism_config= each choose the strategy; pass only one.")
         translated["strategy"] = _deepspeed_strategy(deepspeed_config, choices.get("strategy"))
     if parallelism_config is not None:
-        from fabric.trainer.parallelism import fsdp_strategy_from
+        from fabric.trainer.parallelism import strategy_from
 
         assert model is not None
-        strategy = fsdp_strategy_from(parallelism_config, model)
+        strategy = strategy_from(parallelism_config, model)
         if strategy is not None:
             if choices.get("strategy") not in (None, "auto", "fsdp"):
                 raise ValueError(
-                    f"parallelism_config={{'fsdp': ...}} selects FSDPStrategy, but strategy={choices['strategy']!r} "
-                    "was given too. Pass only parallelism_config= (or strategy=FSDPStrategy(...))."
+                    f"parallelism_config selects {type(strategy).__name__}, but strategy={choices['strategy']!r} "
+                    f"was given too. Pass only parallelism_config= (or strategy={type(strategy).__name__}(...))."
                 )
             translated["strategy"] = strategy
     return translated

@@ -1,4 +1,7 @@
-"""Composer's ``parallelism_config={"fsdp": {...}}`` as this project's :class:`~fabric.strategies.fsdp.FSDPStrategy`.
+"""Composer's ``parallelism_config={"fsdp": {...}, "tp": {...}}`` as this project's strategies:
+:class:`~fabric.strategies.fsdp.FSDPStrategy`, or with a ``"tp"`` section
+:class:`~fabric.strategies.model_parallel.ModelParallelStrategy` applying its ``layer_plan``; the mesh is a
+:class:`~fabric.strategies.mesh.MeshPlan` of the degrees.
 
 Each key of Composer's FSDP section (``FSDPConfig``) is mapped onto an ``FSDPStrategy`` argument, accepted where it
 changes nothing here, or refused with a ``ValueError`` naming the key, its value and what to use instead:
@@ -28,21 +31,27 @@ Composer ``fsdp`` key                  FSDPStrategy
 ``use_orig_params``, ``limit_all_...`` ``True`` accepted (always so in FSDP2); ``False`` refused
 ``verbose``                            accepted: ``True`` prints the strategy built
 ``backward_prefetch``                  ``"BACKWARD_PRE"`` accepted (FSDP2 prefetches so); others refused
-``forward_prefetch``, ``*_limit``,     their defaults accepted (``False``, ``1``, ``-1``/``None``, ``False``,
-``data_parallel_*_degree``,            ``None``, ``"ep{epoch}-ba{batch}"``); anything else refused, naming the
-``keep_low_precision_grads``,          equivalent where one exists (``HYBRID_SHARD`` for the degrees)
+``data_parallel_shard_degree``,        ``MeshPlan(data_parallel_replicate=..., data_parallel=...)``: HSDP of any shape
+``data_parallel_replicate_degree``     (``-1``/``None``: what the others leave; replicate ``None``: 1)
+``forward_prefetch``, ``*_limit``,     their defaults accepted (``False``, ``1``, ``False``,
+``keep_low_precision_grads``,          ``None``, ``"ep{epoch}-ba{batch}"``); anything else refused, naming the
+                                       equivalent where one exists
 ``activation_cpu_offload``, ``te_*``,
 ``load_monolith_rank0_only``,
 ``ignored_modules``, ``process_group``,
 ``*_planner``, ``sharded_ckpt_...``
 =====================================  ==========================================================================
 
-A ``"tp"`` section is refused: tensor parallelism is ``strategy=ModelParallelStrategy(parallelize_fn)``.
+The ``"tp"`` section (Composer's ``TPConfig``): ``tensor_parallel_degree`` is the mesh's ``tensor_parallel`` degree and
+``layer_plan`` (``{"module.path": ParallelStyle}``, ``*`` matching one name) is applied with
+``parallelize_module`` over ``mesh["tensor_parallel"]`` before FSDP shards; a plan key naming no submodule of the
+model is refused. Without an ``"fsdp"`` section its defaults apply.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from fnmatch import fnmatch
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,7 +60,10 @@ from torch import nn
 from fabric.utilities.rank_zero import rank_zero_info
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from fabric.strategies.fsdp.strategy import FSDPStrategy
+    from fabric.strategies.mesh import MeshPlan
 
 #: Composer dtype names (``get_torch_dtype``'s) for ``mixed_precision={...}``.
 DTYPES: dict[str, torch.dtype] = {
@@ -78,16 +90,6 @@ _DEFAULT_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     ),
     "backward_prefetch_limit": ((1,), "FSDP2 prefetches one unit ahead"),
     "forward_prefetch_limit": ((1,), "FSDP2 prefetches one unit ahead"),
-    "data_parallel_shard_degree": (
-        (-1, None),
-        "the shard degree follows the world size; to shard within a node and replicate across nodes use "
-        "sharding_strategy='HYBRID_SHARD' with Trainer(num_nodes=...)",
-    ),
-    "data_parallel_replicate_degree": (
-        (None, 1),
-        "to replicate across nodes and shard within each use sharding_strategy='HYBRID_SHARD' with "
-        "Trainer(num_nodes=...)",
-    ),
     "keep_low_precision_grads": (
         (False,),
         "FSDP2 gives gradients the sharded parameters' dtype; train in low precision throughout with "
@@ -132,36 +134,37 @@ _BOOLEAN_KEYS = (
     "limit_all_gathers",
     "verbose",
 )
-ACCEPTED = ("sharding_strategy", "state_dict_type", "mixed_precision", *_BOOLEAN_KEYS, *_DEFAULT_ONLY)
+_DEGREE_KEYS = ("data_parallel_shard_degree", "data_parallel_replicate_degree")
+ACCEPTED = ("sharding_strategy", "state_dict_type", "mixed_precision", *_DEGREE_KEYS, *_BOOLEAN_KEYS, *_DEFAULT_ONLY)
+TP_KEYS = ("tensor_parallel_degree", "layer_plan")
 
 
-def fsdp_strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStrategy | None:
-    """The FSDPStrategy Composer's ``parallelism_config`` describes for ``model``, or None without an fsdp section."""
+def strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStrategy | None:
+    """The strategy Composer's ``parallelism_config`` describes for ``model``; None without fsdp or tp sections."""
     if parallelism_config is None:
         return None
     if not isinstance(parallelism_config, Mapping):
         raise ValueError(
-            f"parallelism_config={parallelism_config!r} is not valid. Accepted: a dict {{'fsdp': {{...}}}} "
-            "(Composer's FSDP config keys) or None."
+            f"parallelism_config={parallelism_config!r} is not valid. Accepted: a dict {{'fsdp': {{...}}, "
+            "'tp': {...}}} (Composer's FSDP and TP config keys) or None."
         )
     unknown = sorted(set(parallelism_config) - {"fsdp", "tp"})
     if unknown:
-        raise ValueError(f"parallelism_config has {unknown}; accepted sections: 'fsdp' (and 'tp', which is refused).")
-    if parallelism_config.get("tp") is not None:
-        raise ValueError(
-            "parallelism_config={'tp': ...} is not supported: tensor parallelism here is "
-            "strategy=ModelParallelStrategy(parallelize_fn), which applies your tensor-parallel plan and FSDP2."
-        )
-    fsdp = parallelism_config.get("fsdp")
-    if fsdp is None:
+        raise ValueError(f"parallelism_config has {unknown}; accepted sections: 'fsdp', 'tp'.")
+    fsdp, tp = parallelism_config.get("fsdp"), parallelism_config.get("tp")
+    if fsdp is None and tp is None:
         return None
-    if not isinstance(fsdp, Mapping):
-        raise ValueError(f"parallelism_config['fsdp']={fsdp!r} is not valid. Accepted: a dict of FSDP config keys.")
-    return _build(dict(fsdp), model)
+    for name, section in (("fsdp", fsdp), ("tp", tp)):
+        if section is not None and not isinstance(section, Mapping):
+            raise ValueError(
+                f"parallelism_config['{name}']={section!r} is not valid. Accepted: a dict of {name.upper()} keys."
+            )
+    return _build(dict(fsdp or {}), model, None if tp is None else _tensor_parallel(dict(tp), model))
 
 
-def _build(config: dict[str, Any], model: nn.Module) -> FSDPStrategy:
+def _build(config: dict[str, Any], model: nn.Module, tensor_parallel: TensorParallelPlan | None) -> FSDPStrategy:
     from fabric.strategies.fsdp.strategy import FSDPStrategy
+    from fabric.strategies.model_parallel import ModelParallelStrategy
 
     unknown = sorted(set(config) - set(ACCEPTED))
     if unknown:
@@ -187,8 +190,11 @@ def _build(config: dict[str, Any], model: nn.Module) -> FSDPStrategy:
                 "Remove it."
             )
     options: dict[str, Any] = {"state_dict_type": _state_dict_type(config.get("state_dict_type", "full"))}
+    mesh = _mesh_plan(config, tensor_parallel)
     if "sharding_strategy" in config:
-        options["sharding_strategy"] = config["sharding_strategy"]
+        options |= _sharding_options(config["sharding_strategy"], mesh, tensor_parallel)
+    if mesh is not None:
+        options["mesh"] = mesh
     if config.get("auto_wrap", True):
         options["shard_modules"] = _wrap_predicate(model)  # None when nothing in the model asks for units
     if config.get("activation_checkpointing", False):
@@ -199,12 +205,119 @@ def _build(config: dict[str, Any], model: nn.Module) -> FSDPStrategy:
     if "mixed_precision" in config:
         options["mixed_precision"] = _mixed_precision(config["mixed_precision"])
     try:
-        strategy = FSDPStrategy(**options)
+        if tensor_parallel is None:
+            strategy = FSDPStrategy(**options)
+        else:
+            strategy = ModelParallelStrategy(tensor_parallel, **options)
     except ValueError as error:
         raise ValueError(f"parallelism_config['fsdp']: {error}") from None
     if config.get("verbose", False):
         rank_zero_info(f"parallelism_config['fsdp'] -> {strategy!r}")
     return strategy
+
+
+class TensorParallelPlan:
+    """Composer's ``layer_plan`` as a ``parallelize_fn``: ``parallelize_module`` over ``mesh["tensor_parallel"]``."""
+
+    def __init__(self, degree: int, layer_plan: Mapping[str, Any]) -> None:
+        self.degree = degree
+        self.layer_plan = dict(layer_plan)
+
+    def __call__(self, model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        return parallelize_module(model, mesh["tensor_parallel"], self.layer_plan)
+
+    def __repr__(self) -> str:
+        return f"TensorParallelPlan(degree={self.degree}, layer_plan={sorted(self.layer_plan)})"
+
+
+def _tensor_parallel(config: dict[str, Any], model: nn.Module) -> TensorParallelPlan:
+    """The ``"tp"`` section, checked against ``model``: every plan key names a submodule, every value is a style."""
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    unknown = sorted(set(config) - set(TP_KEYS))
+    if unknown:
+        raise ValueError(f"parallelism_config['tp'] has {unknown}; accepted keys: {list(TP_KEYS)}.")
+    degree = config.get("tensor_parallel_degree", 1)
+    if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
+        raise ValueError(
+            f"parallelism_config['tp']['tensor_parallel_degree']={degree!r} is not valid. Accepted: a positive int."
+        )
+    layer_plan = config.get("layer_plan")
+    if not isinstance(layer_plan, Mapping) or not layer_plan:
+        raise ValueError(
+            f"parallelism_config['tp']['layer_plan']={layer_plan!r} is not valid: tensor parallelism needs a plan "
+            "of the layers to split. Accepted: a dict {'module.path': ParallelStyle} (ColwiseParallel(), ...)."
+        )
+    names = [name for name, _ in model.named_modules() if name]
+    for key, style in layer_plan.items():
+        if not isinstance(style, ParallelStyle):
+            raise ValueError(
+                f"parallelism_config['tp']['layer_plan']['{key}']={style!r} is not valid. Accepted: a "
+                "torch.distributed.tensor.parallel ParallelStyle (ColwiseParallel(), RowwiseParallel(), ...)."
+            )
+        if not any(_matches(name, key) for name in names):
+            raise ValueError(
+                f"parallelism_config['tp']['layer_plan'] names '{key}', which is no submodule of "
+                f"{type(model).__name__} (its submodules: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})."
+            )
+    return TensorParallelPlan(degree, layer_plan)
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """``parallelize_module``'s matching: the same number of dotted atoms, each equal or matched by ``*`` globs."""
+    atoms, patterns = name.split("."), pattern.split(".")
+    return len(atoms) == len(patterns) and all(fnmatch(atom, part) for atom, part in zip(atoms, patterns, strict=True))
+
+
+def _mesh_plan(config: Mapping[str, Any], tensor_parallel: TensorParallelPlan | None) -> MeshPlan | None:
+    """The degrees as a plan; None when neither a degree nor tensor parallelism is given (the mesh follows
+    ``sharding_strategy``)."""
+    from fabric.strategies.mesh import AUTO, MeshPlan
+
+    shard = config.get("data_parallel_shard_degree")
+    replicate = config.get("data_parallel_replicate_degree")
+    if shard in (None, -1) and replicate in (None, 1) and tensor_parallel is None:
+        return None
+    for key, value in (("data_parallel_shard_degree", shard), ("data_parallel_replicate_degree", replicate)):
+        if value is not None and value != -1 and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(
+                f"parallelism_config['fsdp']['{key}']={value!r} is not valid. Accepted: a positive int, -1 (what "
+                "the other degrees leave of the world) or None."
+            )
+    try:
+        return MeshPlan(
+            data_parallel_replicate=AUTO if replicate == -1 else replicate or 1,
+            data_parallel=AUTO if shard in (None, -1) else shard,
+            tensor_parallel=1 if tensor_parallel is None else tensor_parallel.degree,
+        )
+    except ValueError as error:
+        raise ValueError(f"parallelism_config: {error}") from None
+
+
+def _sharding_options(
+    value: object, mesh: MeshPlan | None, tensor_parallel: TensorParallelPlan | None
+) -> dict[str, Any]:
+    """``sharding_strategy`` as FSDPStrategy takes it; with tensor parallelism (ModelParallelStrategy, which takes the
+    mesh only) as ``reshard_after_forward``, the mesh saying what is replicated."""
+    if tensor_parallel is None:
+        return {"sharding_strategy": value}
+    from fabric.strategies.fsdp.options import SHARDING_STRATEGIES, sharding_strategy_name
+
+    try:
+        name = sharding_strategy_name(value)
+    except ValueError as error:
+        raise ValueError(f"parallelism_config['fsdp']: {error}") from None
+    reshard, hybrid, replicate_only = SHARDING_STRATEGIES[name]
+    assert mesh is not None  # tensor parallelism always has a plan
+    if (hybrid and mesh.data_parallel_replicate == 1) or (replicate_only and mesh.data_parallel != 1):
+        raise ValueError(
+            f"parallelism_config['fsdp']['sharding_strategy']={value!r} with a 'tp' section needs the degrees that "
+            f"say what is replicated: data_parallel_replicate_degree{' > 1' if hybrid else ''} "
+            f"{'and data_parallel_shard_degree' if hybrid else '=-1 and data_parallel_shard_degree=1'}."
+        )
+    return {"reshard_after_forward": reshard}
 
 
 def _state_dict_type(value: object) -> str:

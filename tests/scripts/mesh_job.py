@@ -3,6 +3,9 @@
 ``python mesh_job.py OUT reference``: one plain-torch process trains ``STEPS + EXTRA`` steps on the whole global batch
 of each step and writes ``OUT/reference.pt`` (the loss of every step, the weights after ``STEPS`` and at the end).
 
+``python mesh_job.py OUT trainer REPLICATE SHARD TENSOR``: the same ``STEPS`` through Composer's ``Trainer`` with
+``parallelism_config`` (the degrees, and a ``tp`` section with the same layer plan); writes ``OUT/trainer-TAG.pt``.
+
 ``python mesh_job.py OUT train REPLICATE SHARD TENSOR [LOAD_DIR]``: ``REPLICATE x SHARD x TENSOR`` processes (HSDP x TP
 through ``ModelParallelStrategy(mesh=MeshPlan(...))``, or ``FSDPStrategy(mesh=...)`` when TENSOR is 1) train ``STEPS``
 steps from batches of ``setup_dataloaders`` and save ``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh
@@ -109,13 +112,51 @@ from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy  # n
 
 replicate, shard, tensor = (int(value) for value in sys.argv[3:6])
 tag = f"{replicate}x{shard}x{tensor}"
+loader_batch = GLOBAL_BATCH // (replicate * shard)
+
+if mode == "trainer":  # Composer's Trainer with parallelism_config describing the same mesh
+    from fabric.trainer import Trainer
+
+    class ComposerTransformer(Transformer):
+        def forward(self, batch: list[torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+            return super().forward(batch[0][:, :-1])
+
+        def loss(self, logits: torch.Tensor, batch: list[torch.Tensor]) -> torch.Tensor:
+            return F.cross_entropy(logits.reshape(-1, VOCAB), batch[0][:, 1:].reshape(-1))
+
+    torch.manual_seed(0)
+    composer_model = ComposerTransformer()
+    styles = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel()}
+    styles |= {"up": ColwiseParallel(), "down": RowwiseParallel()}
+    fsdp = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard}
+    config: dict[str, object] = {"fsdp": fsdp | {"state_dict_type": "sharded"}}
+    if tensor > 1:
+        config["tp"] = {"tensor_parallel_degree": tensor, "layer_plan": {f"blocks.*.{n}": s for n, s in styles.items()}}
+    trainer = Trainer(
+        model=composer_model,
+        train_dataloader=DataLoader(TensorDataset(tokens), batch_size=loader_batch),
+        max_duration=f"{STEPS}ba",
+        optimizers=torch.optim.AdamW(composer_model.parameters(), lr=LR),
+        parallelism_config=config,
+        accelerator="cpu",
+        devices=replicate * shard * tensor,
+        progress_bar=False,
+    )
+    trainer.fit()
+    trained = trainer.state.model
+    weights = full_weights(getattr(trained, "module", trained))
+    strategy_name = type(trainer.fabric.strategy).__name__
+    if trainer.fabric.is_global_zero:
+        torch.save({"weights": weights, "strategy": strategy_name}, out_dir / f"trainer-{tag}.pt")
+    sys.exit(0)
+
 plan = MeshPlan(data_parallel_replicate=replicate, data_parallel=shard, tensor_parallel=tensor)
 strategy = (
     FSDPStrategy(mesh=plan, shard_modules={Block}) if tensor == 1 else ModelParallelStrategy(parallelize, mesh=plan)
 )
 fabric = Fabric(accelerator="cpu", devices=replicate * shard * tensor, strategy=strategy)
 fabric.launch()
-loader = fabric.setup_dataloaders(DataLoader(TensorDataset(tokens), batch_size=GLOBAL_BATCH // (replicate * shard)))
+loader = fabric.setup_dataloaders(DataLoader(TensorDataset(tokens), batch_size=loader_batch))
 
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> list[float]:

@@ -1,7 +1,8 @@
 """Every mesh shape trains like one process, and a checkpoint saved on one shape continues on the next.
 
 Real gloo processes (tests/scripts/mesh_job.py): a small causal transformer trains 3 AdamW steps on each shape of a
-chain, each launch first loading the checkpoint the previous shape saved and training 2 steps more. A plain-torch
+chain, each launch also loading the checkpoint the previous shape saved and training 2 steps more; Composer's Trainer
+trains the same steps from a ``parallelism_config``. A plain-torch
 process that sees each step's whole global batch is the reference (tolerances: float32 reduction order).
 """
 
@@ -18,6 +19,8 @@ import torch
 SCRIPT = Path(__file__).parents[1] / "scripts" / "mesh_job.py"
 #: (replicate, shard, tensor) in launch order; each loads the checkpoint of the one before it.
 CHAIN = [(2, 2, 1), (4, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2), (2, 4, 1)]
+#: Composer's Trainer with parallelism_config: HSDP (both degrees given) x a tp section's layer plan.
+TRAINER_SHAPE = (2, 1, 2)
 LOSS_TOLERANCE, WEIGHT_TOLERANCE = 1e-5, 2e-5
 
 
@@ -39,6 +42,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for shape in CHAIN:
         _run(str(out), "train", *map(str, shape), *([previous] if previous else []))
         previous = str(out / f"ckpt-{_tag(shape)}")
+    _run(str(out), "trainer", *map(str, TRAINER_SHAPE))
     return out
 
 
@@ -79,6 +83,13 @@ def test_a_checkpoint_of_one_shape_continues_on_the_next_like_one_process(runs: 
         assert torch.equal(report["loaded_weights"][name], value), name
     assert report["resumed_losses"] == pytest.approx(reference["losses"][3:], rel=LOSS_TOLERANCE)
     assert _max_difference(report["final"], reference["final"]) < WEIGHT_TOLERANCE
+
+
+def test_the_trainer_with_composers_parallelism_config_trains_like_one_process(runs: Path) -> None:
+    report = torch.load(runs / f"trainer-{_tag(TRAINER_SHAPE)}.pt")
+    reference = torch.load(runs / "reference.pt")
+    assert report["strategy"] == "ModelParallelStrategy"  # the tp section's layer plan, HSDP over the degrees
+    assert _max_difference(report["weights"], reference["weights"]) < WEIGHT_TOLERANCE
 
 
 def test_consolidate_writes_the_weights_an_hsdp_by_tp_mesh_saved(runs: Path) -> None:

@@ -238,7 +238,11 @@ def test_every_composer_argument_is_taken_with_its_default(name: str, value: Any
         ("load_strict_model_weights", "no", r"load_strict_model_weights='no' is not valid"),
         ("load_exclude_algorithms", "BlurPool", r"load_exclude_algorithms='BlurPool' is not valid\. Accepted: a list"),
         ("algorithm_passes", [42], r"algorithm_passes has 42\. Accepted: a function"),
-        ("parallelism_config", {"tp": {}}, r"tensor parallelism here is strategy=ModelParallelStrategy"),
+        (
+            "parallelism_config",
+            {"tp": {}},
+            r"\['tp'\]\['layer_plan'\]=None is not valid: tensor parallelism needs a plan",
+        ),
         ("fsdp_config", {}, r"fsdp_config=\{\}\) is not supported: it is Composer's older name: pass parallelism"),
         ("fsdp_auto_wrap", True, r"fsdp_auto_wrap=True\) is not supported"),
         ("python_log_level", "INFO", r"python_log_level='INFO'\) is not supported: configure Python's logging"),
@@ -591,7 +595,10 @@ def test_parallelism_config_fsdp_maps_composers_keys_onto_fsdp_strategy() -> Non
         ({"forward_prefetch": True}, r"\['forward_prefetch'\]=True is not supported: FSDP2 has no such flag"),
         ({"backward_prefetch": "BACKWARD_POST"}, r"'BACKWARD_POST' is not supported.*BACKWARD_PRE"),
         ({"activation_cpu_offload": True}, r"activation_cpu_offload'\]=True is not supported"),
-        ({"data_parallel_shard_degree": 2}, r"use sharding_strategy='HYBRID_SHARD'"),
+        (
+            {"data_parallel_shard_degree": 0},
+            r"\['data_parallel_shard_degree'\]=0 is not valid. Accepted: a positive int, -1",
+        ),
         ({"load_monolith_rank0_only": True}, r"load_monolith_rank0_only'\]=True is not supported: every rank reads"),
         ({"sharding_strategy": "ZERO_SHARD"}, r"parallelism_config\['fsdp'\]: sharding_strategy='ZERO_SHARD' is not"),
         ({"sharding_strategy": "FULL_SHARD", "reshard_after_forward": False}, r"set the same thing"),
@@ -602,6 +609,83 @@ def test_parallelism_config_fsdp_maps_composers_keys_onto_fsdp_strategy() -> Non
 def test_parallelism_config_refuses_what_has_no_mapping_by_name(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _fsdp(config)
+
+
+def _colwise() -> Any:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return ColwiseParallel()
+
+
+def test_parallelism_config_degrees_are_an_hsdp_mesh_of_any_shape() -> None:
+    from fabric.strategies import MeshPlan
+
+    strategy = _fsdp({"data_parallel_shard_degree": 2, "data_parallel_replicate_degree": 2})
+    assert strategy.planned_mesh() == MeshPlan(data_parallel_replicate=2, data_parallel=2)
+    assert _fsdp({"data_parallel_replicate_degree": 4}).planned_mesh() == MeshPlan(data_parallel_replicate=4)
+    assert _fsdp({"data_parallel_shard_degree": -1}).planned_mesh() == MeshPlan()  # Composer's defaults: plain FSDP
+    hybrid = _fsdp({"sharding_strategy": "HYBRID_SHARD"})
+    assert hybrid.hybrid_shard and hybrid.mesh_plan_given is None  # no degrees: a replica per node, as before
+
+
+def test_parallelism_config_tp_applies_the_layer_plan_over_the_tensor_parallel_dimension() -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    from fabric.strategies import MeshPlan, ModelParallelStrategy
+
+    config = {
+        "fsdp": {
+            "data_parallel_replicate_degree": 2,
+            "sharding_strategy": "SHARD_GRAD_OP",
+            "state_dict_type": "sharded",
+        },
+        "tp": {"tensor_parallel_degree": 2, "layer_plan": {"blocks.*.linear": ColwiseParallel()}},
+    }
+    model = Stack()
+    strategy = translate_fabric_choices({}, None, None, config, model)["strategy"]
+    assert isinstance(strategy, ModelParallelStrategy)
+    assert strategy.planned_mesh() == MeshPlan(data_parallel_replicate=2, tensor_parallel=2)
+    assert strategy.reshard_after_forward is False and strategy.state_dict_type == "sharded"
+    units = [module for module in model.modules() if strategy.shard_modules(module)]
+    assert units == list(model.blocks)  # Composer's fsdp_wrap_fn still chooses the FSDP units
+    only_tp = translate_fabric_choices({}, None, None, {"tp": config["tp"]}, Stack())["strategy"]
+    assert only_tp.planned_mesh() == MeshPlan(tensor_parallel=2)
+
+
+@pytest.mark.parametrize(
+    ("tp", "fsdp", "message"),
+    [
+        (
+            {"layer_plan": {"blocks.*.attention": "colwise"}},
+            {},
+            r"\['layer_plan'\]\['blocks.\*.attention'\]='colwise' is not valid",
+        ),
+        (
+            {"layer_plan": {"decoder.0": _colwise()}},
+            {},
+            r"names 'decoder.0', which is no submodule of Stack \(its submodules: blocks",
+        ),
+        (
+            {"tensor_parallel_degree": 0, "layer_plan": {"out": None}},
+            {},
+            r"\['tensor_parallel_degree'\]=0 is not valid",
+        ),
+        ({"tensor_parallel_size": 2}, {}, r"parallelism_config\['tp'\] has \['tensor_parallel_size'\]; accepted keys"),
+    ],
+)
+def test_parallelism_config_tp_refuses_a_plan_that_cannot_apply(tp: dict, fsdp: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        translate_fabric_choices({}, None, None, {"fsdp": fsdp, "tp": tp}, Stack())
+
+
+def test_parallelism_config_tp_with_hybrid_sharding_needs_the_replicate_degree() -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    config = {"fsdp": {"sharding_strategy": "HYBRID_SHARD"}, "tp": {"layer_plan": {"out": ColwiseParallel()}}}
+    with pytest.raises(
+        ValueError, match=r"'HYBRID_SHARD' with a 'tp' section needs .*data_parallel_replicate_degree > 1"
+    ):
+        translate_fabric_choices({}, None, None, config, Stack())
 
 
 def test_parallelism_config_refuses_per_instance_choices_and_conflicting_strategies() -> None:
