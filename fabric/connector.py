@@ -10,6 +10,7 @@ Resolution is three declarative steps:
    launcher started (torchrun, ``srun``, ``mpirun``, ...), ``devices`` and ``num_nodes`` not given follow
    the launcher's layout, and given ones must agree with it (:func:`follow_launcher`): no process
    silently runs as a world of its own.
+   The CLI's ``--mesh`` goes to the strategy built (:meth:`~fabric.strategies.strategy.Strategy.configure_mesh`).
 3. **Check** the combination against :data:`COMPATIBILITY_RULES`.
 
 Nothing else in the package re-derives these choices: everything reads :class:`Resolved`.
@@ -36,10 +37,11 @@ from fabric.plugins.environments.cluster_environment import LaunchedLayout
 from fabric.plugins.io.checkpoint_io import CheckpointIO
 from fabric.plugins.precision.precision import Precision
 from fabric.plugins.precision.registry import PRECISION_REGISTRY, parse_precision
+from fabric.strategies.mesh import MeshPlan
 from fabric.strategies.registry import STRATEGY_REGISTRY, strategy_choices
 from fabric.strategies.single_device import SingleDeviceStrategy
 from fabric.strategies.strategy import Strategy
-from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS
+from fabric.utilities.cli_contract import CLI_MARKER, CLI_MESH, CLI_SETTINGS
 from fabric.utilities.device_parser import AUTO, DeviceRequest, DevicesArg, parse_devices
 from fabric.utilities.rank_zero import rank_zero_warn
 from fabric.utilities.registry import unknown_choice
@@ -162,6 +164,13 @@ def pick_settings(given: Mapping[str, Any], environ: Mapping[str, str]) -> dict[
                     )
         picked[setting.name] = value
     return picked
+
+
+def cli_mesh(environ: Mapping[str, str]) -> MeshPlan | None:
+    """The CLI's ``--mesh`` (only in processes the CLI started), parsed."""
+    if environ.get(CLI_MARKER) != "1" or CLI_MESH not in environ:
+        return None
+    return MeshPlan.parse(environ[CLI_MESH])
 
 
 def _disagreement(explicit: object, from_cli: object) -> str | None:
@@ -352,6 +361,9 @@ def resolve(
     device_list = accelerator_obj.resolve_devices(device_request)
     num_nodes = follow_launcher(layout, picked["strategy"], picked["devices"], len(device_list), picked["num_nodes"])
     strategy_obj = _build_strategy(picked["strategy"], len(device_list) * num_nodes, layout is not None, interactive)
+    mesh = cli_mesh(os.environ if environ is None else environ)
+    if mesh is not None:
+        strategy_obj.configure_mesh(mesh)
     if precision_plugin is None:  # not given: the strategy's own configuration's (a DeepSpeed config's), else 32-true
         precision_name = picked["precision"] or strategy_obj.default_precision() or "32-true"
         precision_plugin = PRECISION_REGISTRY.create(precision_name, device_type=accelerator_obj.device_type)

@@ -24,7 +24,7 @@ from fabric.accelerators.registry import accelerator_choices
 from fabric.compat import DROP_IN_MODES
 from fabric.plugins.precision.registry import PRECISION_REGISTRY
 from fabric.strategies.registry import STRATEGY_REGISTRY, strategy_choices
-from fabric.utilities.cli_contract import CLI_SETTINGS
+from fabric.utilities.cli_contract import CLI_MESH, CLI_SETTINGS
 from fabric.utilities.network import interface_for, port_in_use
 from fabric.utilities.ports import find_free_port
 from fabric_cli.arguments import DefaultCommandGroup, ScriptCommand
@@ -37,6 +37,8 @@ from fabric_cli.plan import (
     PlanError,
     check_node_options,
     check_template,
+    mesh_setting,
+    parse_mesh,
     processes_per_node,
 )
 
@@ -98,6 +100,13 @@ def run() -> None:
 )
 @click.option(
     "--precision", type=click.Choice(PRECISION_REGISTRY.choices()), help="Numeric precision. [default: 32-true]"
+)
+@click.option(
+    "--mesh",
+    help="The device mesh of an FSDP or model-parallel strategy: NAME=DEGREE pairs, e.g. "
+    "data_parallel_replicate=2,data_parallel=4 (HSDP) or data_parallel=2,tensor_parallel=4; names: "
+    "pipeline_parallel, data_parallel_replicate, data_parallel, context_parallel, tensor_parallel; one DEGREE may be "
+    "auto. [default: the strategy's]",
 )
 @click.option(
     "--world-size",
@@ -212,6 +221,7 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
     check_template("--stdout", options["stdout_template"])
     check_template("--stderr", options["stderr_template"])
     check_node_options(options["num_nodes"], options["node_rank"], options["main_address"])
+    mesh = None if options["mesh"] is None else parse_mesh(options["mesh"])
     accelerator = options["accelerator"] or "auto"
     processes = processes_per_node(accelerator, options["devices"] or "auto")
     layout = resolve_layout(
@@ -227,6 +237,9 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
     passed = {name: options[name] for name in CLI_SETTINGS if options.get(name) is not None}
     if options["devices"] is not None:
         passed["devices"] = str(processes) if accelerator == "cpu" else options["devices"]
+    settings = {CLI_SETTINGS[name]: str(value) for name, value in passed.items()}
+    if mesh is not None:
+        settings[CLI_MESH] = mesh_setting(mesh, layout.world_size)
     plan = LaunchPlan(
         script=options["script"],
         script_args=tuple(os.path.expandvars(os.path.expanduser(arg)) for arg in options["script_args"]),
@@ -238,7 +251,7 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
         run_dir=options["run_dir"] or _new_run_dir(),
         stdout_template=options["stdout_template"],
         stderr_template=options["stderr_template"],
-        fabric_settings={CLI_SETTINGS[name]: str(value) for name, value in passed.items()},
+        fabric_settings=settings,
         term_timeout=options["term_timeout"],
         join_timeout=options["join_timeout"],
         network_interface=interface_for(main_address, main_port) if layout.several_nodes else None,

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabric.compat import DROP_IN_MODES
-from fabric.utilities.cli_contract import CLI_MARKER, CLI_SETTINGS, RUN_DIRECTORY_VARIABLE
+from fabric.strategies.mesh import MeshPlan
+from fabric.utilities.cli_contract import CLI_MARKER, CLI_MESH, CLI_SETTINGS, RUN_DIRECTORY_VARIABLE
 from fabric.utilities.device_parser import ALL, AUTO, cpu_oversubscription, parse_devices
 from fabric.utilities.network import SOCKET_INTERFACE_VARIABLES
 from fabric.utilities.processes.rank_environment import rank_variables, thread_defaults
@@ -32,6 +33,23 @@ RANK_DEFAULTS = {"PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"
 
 class PlanError(ValueError):
     """An option value that cannot work; the message names the value and what is accepted."""
+
+
+def parse_mesh(text: str) -> MeshPlan:
+    """``--mesh`` read (before anything counts devices, so bad input answers at once)."""
+    try:
+        return MeshPlan.parse(text)
+    except ValueError as error:
+        raise PlanError(f"--mesh={text}: {error}") from None
+
+
+def mesh_setting(plan: MeshPlan, world_size: int) -> str:
+    """The mesh checked against the job's world size, as the ranks will read it (:data:`CLI_MESH`)."""
+    try:
+        plan.resolve(world_size)
+    except ValueError as error:
+        raise PlanError(f"--mesh={plan.as_text()}: {error}") from None
+    return plan.as_text()
 
 
 @dataclass(frozen=True)
@@ -150,9 +168,8 @@ class LaunchPlan:
     def describe(self) -> str:
         """The ``--dry-run`` report."""
         layout = self.layout
-        settings = {
-            name: self.fabric_settings.get(variable, "(script decides)") for name, variable in CLI_SETTINGS.items()
-        }
+        options = {**CLI_SETTINGS, "mesh": CLI_MESH}
+        settings = {name: self.fabric_settings.get(var, "(script decides)") for name, var in options.items()}
         lines = [
             f"command:       {shlex.join(self.command())}",
             *(f"{name + ':':<15}{value}" for name, value in settings.items()),

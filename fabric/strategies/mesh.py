@@ -65,6 +65,31 @@ class MeshPlan:
         if len(automatic) > 1:
             raise ValueError(f"MeshPlan: only one degree may be 'auto'; {' and '.join(automatic)} both are.")
 
+    @classmethod
+    def parse(cls, text: str) -> MeshPlan:
+        """A plan from ``NAME=DEGREE`` pairs separated by commas (``fabric run model --mesh``), e.g.
+        ``data_parallel_replicate=2,tensor_parallel=2``; a ``ValueError`` names the bad part and what is accepted."""
+        degrees: dict[str, Degree] = {}
+        for part in filter(None, (piece.strip() for piece in text.split(","))):
+            name, separator, value = (piece.strip() for piece in part.partition("="))
+            number = value.lstrip("-")
+            if not separator or name not in MESH_DIM_NAMES or not (value == AUTO or number.isdigit()):
+                raise ValueError(
+                    f"mesh {text!r}: {part!r} is not valid. Accepted: NAME=DEGREE pairs separated by commas, NAME one "
+                    f"of {', '.join(MESH_DIM_NAMES)}, DEGREE a positive int, 'auto' or -1."
+                )
+            if name in degrees:
+                raise ValueError(f"mesh {text!r} gives {name} twice.")
+            degrees[name] = AUTO if value == AUTO else int(value)
+        if not degrees:
+            raise ValueError(f"mesh {text!r} names no degree; e.g. data_parallel_replicate=2,tensor_parallel=2")
+        return cls(**degrees)
+
+    def as_text(self) -> str:
+        """The degrees other than the defaults as :meth:`parse` reads them."""
+        defaults = MeshPlan().degrees
+        return ",".join(f"{name}={value}" for name, value in self.degrees.items() if value != defaults[name])
+
     @property
     def degrees(self) -> dict[str, Degree]:
         """Every dimension's degree, outermost first."""

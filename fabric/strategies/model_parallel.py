@@ -117,6 +117,15 @@ class ModelParallelStrategy(FSDPStrategy):
         self.mesh_plan_given = mesh
 
     @override
+    def _check_mesh(self, plan: MeshPlan) -> None:
+        if (self.data_parallel_size, self.tensor_parallel_size) != (AUTO, AUTO):
+            raise ValueError(
+                f"ModelParallelStrategy(data_parallel_size={self.data_parallel_size!r}, tensor_parallel_size="
+                f"{self.tensor_parallel_size!r}) conflicts with the CLI's --mesh={plan.as_text()}. Remove one of them."
+            )
+        _refuse_unavailable_dimensions(plan)
+
+    @override
     def planned_mesh(self) -> MeshPlan:
         if self.mesh_plan_given is not None:
             return self.mesh_plan_given

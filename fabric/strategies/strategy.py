@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -39,6 +39,7 @@ from fabric.utilities.checkpoint_state import (
     rebuilt_loaders,
     saved_form,
 )
+from fabric.utilities.cli_contract import CLI_MESH
 from fabric.utilities.distributed import ReduceOp, parse_reduce_op
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.inheritance import inherits_unchanged
@@ -57,6 +58,10 @@ PRECISION_STATE_KEY = "fabric_precision_state"
 
 
 _WEAK_REGISTRIES = (weakref.WeakSet, weakref.WeakKeyDictionary)
+
+
+if TYPE_CHECKING:
+    from fabric.strategies.mesh import MeshPlan
 
 
 class Strategy:
@@ -154,6 +159,14 @@ class Strategy:
             if refusal is not None:
                 return f"plugins=[{type(self._checkpoint_io).__name__}(...)]: {refusal}"
         return None
+
+    def configure_mesh(self, plan: MeshPlan) -> None:
+        """Take the device mesh ``plan`` (``fabric run model --mesh``); strategies without a mesh refuse it."""
+        raise ValueError(
+            f"--mesh={plan.as_text()} ({CLI_MESH}) shapes the device mesh of FSDPStrategy and ModelParallelStrategy; "
+            f"this job's strategy is {type(self).__name__}, which has none. Pass --strategy=fsdp (or build one of "
+            "those in the script)."
+        )
 
     def default_precision(self) -> str | None:
         """The precision this strategy's own configuration asks for, used when ``Fabric(precision=...)`` is not

@@ -17,5 +17,9 @@ FABRIC_CHOICES: tuple[str, ...] = ("accelerator", "strategy", "devices", "num_no
 #: ``Fabric(...)`` argument name -> environment variable the CLI sets for it (``FABRIC_ACCELERATOR``, ...).
 CLI_SETTINGS: dict[str, str] = {name: f"FABRIC_{name.upper()}" for name in FABRIC_CHOICES}
 
+#: ``--mesh`` as ``NAME=DEGREE,...`` (:meth:`fabric.strategies.mesh.MeshPlan.parse`): the device mesh the script's FSDP
+#: or model-parallel strategy builds. Not a ``Fabric(...)`` argument: a strategy object carries its mesh.
+CLI_MESH = "FABRIC_MESH"
+
 #: The run directory (``--run-dir``), absolute, in every process the CLI starts: where ranks may put artifacts.
 RUN_DIRECTORY_VARIABLE = "FABRIC_RUN_DIRECTORY"

@@ -249,6 +249,8 @@ def test_layouts_that_cannot_add_up_are_refused(processes: int, given: dict[str,
         ["--num-nodes", "2", REPORT],  # no --main-address; the device count is never needed
         ["--bogus", REPORT],
         ["--stdout", "{nope}", REPORT],
+        ["--mesh", "replicate=2", REPORT],
+        ["--accelerator", "cpu", "--devices", "4", "--mesh", "tensor_parallel=3", REPORT],
     ],
 )
 def test_bad_input_answers_without_importing_torch(args: list[str]) -> None:

@@ -107,7 +107,8 @@ def resolve_settings(own: Mapping[str, Any], lightning: Mapping[str, Any]) -> FS
                 )
             values[setting] = setting_value
             given_as[setting] = name
-    _check_mesh_agrees(values)
+    if values.get("mesh") is not None:
+        check_mesh_agrees(values["mesh"], bool(values.get("replicate_only")))
     if values.get("hybrid_shard") and values.get("replicate_only"):
         raise ValueError(
             "FSDPStrategy got hybrid_shard=True (shard within each node) and replicate_only=True (shard nothing); "
@@ -302,12 +303,9 @@ def mesh_plan(value: object, argument: str = "mesh") -> MeshPlan:
     )
 
 
-def _check_mesh_agrees(values: Mapping[str, Any]) -> None:
-    """A mesh given with ``hybrid_shard``/``replicate_only`` must have the shape they mean; FSDP takes data-parallel
-    dimensions only (tensor parallelism needs ``ModelParallelStrategy``'s ``parallelize_fn``)."""
-    mesh = values.get("mesh")
-    if mesh is None:
-        return
+def check_mesh_agrees(mesh: MeshPlan, replicate_only: bool) -> None:
+    """FSDP takes data-parallel dimensions only (tensor parallelism needs ``ModelParallelStrategy``'s
+    ``parallelize_fn``), and with ``replicate_only`` a mesh that shards nothing."""
     others = {name: degree for name, degree in mesh.degrees.items() if name not in DATA_PARALLEL_DIMS and degree != 1}
     if others:
         raise ValueError(
@@ -315,7 +313,7 @@ def _check_mesh_agrees(values: Mapping[str, Any]) -> None:
             f"{', '.join(f'{name}={degree}' for name, degree in others.items())} needs "
             "ModelParallelStrategy(parallelize_fn, mesh=...)."
         )
-    if values.get("replicate_only") and mesh.data_parallel != 1:
+    if replicate_only and mesh.data_parallel != 1:
         raise ValueError(
             f"FSDPStrategy got replicate_only=True (NO_SHARD) and mesh={mesh!r}, which shards over "
             f"data_parallel={mesh.data_parallel}; give the mesh data_parallel=1, or drop replicate_only."

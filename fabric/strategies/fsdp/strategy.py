@@ -37,10 +37,17 @@ import fabric.strategies.fsdp.checkpoint as checkpoints
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.formats import CheckpointFormat, recognise
 from fabric.plugins.precision.dtypes import mixed_dtype
-from fabric.strategies.fsdp.options import ShardPolicy, UnitsLikeFsdp1, resolve_settings, shard_units
+from fabric.strategies.fsdp.options import (
+    ShardPolicy,
+    UnitsLikeFsdp1,
+    check_mesh_agrees,
+    resolve_settings,
+    shard_units,
+)
 from fabric.strategies.mesh import AUTO, DATA_PARALLEL_DIMS, MeshPlan
 from fabric.strategies.parallel import ParallelStrategy, split_common_arguments
 from fabric.strategies.strategy import CheckpointFilter
+from fabric.utilities.cli_contract import CLI_MESH
 from fabric.utilities.init import DeferredContexts
 
 StateDictType = Literal["sharded", "full"]
@@ -161,6 +168,21 @@ class FSDPStrategy(ParallelStrategy):
         except ValueError as error:
             return f"{type(self).__name__}: {error}"
         return None
+
+    @override
+    def configure_mesh(self, plan: MeshPlan) -> None:
+        """Take ``plan`` (from ``fabric run model --mesh``) unless the strategy was given another mesh."""
+        given = self.mesh_plan_given
+        if given is not None and given != plan:
+            raise ValueError(
+                f"{type(self).__name__}(mesh={given.as_text()}) conflicts with the CLI's --mesh={plan.as_text()} "
+                f"({CLI_MESH}). Remove one of the two."
+            )
+        self._check_mesh(plan)
+        self.mesh_plan_given = plan
+
+    def _check_mesh(self, plan: MeshPlan) -> None:
+        check_mesh_agrees(plan, self.replicate_only)
 
     def planned_mesh(self) -> MeshPlan:
         """The mesh the settings ask for, before the world size fills in its ``"auto"`` degree."""
