@@ -1,0 +1,217 @@
+"""Step time and peak memory per rank of each mesh shape through Fabric, against the same mesh in torch's own APIs.
+
+For each shape (``REPLICATE x SHARD x TENSOR``) two jobs run on 4 CPU ranks (gloo), one after the other, each in its own
+processes (``python benchmarks/parallelism.py --job fabric|raw --shape RxSxT``, started by this script):
+
+* **fabric**: ``FSDPStrategy(mesh=MeshPlan(...), shard_modules={Block})``, or with a tensor-parallel degree
+  ``ModelParallelStrategy(parallelize, mesh=MeshPlan(...), shard_modules={Block})``; ``fabric.setup``,
+  ``fabric.backward``;
+* **raw**: ``init_process_group``, ``init_device_mesh`` with the dimensions the shape needs, ``parallelize_module``
+  with the same plan, ``fully_shard`` on each block and the root, ``loss.backward()``.
+
+The model is a causal transformer (``--dim``, ``--layers``, 4 heads, sequences of ``--length``), AdamW, a global
+batch of 8 split over the data-parallel ranks. Per job: **step ms**, the median wall time of a step after 5 warm-up
+steps on the slowest rank; **max RSS MB**, the peak resident memory of the largest rank. Each line ends with the
+time ratio ``fabric / raw`` (goal: within 1.02x). Usage::
+
+    python benchmarks/parallelism.py                        # dim 256, 4 layers, length 128, 30 steps
+    python benchmarks/parallelism.py --rounds 3             # alternate fabric/raw 3 times, medians of the rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+SHAPES = ("2x2x1", "4x1x1", "1x4x1", "1x2x2", "2x1x2")
+RESULT_PREFIX = "PARALLELISM_RESULT "
+WARMUP, HEADS, VOCAB, GLOBAL_BATCH, WORLD = 5, 4, 512, 8, 4
+
+
+def _model(dim: int, layers: int) -> tuple[Any, type]:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+            self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x: torch.Tensor) -> Any:
+            batch, length, _ = x.shape
+            h = self.norm1(x)
+            q, k, v = (p(h).view(batch, length, -1, dim // HEADS).transpose(1, 2) for p in (self.q, self.k, self.v))
+            attended = (
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, length, -1)
+            )
+            x = x + self.o(attended)
+            return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+    class Transformer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(VOCAB, dim)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.head = nn.Linear(dim, VOCAB)
+
+        def forward(self, tokens: torch.Tensor) -> Any:
+            x = self.embedding(tokens)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    return Transformer(), Block
+
+
+def _parallelize(model: Any, mesh: Any) -> Any:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel()}
+    plan |= {"up": ColwiseParallel(), "down": RowwiseParallel()}
+    for block in model.blocks:
+        parallelize_module(block, mesh["tensor_parallel"], plan)
+    return model
+
+
+def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
+    """One rank of the job; rank 0 prints the result line."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    replicate, shard, tensor = (int(part) for part in shape.split("x"))
+    model, block_class = _model(args.dim, args.layers)
+    backward: Any
+    barrier: Any
+    if kind == "fabric":
+        from fabric import Fabric
+        from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy
+
+        plan = MeshPlan(data_parallel_replicate=replicate, data_parallel=shard, tensor_parallel=tensor)
+        strategy: Any = (
+            FSDPStrategy(mesh=plan, shard_modules={block_class})
+            if tensor == 1
+            else ModelParallelStrategy(_parallelize, mesh=plan, shard_modules={block_class})
+        )
+        fabric = Fabric(accelerator="cpu", devices=WORLD, strategy=strategy)
+        fabric.launch()
+        model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+        data_rank = fabric.strategy.data_parallel_shard[1]  # type: ignore[attr-defined]
+        backward, barrier = fabric.backward, fabric.barrier
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        dist.init_process_group("gloo")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORLD))  # as Fabric shares the cores
+        mesh = init_device_mesh(
+            "cpu", (replicate, shard, tensor), mesh_dim_names=("replicate", "data_parallel", "tensor_parallel")
+        )
+        if tensor > 1:
+            _parallelize(model, mesh)
+        data_mesh = mesh["replicate", "data_parallel"] if replicate > 1 else mesh["data_parallel"]
+        for block in model.blocks:
+            fully_shard(block, mesh=data_mesh)
+        fully_shard(model, mesh=data_mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        data_rank = dist.get_rank() // tensor
+
+        backward, barrier = torch.Tensor.backward, dist.barrier
+
+    local_batch = GLOBAL_BATCH // (replicate * shard)
+    generator = torch.Generator().manual_seed(data_rank)
+    tokens = torch.randint(0, VOCAB, (local_batch, args.length + 1), generator=generator)
+    times = []
+    for _ in range(args.steps):
+        barrier()
+        start = time.perf_counter()
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        backward(loss)
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    step = torch.tensor(statistics.median(times[WARMUP:]))
+    rss = torch.tensor(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # kB on Linux
+    dist.all_reduce(step, op=dist.ReduceOp.MAX)
+    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    if dist.get_rank() == 0:
+        print(RESULT_PREFIX + json.dumps({"step_ms": step.item() * 1e3, "rss_mb": rss.item()}), flush=True)
+    if kind == "raw":
+        dist.destroy_process_group()
+
+
+def _measure(kind: str, shape: str, args: argparse.Namespace) -> dict[str, float]:
+    own = [sys.executable, __file__, "--job", kind, "--shape", shape]
+    own += [
+        "--dim",
+        str(args.dim),
+        "--layers",
+        str(args.layers),
+        "--length",
+        str(args.length),
+        "--steps",
+        str(args.steps),
+    ]
+    if kind == "fabric":  # Fabric launches its own ranks
+        command = own
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", *own[1:]]
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORLD)))
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    for line in done.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])  # type: ignore[no-any-return]
+    raise RuntimeError(f"{kind} {shape} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated RxSxT shapes")
+    parser.add_argument("--job", choices=("fabric", "raw"), help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.job:
+        run_job(args.job, args.shape, args)
+        return
+    print(
+        f"causal transformer dim {args.dim}, {args.layers} layers, length {args.length}, global batch {GLOBAL_BATCH}, "
+        f"AdamW, {WORLD} CPU ranks (gloo), {args.rounds} round(s)"
+    )
+    print(
+        f"{'shape (RxSxT)':<16}{'raw ms':>9}{'fabric ms':>11}{'raw MB':>9}{'fabric MB':>11}{'MB ratio':>10}  time ratio"
+    )
+    for shape in args.shapes.split(","):
+        runs: dict[str, list[dict[str, float]]] = {"raw": [], "fabric": []}
+        for _ in range(args.rounds):
+            for kind in ("raw", "fabric"):
+                runs[kind].append(_measure(kind, shape, args))
+        raw, ours = (
+            {key: statistics.median(run[key] for run in runs[kind]) for key in ("step_ms", "rss_mb")}
+            for kind in ("raw", "fabric")
+        )
+        print(
+            f"{shape:<16}{raw['step_ms']:>9.1f}{ours['step_ms']:>11.1f}{raw['rss_mb']:>9.0f}{ours['rss_mb']:>11.0f}"
+            f"{ours['rss_mb'] / raw['rss_mb']:>9.2f}x  {ours['step_ms'] / raw['step_ms']:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
