@@ -1,7 +1,7 @@
 """Model parallelism on the N-D device mesh: tensor parallelism by the user's ``parallelize_fn``, FSDP2 (or HSDP)
 over the data-parallel dimensions.
 
-The mesh is the one :class:`~fabric.strategies.mesh.MeshPlan` describes, every dimension named; Lightning's
+The mesh is the one :class:`~fabric.strategies.mesh.MeshPlan` describes; Lightning's
 ``ModelParallelStrategy(data_parallel_size, tensor_parallel_size)`` is ``MeshPlan(data_parallel=...,
 tensor_parallel=...)``. The user's ``parallelize_fn(model, device_mesh)`` splits layers over
 ``device_mesh["tensor_parallel"]`` (DTensor's ``parallelize_module`` with Colwise/Rowwise plans); the strategy then
@@ -53,7 +53,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
     Args:
         parallelize_fn: ``(model, device_mesh) -> model``; called once in ``fabric.setup`` with the
-            mesh (every dimension named, see :mod:`fabric.strategies.mesh`). Typically calls
+            mesh (see :mod:`fabric.strategies.mesh`). Typically calls
             ``parallelize_module(model, device_mesh["tensor_parallel"], plan)``.
             If it applies ``fully_shard`` itself, the strategy does not shard again.
         data_parallel_size: ranks that hold different data (FSDP shards over them); ``"auto"``: the

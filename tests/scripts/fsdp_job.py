@@ -174,11 +174,12 @@ if mode == "train":
     report["after_load_forward_equal"] = torch.equal(scaled(x[:4]), source(x[:4]))
 
     # Hybrid sharding on one node: a (replicate=1, shard=2) mesh, trained one step like plain FSDP.
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from fabric.strategies.mesh import DATA_PARALLEL_DIMS, MeshPlan
+    from fabric.strategies.mesh import DATA_PARALLEL_DIMS
 
-    mesh = MeshPlan(data_parallel_replicate=1).resolve(fabric.world_size).build("cpu")[DATA_PARALLEL_DIMS]
+    mesh = init_device_mesh("cpu", (1, fabric.world_size), mesh_dim_names=DATA_PARALLEL_DIMS)
     torch.manual_seed(0)
     hybrid = nn.Linear(6, 4)
     torch.manual_seed(0)

@@ -33,6 +33,12 @@ def test_the_auto_degree_is_what_the_others_leave(plan: MeshPlan, world: int, ex
     assert resolved.size == world
 
 
+def test_the_mesh_has_the_dimensions_above_one_and_always_the_two_lightning_indexes() -> None:
+    assert MeshPlan().resolve(4).built_dimensions == {"data_parallel": 4, "tensor_parallel": 1}
+    plan = MeshPlan(data_parallel_replicate=2, tensor_parallel=2).resolve(8)
+    assert plan.built_dimensions == {"data_parallel_replicate": 2, "data_parallel": 2, "tensor_parallel": 2}
+
+
 def test_the_data_share_of_a_rank_follows_replicate_by_shard_and_tensor_neighbours_share_it() -> None:
     plan = MeshPlan(pipeline_parallel=2, data_parallel_replicate=2, data_parallel=2, tensor_parallel=2).resolve(16)
     assert plan.data_parallel_size == 4
