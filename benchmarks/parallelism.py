@@ -1,7 +1,7 @@
 """Step time and peak memory per rank of each mesh shape through Fabric, against the same mesh in torch's own APIs.
 
 For each shape (``REPLICATE x SHARD x TENSOR``) two jobs run on 4 CPU ranks (gloo), one after the other, each in its own
-processes (``python benchmarks/parallelism.py --job fabric|raw --shape RxSxT``, started by this script):
+processes, both started by ``torchrun`` (``--job fabric|raw --shape RxSxT``), so that only the strategy differs:
 
 * **fabric**: ``FSDPStrategy(mesh=MeshPlan(...), shard_modules={Block})``, or with a tensor-parallel degree
   ``ModelParallelStrategy(parallelize, mesh=MeshPlan(...), shard_modules={Block})``; ``fabric.setup``,
@@ -153,21 +153,10 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
 
 
 def _measure(kind: str, shape: str, args: argparse.Namespace) -> dict[str, float]:
-    own = [sys.executable, __file__, "--job", kind, "--shape", shape]
-    own += [
-        "--dim",
-        str(args.dim),
-        "--layers",
-        str(args.layers),
-        "--length",
-        str(args.length),
-        "--steps",
-        str(args.steps),
-    ]
-    if kind == "fabric":  # Fabric launches its own ranks
-        command = own
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", *own[1:]]
+    # both under torchrun, so the launcher is the same and only the strategy differs (Fabric joins torchrun's world)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", __file__]
+    command += ["--job", kind, "--shape", shape, "--dim", str(args.dim), "--layers", str(args.layers)]
+    command += ["--length", str(args.length), "--steps", str(args.steps)]
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORLD)))
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)

@@ -161,8 +161,6 @@ class FSDPStrategy(ParallelStrategy):
                 "FSDPStrategy(cpu_offload=True) ('fsdp_cpu_offload') moves shards to CPU memory between uses, "
                 "which needs an accelerator; with accelerator='cpu' they already live there. Use strategy='fsdp'."
             )
-        if self.hybrid_shard and self.mesh_plan_given is None and self.world_size % self.num_nodes:
-            return f"FSDPStrategy(hybrid_shard=True) needs equal nodes; {self.world_size} ranks on {self.num_nodes}."
         try:
             self.mesh_plan()
         except ValueError as error:
