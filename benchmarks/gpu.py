@@ -9,6 +9,9 @@ float32 parameters, outputs cast back to float32 before the loss, which is what 
 * **torch**: the plain loop: ``with torch.autocast(...): out = model(x)``; ``loss(out.float())``;
   ``loss.backward()``; ``optimizer.step()``; ``optimizer.zero_grad(set_to_none=True)``.
 * **fabric**: this project: ``fabric.setup(model, optimizer)`` and ``fabric.backward(loss)``.
+* **fabric-fp8**: the same loop in ``precision="fp8-mixed"`` (torchao's float8 matmuls in every Linear layer but the
+  output head), where torchao is installed: the float8 speed-up over the bf16 rows (its weights differ by float8's
+  rounding, not by a different loop).
 * **lightning**: Lightning Fabric (``lightning.fabric`` or ``lightning_fabric``), the same calls.
 * **accelerate**: Hugging Face Accelerate: ``accelerator.prepare(model, optimizer)``, ``accelerator.backward``.
 
@@ -36,6 +39,8 @@ Usage::
     python benchmarks/gpu.py                  # the full run on a GPU (a few minutes)
     python benchmarks/gpu.py --only gpt --no-compile
     python benchmarks/gpu.py --cpu-smoke      # a tiny configuration on the CPU, to check the script itself
+    python benchmarks/gpu.py --only gpt --no-eager --gpt-width 4096 --gpt-layers 4 \
+        --frameworks torch,fabric,fabric-fp8   # float8 against bf16 on layers wide enough for float8 to pay
 
 The exit status is 1 when raw PyTorch or this project's Fabric failed, 0 otherwise (another framework's
 failure is reported in its row).
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gc
 import importlib
 import statistics
@@ -63,7 +69,7 @@ from fabric import Fabric
 from fabric.utilities.throughput import device_peak_flops
 
 SEED = 1234
-FRAMEWORKS = ("torch", "fabric", "lightning", "accelerate")
+FRAMEWORKS = ("torch", "fabric", "fabric-fp8", "lightning", "accelerate")
 
 # --- the models ----------------------------------------------------------------------------------------------
 
@@ -235,9 +241,11 @@ def framework_versions() -> dict[str, str | None]:
     """Each framework's version, None for one that is not installed."""
     lightning = optional_module("lightning", "lightning_fabric")
     accelerate = optional_module("accelerate")
+    torchao = optional_module("torchao")
     return {
         "torch": torch.__version__,
         "fabric": fabric.__version__,
+        "fabric-fp8": None if torchao is None else f"{fabric.__version__}, torchao {torchao.__version__}",
         "lightning": None if lightning is None else f"{lightning.__name__} {lightning.__version__}",
         "accelerate": None if accelerate is None else str(accelerate.__version__),
     }
@@ -274,14 +282,21 @@ def fabric_api_step(runtime: Any, wrapped: Any, wrapped_optimizer: Any, work: Wo
     return step
 
 
-def build_fabric(model: nn.Module, work: Workload, device: torch.device, compile_args: dict[str, Any] | None) -> Runner:
-    runtime = Fabric(accelerator=device.type, devices=1, precision="bf16-mixed")
+def build_fabric(
+    model: nn.Module,
+    work: Workload,
+    device: torch.device,
+    compile_args: dict[str, Any] | None,
+    precision: str = "bf16-mixed",
+    name: str = "fabric",
+) -> Runner:
+    runtime = Fabric(accelerator=device.type, devices=1, precision=precision)
     optimizer = make_optimizer(model)
     wrapped, wrapped_optimizer = runtime.setup(model, optimizer, compile=compile_args)
 
     step = fabric_api_step(runtime, wrapped, wrapped_optimizer, work)
 
-    return Runner("fabric", model, optimizer, step)
+    return Runner(name, model, optimizer, step)
 
 
 def build_lightning(
@@ -322,6 +337,7 @@ Builder = Callable[[nn.Module, Workload, torch.device, "dict[str, Any] | None"],
 BUILDERS: dict[str, Builder] = {
     "torch": build_torch,
     "fabric": build_fabric,
+    "fabric-fp8": functools.partial(build_fabric, precision="fp8-mixed", name="fabric-fp8"),
     "lightning": build_lightning,
     "accelerate": build_accelerate,
 }
@@ -498,7 +514,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="interleaved timed rounds (default 5; smoke 2)")
     parser.add_argument("--only", choices=("mlp", "gpt"), help="run one workload only")
     parser.add_argument("--gpt-batch-size", type=int, default=8, help="sequences per GPT step (default 8)")
+    parser.add_argument("--gpt-layers", type=int, default=24, help="GPT layers (default 24)")
+    parser.add_argument("--gpt-width", type=int, default=1024, help="GPT d_model, 64 per head (default 1024)")
     parser.add_argument("--no-compile", action="store_true", help="eager only (no torch.compile phases)")
+    parser.add_argument("--no-eager", action="store_true", help="compiled only (no eager phases)")
+    parser.add_argument(
+        "--frameworks",
+        type=lambda text: text.split(","),
+        help=f"comma-separated subset of {','.join(FRAMEWORKS)} to run (torch is the reference; default: all)",
+    )
     parser.add_argument(
         "--compile-backend",
         help="torch.compile backend (default inductor; smoke: aot_eager, which traces without a C++ build)",
@@ -509,6 +533,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a tiny configuration on the CPU (GPT of 2 layers, d_model 64, sequence 32), to check the script",
     )
     args = parser.parse_args(argv)
+    if args.no_eager and args.no_compile:
+        parser.error("--no-eager and --no-compile together leave nothing to run")
+    unknown = sorted(set(args.frameworks or ()) - set(FRAMEWORKS))
+    if unknown:
+        parser.error(f"--frameworks: {unknown} are not frameworks here; accepted: {list(FRAMEWORKS)}")
+    if args.frameworks is not None and "torch" not in args.frameworks:
+        parser.error(f"--frameworks={','.join(args.frameworks)}: include torch, the reference of every ratio")
     if args.compile_backend is None:
         args.compile_backend = "aot_eager" if args.cpu_smoke else "inductor"
     return args
@@ -528,19 +559,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         device = torch.device("cuda", 0)
         torch.cuda.set_device(device)
-        config, batch = GPTConfig(), args.gpt_batch_size
+        config = GPTConfig(layers=args.gpt_layers, d_model=args.gpt_width, heads=args.gpt_width // 64)
+        batch = args.gpt_batch_size
         steps = {"mlp": args.steps or 200, "gpt": args.steps or 10}
         warmup = {"mlp": args.warmup or 20, "gpt": args.warmup or 3}
         repeats = args.repeats or 5
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke run)"
     peak = device_peak_flops(device_name, torch.bfloat16) if device.type == "cuda" else None
     versions = framework_versions()
+    if args.frameworks is not None:  # the others are left out of the run and the table
+        versions = {name: version if name in args.frameworks else None for name, version in versions.items()}
     workloads = [
         mlp_workload(device, steps["mlp"], warmup["mlp"]),
         gpt_workload(device, config, batch, steps["gpt"], warmup["gpt"]),
     ]
     workloads = [work for work in workloads if args.only in (None, work.name)]
-    compile_modes: list[dict[str, Any] | None] = [None]
+    compile_modes: list[dict[str, Any] | None] = [] if args.no_eager else [None]
     if not args.no_compile:
         compile_modes.append({"backend": args.compile_backend})
         dynamo_config = importlib.import_module("torch._dynamo").config
@@ -559,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for compile_args in compile_modes:
             rows.extend(measure_phase(work, compile_args, versions, repeats, device))
     print(f"\n## Training step time on {device_name}\n")
-    print(format_table(rows, peak))
+    print(format_table([row for row in rows if args.frameworks is None or row.framework in args.frameworks], peak))
     print(
         "\nms/step: median over the rounds; vs torch: ratio of the medians; paired: the per-round ratios (median "
         "[min-max]); MFU: 6 x parameters x tokens / step time / peak; peak memory: the framework's own parameters "

@@ -35,6 +35,7 @@ from fabric.accelerators.registry import (
 from fabric.plugins.environments import ClusterEnvironment, detect_environment
 from fabric.plugins.environments.cluster_environment import LaunchedLayout
 from fabric.plugins.io.checkpoint_io import CheckpointIO
+from fabric.plugins.precision.dtypes import PRECISION_DTYPES
 from fabric.plugins.precision.precision import Precision
 from fabric.plugins.precision.registry import PRECISION_REGISTRY, parse_precision
 from fabric.strategies.mesh import MeshPlan
@@ -122,11 +123,18 @@ COMPATIBILITY_RULES: tuple[tuple[Callable[[Resolved], bool], Callable[[Resolved]
         ),
     ),
     (
-        lambda r: r.precision.name.startswith("bf16") and not r.accelerator.supports_dtype(torch.bfloat16),
+        lambda r: (
+            PRECISION_DTYPES.get(r.precision.name) is torch.bfloat16
+            and not r.accelerator.supports_dtype(torch.bfloat16)
+        ),
         lambda r: (
             f"precision={r.precision.name!r} needs bfloat16, which this {r.accelerator.device_type} device "
             "does not support. Use '16-mixed' or '32-true'."
         ),
+    ),
+    (
+        lambda r: r.precision.device_error(r.accelerator.device_type) is not None,
+        lambda r: str(r.precision.device_error(r.accelerator.device_type)),
     ),
     (
         lambda r: not r.precision.works_with_sharding and r.strategy.saves_on_every_rank,

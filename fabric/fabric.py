@@ -37,6 +37,7 @@ from fabric.utilities.processes.exit import prepare_fast_shutdown, register_clea
 from fabric.utilities.processes.workers import RankOwnedWorker
 from fabric.utilities.profiler import TraceProfiler
 from fabric.utilities.rank_zero import rank_zero_warn, set_global_rank
+from fabric.utilities.replaced_parameters import ReplacedParameters
 from fabric.utilities.seed import seed_everything, seeds_workers, worker_init_function
 from fabric.wrappers import (
     FabricDataLoader,
@@ -61,8 +62,9 @@ class Fabric:
         strategy: a registered name (``"single_device"``, ``"ddp"``, ...), ``"auto"``, or a ``Strategy``.
         devices: how many devices (int), which ones (list or ``"0,1"``), ``-1`` for all, or ``"auto"``.
         num_nodes: how many machines take part.
-        precision: ``"32-true"`` (default), ``"64-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"``,
-            ``"bf16-true"`` or a legacy short form (``32``, ``16``, ``"bf16"``, ``64``).
+        precision: ``"32-true"`` (default), ``"64-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"fp8-mixed"``
+            (float8 matmuls on torchao), ``"16-true"``, ``"bf16-true"`` or a short form (``32``, ``16``, ``"bf16"``,
+            ``"fp8"``, ``64``).
         plugins: a ``Precision`` and/or a ``CheckpointIO`` object.
         callbacks: objects whose methods :meth:`call` invokes by name.
         loggers: :class:`~fabric.loggers.Logger` objects that :meth:`log` and :meth:`log_dict` write to.
@@ -94,6 +96,7 @@ class Fabric:
         self._logs_saved_at_exit = False
         self._launched = False
         self._wrapped_modules: weakref.WeakSet[FabricModule] = weakref.WeakSet()
+        self._replaced_parameters = ReplacedParameters()
         if not self._strategy.needs_launch:
             # One process, or processes a launcher (torchrun, srun, the CLI) already started: join now.
             self._setup_environment()
@@ -261,6 +264,7 @@ class Fabric:
         _check_scheduler(scheduler, optimizers)
         module = self._prepare_module(module, move_to_device)
         for optimizer in optimizers:
+            self._replaced_parameters.repoint(optimizer)
             if move_to_device:
                 optimizer_to_device(optimizer, self.device)
         forward_module, set_up_optimizers = self._strategy.setup_module_and_optimizers(module, optimizers, scheduler)
@@ -293,6 +297,8 @@ class Fabric:
         """Wrap optimizers so their ``step`` goes through the strategy. Returns one or a tuple."""
         self._check_launched()
         self._check_not_set_up(None, optimizers)
+        for optimizer in optimizers:
+            self._replaced_parameters.repoint(optimizer)
         wrapped = [wrap_optimizer(self._strategy.setup_optimizer(opt), self._strategy) for opt in optimizers]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
@@ -312,7 +318,9 @@ class Fabric:
 
     def _prepare_module(self, module: nn.Module, move_to_device: bool) -> nn.Module:
         self._strategy.guard_uninitialised(module)
+        before = dict(module.named_parameters())
         module = self._strategy.precision.convert_module(module)
+        self._replaced_parameters.record(before, module)
         if move_to_device:
             self._strategy.module_to_device(module)
         return module
@@ -640,11 +648,12 @@ class Fabric:
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawned ranks receive a pickled copy; modules set up here are not theirs to track.
-        return {**self.__dict__, "_wrapped_modules": None}
+        return {**self.__dict__, "_wrapped_modules": None, "_replaced_parameters": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._wrapped_modules = weakref.WeakSet()
+        self._replaced_parameters = ReplacedParameters()
 
     def __repr__(self) -> str:
         resolved = self._resolved

@@ -21,7 +21,10 @@ _LIGHTNING_ONLY = Refused(
     "torch-fabric (pip install lightning) and its pieces stay Lightning's, or write a plain class instead."
 )
 _DP = Refused("DataParallel (strategy='dp') is not supported; use DDPStrategy (strategy='ddp').")
-_FP8 = Refused("TransformerEngine's FP8 is not provided yet; train in precision='bf16-mixed'.")
+_FP8 = Refused(
+    "TransformerEngine is not used here; float8 training runs on torchao: precision='fp8-mixed', or "
+    "fabric.plugins.precision.float8.Float8Precision(recipe=..., module_filter=...)."
+)
 _NOT_YET = "not provided yet; "
 
 #: Lightning's precision plugins that are not in ``fabric.plugins.precision`` (``lightning.fabric.plugins`` and

@@ -89,7 +89,11 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "fsdp_config": ((None,), "it is Composer's older name: pass parallelism_config={'fsdp': {...}}"),
     "fsdp_auto_wrap": ((), "it is Composer's older name: pass parallelism_config={'fsdp': {'auto_wrap': ...}}"),
     "python_log_level": ((None,), "configure Python's logging yourself, e.g. logging.basicConfig(level='INFO')"),
-    "precision_config": ((None,), "FP8 (TransformerEngine) settings are not supported; precision= sets the precision"),
+    "precision_config": (
+        (None,),
+        "TransformerEngine's FP8 settings are not used: precision='amp_fp8' trains in float8 on torchao; for its "
+        "recipe or layer filter pass fabric=Fabric(plugins=Float8Precision(...))",
+    ),
     "ddp_sync_strategy": (
         (None,),
         "DDP synchronises the gradients in the backward of each batch's last microbatch; configure DDP itself with "

@@ -115,7 +115,8 @@ class Trainer:
     """Trains, evaluates and predicts with ``model`` on a Fabric, firing events around every step.
 
     Fabric: pass ``accelerator``/``devices``/``strategy``/``precision``/``num_nodes`` (Fabric's strings;
-    precision also takes Composer's ``"fp32"``, ``"amp"``, ``"amp_fp16"``, ``"amp_bf16"``) or a ready ``fabric=``.
+    precision also takes Composer's ``"fp32"``, ``"amp"``, ``"amp_fp16"``, ``"amp_bf16"``, ``"amp_fp8"``) or a ready
+    ``fabric=``.
     With ``strategy="ddp"`` and no launcher, constructing the Trainer starts the other local ranks.
     Composer's names (``device``, ``deepspeed_config``, ``parallelism_config``, ``dist_timeout``,
     ``deterministic_mode``, ``compile_config``, ``load_path_format``, ``grad_accum``, ...) mean what they mean in

@@ -50,7 +50,7 @@ def test_help_and_version_answer_without_importing_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().endswith("False")
-    assert "--precision [32-true|64-true|16-mixed|bf16-mixed|16-true|bf16-true" in result.stdout
+    assert "--precision [32-true|64-true|16-mixed|bf16-mixed|fp8-mixed|16-true|bf16-true" in result.stdout
     assert _fabric("--version").stdout.strip() == "fabric, version 0.1.0"
 
 

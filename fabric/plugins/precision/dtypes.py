@@ -14,6 +14,7 @@ PRECISION_DTYPES: dict[str, torch.dtype] = {
     "64-true": torch.float64,
     "16-mixed": torch.float16,
     "bf16-mixed": torch.bfloat16,
+    "fp8-mixed": torch.bfloat16,  # float8 matmuls in the converted Linear layers, bfloat16 autocast around them
     "16-true": torch.float16,
     "bf16-true": torch.bfloat16,
 }

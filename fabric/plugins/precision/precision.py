@@ -54,6 +54,10 @@ class Precision:
     def __init__(self, *, device_type: str = "cpu") -> None:
         self.device_type = device_type
 
+    def device_error(self, device_type: str) -> str | None:
+        """Why this precision cannot run on ``device_type`` (one line naming both), or None when it can."""
+        return None
+
     def convert_module(self, module: nn.Module) -> nn.Module:
         """Cast the module's parameters/buffers to the dtype this precision keeps them in."""
         return module

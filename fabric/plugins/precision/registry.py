@@ -34,6 +34,12 @@ PRECISION_REGISTRY.register(
     description="float32 parameters, bfloat16 autocast",
     precision="bf16-mixed",
 )
+PRECISION_REGISTRY.register(
+    "fp8-mixed",
+    "fabric.plugins.precision.float8:Float8Precision",
+    aliases=("fp8", "amp_fp8"),
+    description="float8 matmuls in the Linear layers (torchao), bfloat16 autocast elsewhere",
+)
 PRECISION_REGISTRY.register("16-true", _HALF, description="float16 parameters and compute", precision="16-true")
 PRECISION_REGISTRY.register("bf16-true", _HALF, description="bfloat16 parameters and compute", precision="bf16-true")
 
