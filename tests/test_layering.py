@@ -32,6 +32,7 @@ TRAINER_LAYERS = {
     "fabric.trainer.core": 0,  # events, state, time, engine, the Callback/Algorithm bases and the Logger facade
     "fabric.trainer.intervals": 0,
     "fabric.trainer.surgery": 0,
+    "fabric.trainer.dist": 0,
     "fabric.trainer.loggers": 1,
     "fabric.trainer.metrics": 1,
     "fabric.trainer.model": 1,

@@ -125,8 +125,13 @@ COMPOSER = DropIn(
                 "configure_deterministic_mode": Refused("use Trainer(deterministic_mode=True)."),
             },
         ),
-        "composer.utils.dist": Refused(
-            "use Fabric's collectives (trainer.fabric.global_rank, .barrier(), .all_reduce()) or torch.distributed."
+        "composer.utils.dist": AliasedModule(
+            ours="fabric.trainer.dist",
+            names={
+                "initialize_dist": Refused("the Trainer initialises torch.distributed when it is built."),
+                "get_node_signal_file_name": Refused("use run_local_rank_zero_first() or barrier()."),
+                "write_signal_file": Refused("use run_local_rank_zero_first() or barrier()."),
+            },
         ),
         "composer.devices": AliasedModule(
             names={name: _DEVICE for name in ("Device", "DeviceCPU", "DeviceGPU", "DeviceMPS", "DeviceTPU")}
