@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from float8_model import BODY_LAYERS, TinyLM
 from torch import nn
 from torchao.float8.float8_linear import Float8Linear
 
@@ -23,28 +24,7 @@ from fabric.plugins.precision.float8 import Float8Precision
 from fabric.plugins.precision.registry import parse_precision
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "float8_job.py"
-VOCAB, WIDTH = 64, 32
-
-
-class TinyLM(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(WIDTH), nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
-            for _ in range(2)
-        )
-        self.norm = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(tokens)
-        for block in self.blocks:
-            hidden = hidden + block(hidden)
-        return self.head(self.norm(hidden))
-
-
-BODY_LAYERS = ["blocks.0.1", "blocks.0.3", "blocks.1.1", "blocks.1.3"]
+VOCAB = 64  # TinyLM's default
 
 
 def _converted(model: nn.Module) -> list[str]:
@@ -150,6 +130,7 @@ def _run_job(out: Path, mode: str, argument: str | None = None) -> dict[str, Any
     """Run one job of tests/scripts/float8_job.py in the folder ``out`` and return its report."""
     out.mkdir()
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SCRIPT.parents[1]), env.get("PYTHONPATH")]))  # float8_model
     command = [sys.executable, str(SCRIPT), str(out), mode, *([argument] if argument else [])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -6,7 +6,7 @@ parallel ranks compute, 1 what tensor-parallel ranks compute). ``fsdp [ALL_GATHE
 train on their half (``ALL_GATHER`` 1: the weights all-gathered in float8), save a sharded checkpoint, and load it
 into a fresh model. ``tp``: two ranks split each block's Linear pair (Colwise, Rowwise) and train on the whole batch.
 Rank 0 writes the losses, the final full weights, the layer types and (fsdp) the reloaded weights to
-``OUT_DIR/report.pt``.
+``OUT_DIR/report.pt``. Needs ``tests/`` on ``PYTHONPATH`` (for ``float8_model``).
 """
 
 import sys
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from float8_model import TinyLM
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -23,26 +24,7 @@ from fabric import Fabric
 from fabric.plugins.precision.float8 import Float8Precision
 from fabric.strategies import ModelParallelStrategy
 
-STEPS, VOCAB, WIDTH, RANKS = 6, 64, 32, 2
-
-
-class TinyLM(nn.Module):
-    """Embedding, two residual MLP blocks and an output head: the head's 32 -> 64 is left in bf16 by default."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(WIDTH), nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
-            for _ in range(2)
-        )
-        self.head = nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(tokens)
-        for block in self.blocks:
-            hidden = hidden + block(hidden)
-        return self.head(hidden)
+STEPS, VOCAB, RANKS = 6, 64, 2  # VOCAB: TinyLM's default
 
 
 def split_blocks(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
