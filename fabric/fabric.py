@@ -24,8 +24,12 @@ from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.connector import AcceleratorArg, Plugin, PrecisionArg, StrategyArg, resolve
+from fabric.plugins.io.background_saves import finished
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
+from fabric.plugins.io.formats import CheckpointFormat, recognise
+from fabric.plugins.io.huggingface import DEFAULT_MAX_FILE_BYTES
 from fabric.plugins.precision.precision import Precision
+from fabric.strategies.huggingface_checkpoint import check_supported, load_huggingface, save_huggingface
 from fabric.strategies.strategy import CheckpointFilter, Strategy
 from fabric.utilities.apply_func import as_list, move_data_to_device, optimizer_to_device
 from fabric.utilities.compile import CompileArg, Compiler, compiler_for, uncompiled
@@ -537,6 +541,8 @@ class Fabric:
         *,
         storage_options: StorageOptions = None,
         async_save: bool = False,
+        format: str | None = None,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     ) -> Future[None]:
         """Save modules, optimizers and any other state (a dict) to a local path or fsspec URL.
 
@@ -550,7 +556,15 @@ class Fabric:
         thread while training goes on. At most one save is in flight: the next save or load waits for it, and
         raises its error. The returned future completes when the checkpoint is complete at ``path`` (on every
         rank for sharded strategies). Synchronous saves return a future that is already complete.
+
+        ``format="huggingface"`` writes ``state={"model": model}``'s weights as a folder in Hugging Face's layout
+        (``model-0000i-of-0000N.safetensors`` of at most ``max_file_bytes`` each, the index, and a ``transformers``
+        model's ``config.json``) that ``from_pretrained`` reads, every rank writing only its shards (local paths,
+        synchronous; any strategy but DeepSpeed).
         """
+        if format is not None:
+            self._save_in_format(format, path, state, filter, async_save, max_file_bytes)
+            return finished()
         self._check_launched()
         _check_filter(filter, state)
         self._strategy.background_saves.wait()  # one save in flight at a time; its error is raised here
@@ -559,6 +573,27 @@ class Fabric:
         )
         self.barrier("save")
         return written
+
+    def _save_in_format(
+        self,
+        format: str,
+        path: PathType,
+        state: dict[str, Any],
+        filter: Mapping[str, CheckpointFilter] | None,
+        async_save: bool,
+        max_file_bytes: int,
+    ) -> None:
+        if format not in SAVE_FORMATS:
+            raise ValueError(f"fabric.save(format={format!r}): accepted formats are {list(SAVE_FORMATS)} (or None).")
+        if filter or async_save:
+            raise ValueError(f"fabric.save(format={format!r}) takes neither filter= nor async_save=True.")
+        if max_file_bytes <= 0:
+            raise ValueError(f"fabric.save(max_file_bytes={max_file_bytes}) must be positive.")
+        module = _only_model(_unwrap_objects(state), f"fabric.save(format={format!r})")
+        check_supported(self._strategy, path, "Saving")
+        self._check_launched()
+        self._strategy.background_saves.wait()
+        save_huggingface(self._strategy, path, module, max_file_bytes)
 
     def load(
         self,
@@ -569,7 +604,8 @@ class Fabric:
         weights_only: bool = True,
         storage_options: StorageOptions = None,
     ) -> dict[str, Any]:
-        """Load a checkpoint written by :meth:`save` (a file, or a sharded or DeepSpeed directory).
+        """Load a checkpoint written by :meth:`save` (a file, or a sharded or DeepSpeed directory), or a folder in
+        Hugging Face's layout into ``state={"model": model}`` (each rank reading only its shards).
 
         With ``state``, its modules, optimizers and stateful objects are filled in place, plain values
         are replaced, and the entries not asked for are returned. Without it, the whole checkpoint is
@@ -578,6 +614,12 @@ class Fabric:
         """
         unwrapped = None if state is None else _unwrap_objects(state)
         self._strategy.background_saves.wait()  # a save still being written is complete first
+        if recognise(path, storage_options) is CheckpointFormat.HUGGINGFACE:
+            module = _only_model(unwrapped, "Loading a Hugging Face folder")
+            load_huggingface(self._strategy, path, module, strict)
+            self._strategy.module_loaded(module)
+            self.barrier("load")
+            return {}
         remainder = self._strategy.load_checkpoint(
             path, unwrapped, strict=strict, weights_only=weights_only, storage_options=storage_options
         )
@@ -666,6 +708,19 @@ class Fabric:
 def _save_logs(loggers: Sequence[Logger]) -> None:
     for logger in loggers:
         logger.save()
+
+
+#: The ``format=`` values of :meth:`Fabric.save` (None: Fabric's own checkpoint).
+SAVE_FORMATS = ("huggingface",)
+
+
+def _only_model(state: dict[str, Any] | None, action: str) -> nn.Module:
+    """The one module of ``state``: Hugging Face folders hold one model's weights, nothing else."""
+    if state is None or len(state) != 1 or not isinstance(next(iter(state.values())), nn.Module):
+        described = "no state" if state is None else f"state with keys {sorted(state)}"
+        raise ValueError(f"{action} takes state={{'model': model}}, one module; got {described}.")
+    module: nn.Module = next(iter(state.values()))
+    return module
 
 
 def _check_filter(filter: Mapping[str, CheckpointFilter] | None, state: dict[str, Any]) -> None:

@@ -73,6 +73,9 @@ class Strategy:
     optimizer_step_is_plain: ClassVar[bool] = True
     optimizer_zero_grad_is_plain: ClassVar[bool] = True
     backward_is_plain: ClassVar[bool] = True
+    #: Why ``fabric.save(..., format="huggingface")`` and loading such a folder cannot work with this strategy
+    #: (one line naming what to do instead), or None where they work.
+    huggingface_refusal: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -6,7 +6,9 @@ A checkpoint is one of three things, on a local disk or at an fsspec URL (``s3:/
   user's own :class:`~fabric.plugins.io.checkpoint_io.CheckpointIO`);
 - a sharded directory written by ``torch.distributed.checkpoint`` (DCP): complete once its
   ``.metadata`` file is there, which DCP writes last, after every rank's shards;
-- a DeepSpeed directory: complete once its ``latest`` file names a tag, which Fabric writes last.
+- a DeepSpeed directory: complete once its ``latest`` file names a tag, which Fabric writes last;
+- a folder in Hugging Face's layout (``fabric.save(..., format="huggingface")`` or ``save_pretrained``): read only
+  into a model (``fabric.load(path, {"model": model})``).
 
 A directory holding neither marker is an unfinished save (or not a checkpoint at all) and never loads.
 """
@@ -22,6 +24,8 @@ from fabric.plugins.io import deepspeed_checkpoint, distributed_checkpoint
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
 from fabric.plugins.io.deepspeed_checkpoint import LATEST as DEEPSPEED_LATEST
 from fabric.plugins.io.distributed_checkpoint import METADATA_FILE as DCP_METADATA
+from fabric.plugins.io.huggingface import INDEX_FILE as HUGGINGFACE_INDEX
+from fabric.plugins.io.huggingface import SINGLE_FILE as HUGGINGFACE_SINGLE_FILE
 from fabric.plugins.io.storage import filesystem
 from fabric.utilities.exceptions import CheckpointError
 
@@ -30,6 +34,8 @@ class CheckpointFormat(enum.Enum):
     FILE = "file"
     DCP = "dcp"
     DEEPSPEED = "deepspeed"
+    #: A folder in Hugging Face's layout (``model.safetensors.index.json`` or ``model.safetensors``).
+    HUGGINGFACE = "huggingface"
     #: A directory without a completion marker: a save that did not finish, or not a checkpoint.
     INCOMPLETE = "incomplete"
 
@@ -44,6 +50,8 @@ def recognise(path: PathType, storage_options: StorageOptions = None) -> Checkpo
         return CheckpointFormat.DCP
     if fs.isfile(posixpath.join(root, DEEPSPEED_LATEST)):
         return CheckpointFormat.DEEPSPEED
+    if any(fs.isfile(posixpath.join(root, name)) for name in (HUGGINGFACE_INDEX, HUGGINGFACE_SINGLE_FILE)):
+        return CheckpointFormat.HUGGINGFACE
     return CheckpointFormat.INCOMPLETE
 
 
@@ -79,4 +87,9 @@ def read_whole(
         return deepspeed_checkpoint.read_whole(path, weights_only=weights_only, storage_options=storage_options)
     if form is CheckpointFormat.INCOMPLETE:
         raise incomplete_error(path)
+    if form is CheckpointFormat.HUGGINGFACE:
+        raise CheckpointError(
+            f"{os.fspath(path)!r} is a Hugging Face folder (weights only): load it into a model, "
+            "fabric.load(path, {'model': model})."
+        )
     return checkpoint_io.load_checkpoint(path, weights_only=weights_only, storage_options=storage_options)

@@ -80,6 +80,11 @@ class DeepSpeedStrategy(ParallelStrategy):
             a ``checkpoint_io`` is refused when Fabric is built, as DeepSpeed saves through its engine.
     """
 
+    huggingface_refusal = (
+        "DeepSpeed's engine holds the parameters; save a DeepSpeed checkpoint, then write a Hugging Face folder from "
+        "its weights in one process (fabric consolidate, then save_pretrained)."
+    )
+
     def __init__(
         self,
         *,

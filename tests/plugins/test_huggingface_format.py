@@ -1,0 +1,169 @@
+"""``fabric.save(path, {"model": model}, format="huggingface")`` and ``fabric.load`` of a Hugging Face folder:
+real gloo processes (tests/scripts/huggingface_job.py) under FSDP2 and tensor parallelism write a folder that
+``transformers`` loads with identical weights, and read a ``save_pretrained`` folder into 2 and 4 ranks with the
+reference's logits; in one process, a save replaces a folder atomically, and a mismatch (a missing tensor, a wrong
+shape, a file the index names but lacks) fails naming it with the model unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fabric import Fabric
+from fabric.plugins.io.huggingface import INDEX_FILE, STAGING_FOLDER, file_numbers
+from fabric.utilities.exceptions import CheckpointError
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "huggingface_job.py"
+CONFIG = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)  # fmt: skip
+TOKENS = torch.arange(24).reshape(2, 12) % CONFIG.vocab_size
+
+
+def _model(seed: int) -> LlamaForCausalLM:
+    """The job's model (the same config and seeds)."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(CONFIG).eval()
+
+
+def _job(out: Path, *arguments: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    command = [sys.executable, str(SCRIPT), str(out), *arguments]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def _assert_same_weights(first: nn.Module, second: nn.Module) -> None:
+    expected = first.state_dict()
+    for name, value in second.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "tp", "ddp"])
+def test_a_sharded_save_is_a_folder_transformers_loads_with_the_same_weights(tmp_path: Path, strategy: str) -> None:
+    _job(tmp_path, "save", strategy, "2")
+    folder = tmp_path / "hf"
+    files = sorted(path.name for path in folder.iterdir())
+    assert files == ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", INDEX_FILE]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["hf"]  # no staging or temporary folder left
+    loaded = LlamaForCausalLM.from_pretrained(folder).eval()
+    _assert_same_weights(_model(0), loaded)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
+    """A folder ``transformers`` wrote in two files, and the logits of the model it holds."""
+    folder = tmp_path_factory.mktemp("pretrained")
+    model = _model(0)
+    model.save_pretrained(folder, max_shard_size="200KB")
+    assert (folder / INDEX_FILE).is_file()
+    with torch.no_grad():
+        return folder, model(input_ids=TOKENS).logits
+
+
+@pytest.mark.parametrize(("strategy", "devices"), [("fsdp", "2"), ("fsdp", "4"), ("tp", "2")])
+def test_a_transformers_folder_loads_into_sharded_models_each_rank_reading_its_shards(
+    tmp_path: Path, pretrained: tuple[Path, torch.Tensor], strategy: str, devices: str
+) -> None:
+    folder, expected = pretrained
+    _job(tmp_path, "load", strategy, devices, str(folder))
+    logits = torch.load(tmp_path / "logits.pt")
+    assert (logits - expected).abs().max() < 1e-5  # seed 1's model unless every weight was read
+
+
+def test_one_process_saves_replaces_the_previous_folder_and_loads_back(tmp_path: Path) -> None:
+    fabric = Fabric(accelerator="cpu")
+    folder = tmp_path / "exported"
+    fabric.save(folder, {"model": fabric.setup(_model(1))}, format="huggingface")
+    fabric.save(folder, {"model": fabric.setup(_model(0))}, format="huggingface", max_file_bytes=150_000)
+    assert len(json.loads((folder / INDEX_FILE).read_text())["weight_map"]) == len(_model(0).state_dict())
+    assert not (folder / STAGING_FOLDER).exists() and sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
+    target = fabric.setup(_model(1))
+    fabric.load(folder, {"model": target})
+    _assert_same_weights(_model(0), target.module)
+    _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(folder))
+
+
+def _unchanged_after(error: str, folder: Path, strict: bool = True) -> None:
+    fabric = Fabric(accelerator="cpu")
+    target = fabric.setup(_model(1))
+    with pytest.raises(CheckpointError, match=error):
+        fabric.load(folder, {"model": target}, strict=strict)
+    _assert_same_weights(_model(1), target.module)
+
+
+def test_a_mismatched_folder_fails_naming_the_tensor_and_changes_nothing(
+    tmp_path: Path, pretrained: tuple[Path, torch.Tensor]
+) -> None:
+    smaller = LlamaConfig(**{**CONFIG.to_dict(), "num_hidden_layers": 1})
+    torch.manual_seed(0)
+    LlamaForCausalLM(smaller).save_pretrained(tmp_path / "one-layer")
+    _unchanged_after(
+        r"has no 'model\.layers\.1\.input_layernorm\.weight' \(9 of the model's tensors", tmp_path / "one-layer"
+    )
+    wider = LlamaConfig(**{**CONFIG.to_dict(), "intermediate_size": 96})
+    LlamaForCausalLM(wider).save_pretrained(tmp_path / "wider")
+    _unchanged_after(
+        r"'model\.layers\.0\.mlp\.down_proj\.weight' has shape \[64, 96\] there and \[64, 128\]", tmp_path / "wider"
+    )
+    folder, _ = pretrained
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / INDEX_FILE).write_text((folder / INDEX_FILE).read_text())
+    (broken / "model-00001-of-00002.safetensors").write_bytes(
+        (folder / "model-00001-of-00002.safetensors").read_bytes()
+    )
+    _unchanged_after(r"its index names model-00002-of-00002\.safetensors, which is not there", broken)
+
+
+def test_strict_false_loads_the_tensors_both_have(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{**CONFIG.to_dict(), "num_hidden_layers": 1})).save_pretrained(tmp_path)
+    fabric = Fabric(accelerator="cpu")
+    target = fabric.setup(_model(1))
+    fabric.load(tmp_path, {"model": target}, strict=False)
+    saved = LlamaForCausalLM.from_pretrained(tmp_path).state_dict()
+    untouched = _model(1).state_dict()
+    for name, value in target.module.state_dict().items():
+        assert torch.equal(value, saved[name] if name in saved else untouched[name]), name
+
+
+def test_what_cannot_be_a_hugging_face_folder_is_refused_in_one_line(tmp_path: Path) -> None:
+    fabric = Fabric(accelerator="cpu")
+    model = fabric.setup(_model(0))
+    with pytest.raises(ValueError, match=r"format='gguf'\): accepted formats are \['huggingface'\]"):
+        fabric.save(tmp_path / "x", {"model": model}, format="gguf")
+    with pytest.raises(
+        ValueError, match=r"takes state=\{'model': model\}, one module; got state with keys \['model', 'step'\]"
+    ):
+        fabric.save(tmp_path / "x", {"model": model, "step": 3}, format="huggingface")
+    with pytest.raises(ValueError, match="takes neither filter= nor async_save=True"):
+        fabric.save(tmp_path / "x", {"model": model}, format="huggingface", async_save=True)
+    with pytest.raises(ValueError, match=r"at a URL \('memory://bucket/x'\) is not provided yet"):
+        fabric.save("memory://bucket/x", {"model": model}, format="huggingface")
+    fabric.save(tmp_path / "hf", {"model": model}, format="huggingface")
+    with pytest.raises(
+        ValueError, match=r"Loading a Hugging Face folder takes state=\{'model': model\}, one module; got no state"
+    ):
+        fabric.load(tmp_path / "hf")
+    assert not (tmp_path / "x").exists()
+
+
+def test_deepspeed_refuses_hugging_face_folders_by_name(tmp_path: Path) -> None:
+    fabric = Fabric(accelerator="cpu", strategy="deepspeed")
+    with pytest.raises(ValueError, match=r"Saving a Hugging Face folder: DeepSpeed's engine holds the parameters"):
+        fabric.save(tmp_path / "hf", {"model": nn.Linear(2, 2)}, format="huggingface")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_weight_files_split_as_save_pretrained_splits_them() -> None:
+    assert file_numbers({"a": 60, "b": 50, "c": 120, "d": 10}, max_file_bytes=100) == {"a": 1, "b": 2, "c": 3, "d": 4}
+    assert file_numbers({"a": 40, "b": 60, "c": 20}, max_file_bytes=100) == {"a": 1, "b": 1, "c": 2}

@@ -1,0 +1,50 @@
+"""Hugging Face folders from several ranks, for tests/plugins/test_huggingface_format.py:
+``python huggingface_job.py OUT_DIR save|load STRATEGY DEVICES [FOLDER]``.
+
+A tiny random-initialised Llama (``transformers``) set up with STRATEGY (``fsdp``, ``ddp`` or ``tp``: tensor
+parallelism over the MLP and attention projections) on DEVICES gloo ranks. ``save``: the seed-0 model written to
+``OUT_DIR/hf`` with ``format="huggingface"`` in files of at most 200 kB. ``load``: a seed-1 model filled from FOLDER;
+rank 0 writes its logits on fixed tokens to ``OUT_DIR/logits.pt``.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fabric import Fabric
+from fabric.strategies import ModelParallelStrategy
+
+out_dir, mode, strategy_name, devices = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+CONFIG = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)  # fmt: skip
+TOKENS = torch.arange(24).reshape(2, 12) % CONFIG.vocab_size
+
+
+def split_layers(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
+    styles = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": RowwiseParallel()}
+    plan = {f"model.layers.{index}.mlp.{name}": style for index in range(2) for name, style in styles.items()}
+    return parallelize_module(model, mesh["tensor_parallel"], plan)
+
+
+def make_model(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(CONFIG).eval()
+
+
+strategy = ModelParallelStrategy(split_layers, data_parallel_size=1) if strategy_name == "tp" else strategy_name
+fabric = Fabric(accelerator="cpu", devices=devices, strategy=strategy)
+fabric.launch()
+if mode == "save":
+    model = fabric.setup(make_model(0))
+    fabric.save(out_dir / "hf", {"model": model}, format="huggingface", max_file_bytes=200_000)
+else:
+    model = fabric.setup(make_model(1))
+    fabric.load(sys.argv[5], {"model": model})
+    with torch.no_grad():
+        logits = model(input_ids=TOKENS).logits
+    if fabric.global_rank == 0:
+        torch.save(logits, out_dir / "logits.pt")
