@@ -47,6 +47,8 @@ def test_defaults_resolve_to_single_cpu_process_in_float32() -> None:
         ("amp_fp16", "16-mixed"),
         ("bf16", "bf16-mixed"),
         ("amp_bf16", "bf16-mixed"),
+        ("fp8", "fp8-mixed"),
+        ("amp_fp8", "fp8-mixed"),
         ("16-true", "16-true"),
         ("bf16-true", "bf16-true"),
     ],
@@ -56,7 +58,7 @@ def test_precision_spellings_map_to_one_canonical_name(spelling: str | int, cano
     assert resolve(precision=spelling, environ={}).precision.name == canonical
 
 
-@pytest.mark.parametrize("bad", ["17", "fp8", 8, "bf32", True, 1.5])
+@pytest.mark.parametrize("bad", ["17", "fp4", 8, "bf32", True, 1.5])
 def test_unknown_precision_lists_every_accepted_value(bad: object) -> None:
     with pytest.raises(ValueError, match="Unknown precision") as error:
         resolve(precision=bad, environ={})  # type: ignore[arg-type]
