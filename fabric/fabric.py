@@ -603,9 +603,12 @@ class Fabric:
         *,
         weights_only: bool = True,
         storage_options: StorageOptions = None,
+        key_mapping: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """Load a checkpoint written by :meth:`save` (a file, or a sharded or DeepSpeed directory), or a folder in
-        Hugging Face's layout into ``state={"model": model}`` (each rank reading only its shards).
+        Hugging Face's layout into ``state={"model": model}`` (each rank reading only its shards; ``key_mapping``
+        renames the folder's tensors to the model's names, ``{regex: replacement}`` as in ``transformers``'
+        ``from_pretrained``, the first matching pattern applied).
 
         With ``state``, its modules, optimizers and stateful objects are filled in place, plain values
         are replaced, and the entries not asked for are returned. Without it, the whole checkpoint is
@@ -614,9 +617,15 @@ class Fabric:
         """
         unwrapped = None if state is None else _unwrap_objects(state)
         self._strategy.background_saves.wait()  # a save still being written is complete first
-        if recognise(path, storage_options) is CheckpointFormat.HUGGINGFACE:
+        form = recognise(path, storage_options)
+        if key_mapping is not None and form is not CheckpointFormat.HUGGINGFACE:
+            raise ValueError(
+                f"fabric.load(key_mapping=...) renames the tensors of a Hugging Face folder; {os.fspath(path)!r} is "
+                f"not one (a {form.value} checkpoint)."
+            )
+        if form is CheckpointFormat.HUGGINGFACE:
             module = _only_model(unwrapped, "Loading a Hugging Face folder")
-            load_huggingface(self._strategy, path, module, strict)
+            load_huggingface(self._strategy, path, module, strict, key_mapping)
             self._strategy.module_loaded(module)
             self.barrier("load")
             return {}

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from file_timing import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 - hooks: the slowest files
 from isolation import pytest_configure, pytest_pyfunc_call  # noqa: F401 - hooks: the ``isolated`` marker
 from mlflow_server import mlflow_server  # noqa: F401 - fixture: a real MLflow tracking server
 from object_store import s3_bucket, s3_server  # noqa: F401 - fixtures: a real S3 API (moto's server)

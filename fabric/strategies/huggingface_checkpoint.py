@@ -10,9 +10,8 @@ headers first, so a mismatch changes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,16 +20,18 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from fabric.plugins.io.checkpoint_io import PathType
-from fabric.plugins.io.distributed_checkpoint import publish, temporary_directory
+from fabric.plugins.io.distributed_checkpoint import temporary_directory
 from fabric.plugins.io.huggingface import (
+    compile_key_mapping,
+    config_files,
+    finish_folder,
     names_to_read,
     read_huggingface,
-    remove_staging,
-    write_config,
+    removed_on_failure,
+    tied_names,
     write_huggingface,
 )
 from fabric.plugins.io.storage import is_remote
-from fabric.plugins.io.temporaries import remove_temporary
 
 if TYPE_CHECKING:
     from fabric.strategies.strategy import Strategy
@@ -57,37 +58,38 @@ def check_supported(strategy: Strategy, path: PathType, action: str) -> None:
         )
 
 
-def save_huggingface(strategy: Strategy, path: PathType, module: nn.Module, max_file_bytes: int) -> None:
-    """Write ``module``'s weights to the folder ``path`` in Hugging Face's layout (a collective; call
+def save_huggingface(
+    strategy: Strategy,
+    path: PathType,
+    module: nn.Module,
+    max_file_bytes: int,
+    *,
+    dtype: torch.dtype | None = None,
+    files: Mapping[str, bytes] | None = None,
+) -> None:
+    """Write ``module``'s weights (in ``dtype`` when given) to the folder ``path`` in Hugging Face's layout, with a
+    ``transformers`` model's config and ``files`` (a tokenizer's) beside them (a collective; call
     :func:`check_supported` first)."""
     state_dict = _weights(module)
     target = Path(path)
     temporary: Path = strategy.broadcast(temporary_directory(target) if strategy.is_global_zero else None)
-    with _removed_on_failure(temporary, strategy.is_global_zero):
-        write_huggingface(state_dict, temporary, max_file_bytes)
+    with removed_on_failure(temporary, owner=strategy.is_global_zero):
+        write_huggingface(state_dict, temporary, max_file_bytes, dtype)
         strategy.barrier("huggingface_written")
         if strategy.is_global_zero:
-            remove_staging(temporary)
-            write_config(module, temporary)
-            publish(temporary, target)
+            finish_folder(temporary, target, {**config_files(module), **(files or {})})
     strategy.barrier("huggingface_published")
 
 
-@contextlib.contextmanager
-def _removed_on_failure(temporary: Path, is_global_zero: bool) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        if is_global_zero and temporary.exists():
-            remove_temporary(temporary)
-        raise
-
-
-def load_huggingface(strategy: Strategy, path: PathType, module: nn.Module, strict: bool) -> None:
-    """Fill ``module`` from the Hugging Face folder ``path``, each rank reading its shards (a collective)."""
+def load_huggingface(
+    strategy: Strategy, path: PathType, module: nn.Module, strict: bool, key_mapping: Mapping[str, str] | None
+) -> None:
+    """Fill ``module`` from the Hugging Face folder ``path``, each rank reading its shards (a collective).
+    ``key_mapping`` renames the folder's tensors to the model's names (regex -> replacement, as ``transformers``)."""
     check_supported(strategy, path, "Loading")
+    patterns = compile_key_mapping(key_mapping)
     state_dict = _weights(module)
-    names = names_to_read(Path(path), {name: tuple(value.shape) for name, value in state_dict.items()}, strict)
-    wanted = {name: value for name, value in state_dict.items() if name in names}
-    read_huggingface(wanted, Path(path))
-    set_model_state_dict(module, dict(wanted), options=StateDictOptions(strict=False))
+    shapes = {name: tuple(value.shape) for name, value in state_dict.items()}
+    names = names_to_read(Path(path), shapes, strict, patterns, tied_names(state_dict))
+    read_huggingface({saved_name: state_dict[name] for name, saved_name in names.items()}, Path(path))
+    set_model_state_dict(module, {name: state_dict[name] for name in names}, options=StateDictOptions(strict=False))

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
+from fabric.plugins.io.huggingface import config_file
 from fabric.plugins.io.storage import filesystem, is_remote
 from fabric.plugins.io.temporaries import owned_temporary, remove_abandoned, remove_temporary, temporary_sibling
 from fabric.trainer.model import TrainerModel
@@ -390,3 +391,29 @@ def _saved_files(tokenizer: Any) -> dict[str, bytes]:
 def _output_loss(outputs: Any, batch: Any) -> torch.Tensor:
     """The eval loss the model computed (its forward got the batch's labels)."""
     return outputs["loss"]  # type: ignore[no-any-return]
+
+
+def huggingface_folder_contents(
+    model_state: Mapping[str, Any], destination: Path
+) -> tuple[dict[str, torch.Tensor], dict[str, bytes]]:
+    """The weights and the other files (name -> bytes) of a Hugging Face folder made from a checkpoint's
+    ``model`` entry (read whole). A :class:`HuggingFaceModel`'s entry gives ``transformers``' names (its ``model.``
+    prefix removed), ``config.json`` and the tokenizer's files; any other module's gives its tensors as named."""
+    weights = dict(model_state)
+    extra = weights.pop("_extra_state", None)
+    files: dict[str, bytes] = {}
+    if isinstance(extra, Mapping) and "config" in extra and "class" in extra:
+        weights = {name.removeprefix("model."): value for name, value in weights.items()}
+        files.update(config_file(extra["config"], extra["class"]))
+        name_max = _longest_file_name(destination)
+        for name, content in extra.get("tokenizer", {}).items():
+            problem = _tokenizer_file_problem(name, content, name_max)
+            if problem:
+                raise ValueError(f"The checkpoint holds a tokenizer file {name!r} that {problem}.")
+            files[name] = content
+    elif extra is not None:
+        weights["_extra_state"] = extra
+    others = sorted(name for name, value in weights.items() if not isinstance(value, torch.Tensor))
+    if others:
+        raise ValueError(f"A Hugging Face folder holds tensors only; the checkpoint's model entry also has {others}.")
+    return weights, files

@@ -58,6 +58,29 @@ def test_a_sharded_save_is_a_folder_transformers_loads_with_the_same_weights(tmp
     _assert_same_weights(_model(0), loaded)
 
 
+def test_a_tied_head_is_written_once_and_tied_again_by_from_pretrained(tmp_path: Path) -> None:
+    _job(tmp_path, "save", "fsdp", "2", "tied")
+    index = json.loads((tmp_path / "hf" / INDEX_FILE).read_text())["weight_map"]
+    assert "model.embed_tokens.weight" in index and "lm_head.weight" not in index  # as save_pretrained keeps it
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    torch.manual_seed(0)
+    expected = LlamaForCausalLM(LlamaConfig(**{**CONFIG.to_dict(), "tie_word_embeddings": True})).eval()
+    _assert_same_weights(expected, loaded)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+
+
+def test_a_tied_models_folder_from_save_pretrained_loads_strictly_and_stays_tied(tmp_path: Path) -> None:
+    tied = LlamaConfig(**{**CONFIG.to_dict(), "tie_word_embeddings": True})
+    torch.manual_seed(0)
+    LlamaForCausalLM(tied).save_pretrained(tmp_path / "hf")
+    fabric = Fabric(accelerator="cpu")
+    torch.manual_seed(1)
+    target = fabric.setup(LlamaForCausalLM(tied))
+    fabric.load(tmp_path / "hf", {"model": target})  # strict: the head is filled through the embedding
+    _assert_same_weights(LlamaForCausalLM.from_pretrained(tmp_path / "hf"), target.module)
+    assert target.module.lm_head.weight is target.module.model.embed_tokens.weight
+
+
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
     """A folder ``transformers`` wrote in two files, and the logits of the model it holds."""
@@ -167,3 +190,41 @@ def test_deepspeed_refuses_hugging_face_folders_by_name(tmp_path: Path) -> None:
 def test_weight_files_split_as_save_pretrained_splits_them() -> None:
     assert file_numbers({"a": 60, "b": 50, "c": 120, "d": 10}, max_file_bytes=100) == {"a": 1, "b": 2, "c": 3, "d": 4}
     assert file_numbers({"a": 40, "b": 60, "c": 20}, max_file_bytes=100) == {"a": 1, "b": 1, "c": 2}
+
+
+class _Wrapped(nn.Module):
+    """A model whose tensors carry a prefix a ``transformers`` folder does not have."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.backbone = _model(seed)
+
+
+def test_key_mapping_renames_the_folders_tensors_to_the_models_names(
+    tmp_path: Path, pretrained: tuple[Path, torch.Tensor]
+) -> None:
+    folder, _ = pretrained
+    fabric = Fabric(accelerator="cpu")
+    target = fabric.setup(_Wrapped(1))
+    with pytest.raises(CheckpointError, match=r"has no 'backbone\.lm_head\.weight'.*or key_mapping= to rename"):
+        fabric.load(folder, {"model": target})
+    _assert_same_weights(_model(1), target.module.backbone)
+    # the first matching pattern wins, as in transformers: 'lm_head' is renamed by the first, never the second
+    fabric.load(folder, {"model": target}, key_mapping={r"^lm_head\.": "backbone.lm_head.", r"^": "backbone."})
+    _assert_same_weights(_model(0), target.module.backbone)
+
+
+def test_a_bad_key_mapping_is_refused_before_anything_is_read(
+    tmp_path: Path, pretrained: tuple[Path, torch.Tensor]
+) -> None:
+    folder, _ = pretrained
+    fabric = Fabric(accelerator="cpu")
+    target = fabric.setup(_model(1))
+    with pytest.raises(CheckpointError, match=r"key_mapping renames both 'lm_head\.weight' and 'model\.norm\.weight'"):
+        fabric.load(folder, {"model": target}, key_mapping={r"^(lm_head|model\.norm)\.weight$": "model.norm.weight"})
+    with pytest.raises(ValueError, match=r"key_mapping: '\(unclosed' is not a regular expression"):
+        fabric.load(folder, {"model": target}, key_mapping={"(unclosed": "x"})
+    _assert_same_weights(_model(1), target.module)
+    fabric.save(tmp_path / "ckpt.pt", {"model": target})
+    with pytest.raises(ValueError, match=r"renames the tensors of a Hugging Face folder; .*ckpt\.pt' is not one"):
+        fabric.load(tmp_path / "ckpt.pt", {"model": target}, key_mapping={"a": "b"})

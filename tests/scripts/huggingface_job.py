@@ -1,10 +1,11 @@
 """Hugging Face folders from several ranks, for tests/plugins/test_huggingface_format.py:
-``python huggingface_job.py OUT_DIR save|load STRATEGY DEVICES [FOLDER]``.
+``python huggingface_job.py OUT_DIR save STRATEGY DEVICES [tied]`` or ``... OUT_DIR load STRATEGY DEVICES FOLDER``.
 
 A tiny random-initialised Llama (``transformers``) set up with STRATEGY (``fsdp``, ``ddp`` or ``tp``: tensor
 parallelism over the MLP and attention projections) on DEVICES gloo ranks. ``save``: the seed-0 model written to
-``OUT_DIR/hf`` with ``format="huggingface"`` in files of at most 200 kB. ``load``: a seed-1 model filled from FOLDER;
-rank 0 writes its logits on fixed tokens to ``OUT_DIR/logits.pt``.
+``OUT_DIR/hf`` with ``format="huggingface"`` in files of at most 200 kB (``tied``: its head tied to its
+embedding). ``load``: a seed-1 model filled from FOLDER; rank 0 writes its logits on fixed tokens to
+``OUT_DIR/logits.pt``.
 """
 
 import sys
@@ -19,8 +20,9 @@ from fabric import Fabric
 from fabric.strategies import ModelParallelStrategy
 
 out_dir, mode, strategy_name, devices = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+TIED = mode == "save" and sys.argv[5:] == ["tied"]
 CONFIG = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)  # fmt: skip
+                     num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=TIED)  # fmt: skip
 TOKENS = torch.arange(24).reshape(2, 12) % CONFIG.vocab_size
 
 

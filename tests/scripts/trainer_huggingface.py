@@ -1,8 +1,11 @@
-"""A tiny randomly initialised GPT-2 trained by the Trainer: ``python trainer_huggingface.py OUT_DIR DEVICES``.
+"""A tiny randomly initialised GPT-2 trained by the Trainer: ``python trainer_huggingface.py OUT_DIR DEVICES
+[STRATEGY]`` (``ddp`` by default on several ranks, or ``fsdp``).
 
 No download: the config is built here. The global batch is 8 whatever the number of ranks and every
-sequence is full length, so one process and two DDP ranks reach the same weights. Each rank saves
-what it computed to ``OUT_DIR/rank{rank}.pt``; all ranks save a Trainer checkpoint to ``OUT_DIR/ckpt.pt``.
+sequence is full length, so one process and two DDP or FSDP ranks reach the same weights. Each rank saves
+what it computed to ``OUT_DIR/rank{rank}.pt`` (whole tensors); all ranks save a Trainer checkpoint to
+``OUT_DIR/ckpt.pt`` and, with a ``HuggingFaceCheckpointer`` every epoch, Hugging Face folders to
+``OUT_DIR/hf/huggingface/ba{batch}``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from fabric.trainer.callbacks import HuggingFaceCheckpointer
 from fabric.trainer.huggingface import HuggingFaceModel
 from fabric.trainer.trainer import Trainer
 
@@ -36,7 +40,12 @@ def sequences(count: int) -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": row, "attention_mask": torch.ones(LENGTH, dtype=torch.long), "labels": row} for row in rows]
 
 
-def train(out_dir: Path, devices: int) -> dict[str, Any]:
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (FSDP shards it), else the tensor."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def train(out_dir: Path, devices: int, strategy: str = "ddp") -> dict[str, Any]:
     torch.manual_seed(0)
     model = HuggingFaceModel(tiny_gpt2())
     trainer = Trainer(
@@ -49,14 +58,15 @@ def train(out_dir: Path, devices: int) -> dict[str, Any]:
         progress_bar=False,
         seed=0,
         accelerator="cpu",
-        strategy="ddp" if devices > 1 else "auto",
+        strategy=strategy if devices > 1 else "auto",
         devices=devices,
+        callbacks=[HuggingFaceCheckpointer(str(out_dir / "hf"), "1ep")],
     )
     trainer.fit()
     trainer.save_checkpoint(str(out_dir / "ckpt.pt"))
     result = {
         "world_size": trainer.fabric.world_size,
-        "params": [p.detach().clone() for p in model.parameters()],
+        "params": [whole(p.detach()).clone() for p in model.parameters()],
         "tokens": int(trainer.state.timestamp.token),
         "eval_loss": trainer.state.metrics["metrics/eval/loss"],
         "loss": float(trainer.state.loss),
@@ -67,4 +77,4 @@ def train(out_dir: Path, devices: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    train(Path(sys.argv[1]), int(sys.argv[2]))
+    train(Path(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])

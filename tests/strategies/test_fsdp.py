@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 from torch import nn
 
 from fabric import Fabric
 from fabric.strategies import STRATEGY_REGISTRY
 from fabric.strategies.fsdp.strategy import FSDPStrategy
 from fabric.utilities.exceptions import CheckpointError
+from fabric_cli.cli import cli
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,6 +148,23 @@ def test_consolidate_writes_one_file_that_plain_torch_and_a_single_device_load(j
         assert state["step"] == 5
         _assert_same_tensors([p.detach() for p in model.parameters()], trained["params"])
         _assert_same_tensors(_adam_tensors(optimizer), trained["optimizer"])
+
+
+def test_consolidate_to_huggingface_writes_the_sharded_models_weights_as_safetensors(job: Path, tmp_path: Path) -> None:
+    output = tmp_path / "hf"
+    arguments = ["consolidate", str(job / "sharded"), str(output), "--format", "huggingface", "--max-file-bytes", "600"]
+    result = CliRunner().invoke(cli, arguments)
+    assert result.exit_code == 0, result.output
+    assert result.output == f"wrote {output} (6 tensors)\n"
+    files = sorted(path.name for path in output.iterdir())
+    assert files == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)] + ["model.safetensors.index.json"]
+    model, *_ = _single_device_state()
+    fabric = Fabric(accelerator="cpu", devices=1)
+    fabric.load(output, {"model": fabric.setup(model)})
+    _assert_same_tensors([p.detach() for p in model.parameters()], torch.load(job / "train.pt")["params"])
+
+    refused = CliRunner().invoke(cli, ["consolidate", str(job / "sharded"), "--max-file-bytes", "600"])
+    assert refused.exit_code == 2 and "--max-file-bytes sizes the files of --format huggingface only" in refused.output
 
 
 def test_consolidate_refuses_a_path_that_is_not_a_sharded_checkpoint(tmp_path: Path) -> None:

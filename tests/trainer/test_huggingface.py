@@ -86,6 +86,36 @@ def test_one_rank_trains_counts_real_tokens_evaluates_and_exports_for_from_pretr
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+def test_fabric_consolidate_writes_a_trainer_checkpoint_as_a_folder_the_auto_classes_load(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fabric_cli.cli import cli
+
+    tokenizer = _tokenizer()
+    torch.manual_seed(0)
+    model = HuggingFaceModel(script.tiny_gpt2(), tokenizer=tokenizer)
+    torch.save({"model": model.state_dict(), "state": {"epoch": 1}}, tmp_path / "ckpt.pt")
+    result = CliRunner().invoke(cli, ["consolidate", str(tmp_path / "ckpt.pt"), "--format", "huggingface"])
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "ckpt.pt.huggingface"
+    assert result.output.startswith(f"wrote {folder} (") and "config.json" in result.output
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert type(loaded) is transformers.GPT2LMHeadModel
+    ids = torch.tensor([[2, 3, 4, 5]])
+    torch.testing.assert_close(loaded(ids).logits, model.model(ids).logits)
+    assert transformers.AutoTokenizer.from_pretrained(folder)("w1 w2")["input_ids"] == tokenizer("w1 w2")["input_ids"]
+
+    state = model.state_dict()
+    state["_extra_state"]["tokenizer"]["../escaped.json"] = b"{}"
+    torch.save({"model": state}, tmp_path / "hostile.pt")
+    refused = CliRunner().invoke(
+        cli, ["consolidate", str(tmp_path / "hostile.pt"), str(tmp_path / "out"), "--format", "huggingface"]
+    )
+    assert refused.exit_code == 1
+    assert "tokenizer file '../escaped.json' that is not a plain file name" in refused.output
+    assert not (tmp_path / "out").exists()
+
+
 def _stacked(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {key: torch.stack([row[key] for row in rows]) for key in rows[0]}
 
@@ -137,6 +167,60 @@ def test_one_and_two_ranks_reach_the_same_weights_and_the_checkpoint_loads(tmp_p
     )
     for ours, theirs in zip(loaded.parameters(), ranks[0]["params"], strict=True):
         assert torch.equal(ours.detach(), theirs)
+    for run, trained in (("one", single), ("two", ranks[0])):  # HuggingFaceCheckpointer's folder after each epoch
+        assert sorted(path.name for path in (tmp_path / run / "hf" / "huggingface").iterdir()) == ["ba12", "ba4", "ba8"]
+        _assert_folder_holds(tmp_path / run / "hf" / "huggingface" / "ba12", trained["params"])
+
+
+def _assert_folder_holds(folder: Path, params: list[torch.Tensor]) -> None:
+    """``folder`` is a GPT-2 that the Auto classes load, with ``params`` as its parameters."""
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert type(loaded) is transformers.GPT2LMHeadModel
+    for ours, theirs in zip(loaded.parameters(), params, strict=True):
+        assert torch.equal(ours.detach(), theirs)
+
+
+def test_hugging_face_checkpointer_writes_fsdp_shards_from_every_rank_into_one_folder(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), "2", "fsdp"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    _assert_folder_holds(tmp_path / "hf" / "huggingface" / "ba12", ranks[0]["params"])
+    (tmp_path / "one").mkdir()
+    single = script.train(tmp_path / "one", 1)
+    for ours, theirs in zip(ranks[0]["params"], single["params"], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)  # FSDP trained as one process did
+
+
+def test_hugging_face_checkpointer_refuses_what_it_cannot_write(tmp_path: Path) -> None:
+    from fabric.trainer.callbacks import HuggingFaceCheckpointer
+
+    with pytest.raises(ValueError, match=r"precision='fp8': accepted values are \['float32', 'bfloat16', 'float16'\]"):
+        HuggingFaceCheckpointer(str(tmp_path), "1ep", precision="fp8")
+    with pytest.raises(ValueError, match=r"save_folder='s3://bucket/run'\) writes to a local or shared file system"):
+        HuggingFaceCheckpointer("s3://bucket/run", "1ep")
+    with pytest.raises(ValueError, match=r"MLflow registration .* is not provided"):
+        HuggingFaceCheckpointer(str(tmp_path), "1ep", mlflow_registered_model_name="gpt")
+    from tiny_models import Regressor
+
+    model = Regressor()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader([(torch.zeros(4), torch.zeros(1))] * 4, batch_size=2),
+        max_duration="1ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        callbacks=[HuggingFaceCheckpointer(str(tmp_path / "hf"), "1ba")],
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"writes a HuggingFaceModel \(fabric\.trainer\.huggingface\); the Trainer.s model is a Regressor",
+    ):
+        trainer.fit()
+    assert not (tmp_path / "hf").exists()
 
 
 def _checkpoint_with_tokenizer_files(path: Path, **files: bytes) -> Path:

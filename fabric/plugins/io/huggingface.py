@@ -10,18 +10,25 @@ its own shards cover. Nothing in these files executes on load (safetensors holds
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
+import re
 import shutil
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fabric.plugins.io.checkpoint_io import PathType
-from fabric.plugins.io.distributed_checkpoint import _single_process_warning_silenced, _without_process_group
+from fabric.plugins.io.distributed_checkpoint import (
+    _single_process_warning_silenced,
+    _without_process_group,
+    publish,
+    temporary_directory,
+)
+from fabric.plugins.io.temporaries import remove_temporary
 from fabric.utilities.exceptions import CheckpointError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -57,12 +64,47 @@ def tensor_bytes(value: torch.Tensor) -> int:
     return value.numel() * value.element_size()
 
 
-def write_huggingface(state_dict: dict[str, torch.Tensor], folder: Path, max_file_bytes: int) -> None:
-    """Every rank writes its shards of ``state_dict`` into ``folder`` (a collective); the coordinator merges them
-    into the Hugging Face files. Call :func:`remove_staging` on rank 0 once every rank returned."""
+def tied_names(state_dict: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """The names of tied tensors (one tensor under two names, as a language model's head and input embedding):
+    each later name -> the first name of its tensor in ``state_dict``'s order (the module's order, which puts the
+    embedding before the head). Hugging Face folders hold a tied tensor once, under the name
+    ``save_pretrained`` keeps; ``from_pretrained`` ties the others again."""
+    first: dict[object, str] = {}
+    tied: dict[str, str] = {}
+    for name, value in state_dict.items():
+        identity = _tensor_identity(value)
+        if identity in first:
+            tied[name] = first[identity]
+        else:
+            first[identity] = name
+    return tied
+
+
+def _tensor_identity(value: torch.Tensor) -> object:
+    """What two names of one tensor share: its memory and view (a DTensor's local piece's), or the object on meta."""
+    from torch.distributed.tensor import DTensor
+
+    local = value.to_local() if isinstance(value, DTensor) else value
+    if local.device.type == "meta" or local.numel() == 0:  # no memory to compare
+        return id(value)
+    return (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape), local.stride(), local.dtype)
+
+
+def write_huggingface(
+    state_dict: dict[str, torch.Tensor], folder: Path, max_file_bytes: int, dtype: torch.dtype | None = None
+) -> None:
+    """Every rank writes its shards of ``state_dict`` into ``folder`` (a collective; a tied tensor once, under its
+    first name; floating-point tensors in ``dtype`` when given); the coordinator merges them into the Hugging Face
+    files. Call :func:`finish_folder` on rank 0 once every rank returned."""
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
+    tied = tied_names(state_dict)
+    state_dict = {
+        name: value.to(dtype) if dtype is not None and value.is_floating_point() else value
+        for name, value in state_dict.items()
+        if name not in tied
+    }
     sizes = {name: tensor_bytes(value) for name, value in state_dict.items()}
     writer = HuggingFaceStorageWriter(
         str(folder),
@@ -106,13 +148,61 @@ def _header(file: Path, folder: Path) -> dict[str, Any]:
     return header
 
 
-def names_to_read(folder: Path, expected: Mapping[str, tuple[int, ...]], strict: bool) -> set[str]:
-    """Compare the folder's tensors with the model's (name -> full shape) before anything is read and return the
-    names both have. Raises one :class:`CheckpointError` naming the first problem: a shape that differs, and with
-    ``strict`` a tensor the model has and the folder lacks, or the other way round."""
-    saved = saved_tensors(folder)
+def compile_key_mapping(key_mapping: Mapping[str, str] | None) -> list[tuple[re.Pattern[str], str]]:
+    """``key_mapping``'s patterns compiled, in order, or a ``ValueError`` naming the one that is not a regex."""
+    compiled = []
+    for pattern, replacement in (key_mapping or {}).items():
+        if not isinstance(pattern, str) or not isinstance(replacement, str):
+            raise ValueError(
+                f"key_mapping maps regex strings to replacement strings; got {pattern!r}: {replacement!r}."
+            )
+        try:
+            compiled.append((re.compile(pattern), replacement))
+        except re.error as error:
+            raise ValueError(f"key_mapping: {pattern!r} is not a regular expression ({error}).") from None
+    return compiled
+
+
+def model_names(saved: Mapping[str, Any], key_mapping: list[tuple[re.Pattern[str], str]]) -> dict[str, str]:
+    """Each saved tensor's name in the model (model name -> saved name), renamed as ``transformers``'
+    ``from_pretrained(key_mapping=)`` renames: the first pattern that matches is substituted, the rest are not
+    tried. Two saved tensors given one model name raise :class:`CheckpointError` naming both."""
+    names: dict[str, str] = {}
+    for saved_name in sorted(saved):
+        model_name = saved_name
+        for pattern, replacement in key_mapping:
+            model_name, replaced = pattern.subn(replacement, saved_name)
+            if replaced:
+                break
+        if model_name in names:
+            raise CheckpointError(
+                f"key_mapping renames both {names[model_name]!r} and {saved_name!r} to {model_name!r}; nothing was "
+                "loaded."
+            )
+        names[model_name] = saved_name
+    return names
+
+
+def names_to_read(
+    folder: Path,
+    expected: Mapping[str, tuple[int, ...]],
+    strict: bool,
+    key_mapping: list[tuple[re.Pattern[str], str]] | None = None,
+    tied: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Compare the folder's tensors (renamed by ``key_mapping``) with the model's (name -> full shape) before
+    anything is read, and return the ones both have (model name -> name in the folder). The model's ``tied`` names
+    (see :func:`tied_names`) are filled through the first name of their tensor: neither read nor missing. Raises one
+    :class:`CheckpointError` naming the first problem: a shape that differs, and with ``strict`` a tensor the model
+    has and the folder lacks, or the other way round."""
+    stored = saved_tensors(folder)
+    renamed = model_names(stored, key_mapping or [])
+    tied = tied or {}
+    saved = {model_name: stored[saved_name] for model_name, saved_name in renamed.items() if model_name not in tied}
+    expected = {name: shape for name, shape in expected.items() if name not in tied}
     missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
-    retry = "nothing was loaded. Pass strict=False to load the tensors both have."
+    retry = "nothing was loaded. Pass strict=False to load the tensors both have"
+    retry += "." if key_mapping else ", or key_mapping= to rename the folder's."
     if strict and missing:
         raise CheckpointError(
             f"{folder} has no {missing[0]!r} ({len(missing)} of the model's tensors are missing: {missing[:5]}); "
@@ -130,7 +220,7 @@ def names_to_read(folder: Path, expected: Mapping[str, tuple[int, ...]], strict:
                 f"{folder}: {name!r} has shape {list(saved[name][0])} there and {list(expected[name])} in the model; "
                 "nothing was loaded."
             )
-    return common
+    return {name: renamed[name] for name in common}
 
 
 def read_huggingface(state_dict: dict[str, torch.Tensor], folder: Path) -> None:
@@ -142,9 +232,49 @@ def read_huggingface(state_dict: dict[str, torch.Tensor], folder: Path) -> None:
         load(state_dict, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=_without_process_group())
 
 
-def write_config(module: torch.nn.Module, folder: Path) -> None:
-    """A ``transformers`` model's ``config.json`` beside its weights, so ``from_pretrained(folder)`` needs nothing
-    else (other modules have no config to write)."""
+def config_files(module: torch.nn.Module) -> dict[str, bytes]:
+    """A ``transformers`` model's ``config.json``, to write beside its weights so ``from_pretrained(folder)`` needs
+    nothing else (other modules have no config: no file)."""
     config = getattr(module, "config", None)
-    if config is not None and callable(getattr(config, "to_json_file", None)):
-        config.to_json_file(os.fspath(folder / CONFIG_FILE))
+    if config is None or not callable(getattr(config, "to_json_string", None)):
+        return {}
+    return config_file(config.to_json_string(), type(module).__name__)
+
+
+def config_file(config_json: str, model_class: str) -> dict[str, bytes]:
+    """``config.json`` from a config's JSON and its model's class name (the ``architectures`` entry
+    ``save_pretrained`` writes, which the ``Auto`` classes read)."""
+    config = json.loads(config_json)
+    config["architectures"] = [model_class]
+    return {CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True).encode()}
+
+
+def finish_folder(temporary: Path, target: Path, files: Mapping[str, bytes]) -> None:
+    """Complete a written folder (its staging removed, ``files`` added beside the weights) and rename it to
+    ``target``, replacing a previous folder only now (the coordinating rank, after every rank wrote)."""
+    remove_staging(temporary)
+    for name, content in files.items():
+        with (temporary / name).open("xb") as file:  # never over a weight file
+            file.write(content)
+    publish(temporary, target)
+
+
+def write_huggingface_folder(
+    weights: dict[str, torch.Tensor], target: Path, max_file_bytes: int, files: Mapping[str, bytes]
+) -> None:
+    """Write whole tensors held by this one process as the Hugging Face folder ``target``, atomically."""
+    temporary = temporary_directory(target)
+    with removed_on_failure(temporary):
+        write_huggingface(weights, temporary, max_file_bytes)
+        finish_folder(temporary, target, files)
+
+
+@contextlib.contextmanager
+def removed_on_failure(temporary: Path, owner: bool = True) -> Iterator[None]:
+    """Delete the half-written ``temporary`` folder if the block fails (on the ``owner`` rank, which created it)."""
+    try:
+        yield
+    except BaseException:
+        if owner and temporary.exists():
+            remove_temporary(temporary)
+        raise
