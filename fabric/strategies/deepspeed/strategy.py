@@ -81,8 +81,9 @@ class DeepSpeedStrategy(ParallelStrategy):
     """
 
     huggingface_refusal = (
-        "DeepSpeed's engine holds the parameters; save a DeepSpeed checkpoint, then write a Hugging Face folder from "
-        "its weights in one process (fabric consolidate, then save_pretrained)."
+        "DeepSpeed's engine holds the parameters (its float32 masters in ZeRO's partitions); save a DeepSpeed "
+        "checkpoint, then write its weights as a Hugging Face folder in one process: fabric consolidate CHECKPOINT "
+        "--format huggingface."
     )
 
     def __init__(
