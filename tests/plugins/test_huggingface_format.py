@@ -47,9 +47,11 @@ def _assert_same_weights(first: nn.Module, second: nn.Module) -> None:
         assert torch.equal(value, expected[name]), name
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "tp", "ddp"])
-def test_a_sharded_save_is_a_folder_transformers_loads_with_the_same_weights(tmp_path: Path, strategy: str) -> None:
-    _job(tmp_path, "save", strategy, "2")
+@pytest.mark.parametrize(("strategy", "devices"), [("fsdp", "2"), ("tp", "2"), ("ddp", "2"), ("hsdp", "4")])
+def test_a_sharded_save_is_a_folder_transformers_loads_with_the_same_weights(
+    tmp_path: Path, strategy: str, devices: str
+) -> None:
+    _job(tmp_path, "save", strategy, devices)
     folder = tmp_path / "hf"
     files = sorted(path.name for path in folder.iterdir())
     assert files == ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", INDEX_FILE]
@@ -92,7 +94,7 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Te
         return folder, model(input_ids=TOKENS).logits
 
 
-@pytest.mark.parametrize(("strategy", "devices"), [("fsdp", "2"), ("fsdp", "4"), ("tp", "2")])
+@pytest.mark.parametrize(("strategy", "devices"), [("fsdp", "2"), ("fsdp", "4"), ("tp", "2"), ("hsdp", "4")])
 def test_a_transformers_folder_loads_into_sharded_models_each_rank_reading_its_shards(
     tmp_path: Path, pretrained: tuple[Path, torch.Tensor], strategy: str, devices: str
 ) -> None:

@@ -1,11 +1,11 @@
 """Hugging Face folders from several ranks, for tests/plugins/test_huggingface_format.py:
 ``python huggingface_job.py OUT_DIR save STRATEGY DEVICES [tied]`` or ``... OUT_DIR load STRATEGY DEVICES FOLDER``.
 
-A tiny random-initialised Llama (``transformers``) set up with STRATEGY (``fsdp``, ``ddp`` or ``tp``: tensor
-parallelism over the MLP and attention projections) on DEVICES gloo ranks. ``save``: the seed-0 model written to
-``OUT_DIR/hf`` with ``format="huggingface"`` in files of at most 200 kB (``tied``: its head tied to its
-embedding). ``load``: a seed-1 model filled from FOLDER; rank 0 writes its logits on fixed tokens to
-``OUT_DIR/logits.pt``.
+A tiny random-initialised Llama (``transformers``) set up with STRATEGY (``fsdp``, ``hsdp``: 2 replicas of
+DEVICES/2 shards, ``ddp`` or ``tp``: tensor parallelism over the MLP projections) on DEVICES gloo ranks. ``save``:
+the seed-0 model written to ``OUT_DIR/hf`` with ``format="huggingface"`` in files of at most 200 kB (``tied``: its
+head tied to its embedding). ``load``: a seed-1 model filled from FOLDER; rank 0 writes its logits on fixed tokens
+to ``OUT_DIR/logits.pt``.
 """
 
 import sys
@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fabric import Fabric
-from fabric.strategies import ModelParallelStrategy
+from fabric.strategies import FSDPStrategy, ModelParallelStrategy
 
 out_dir, mode, strategy_name, devices = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 TIED = mode == "save" and sys.argv[5:] == ["tied"]
@@ -37,7 +37,11 @@ def make_model(seed: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(CONFIG).eval()
 
 
-strategy = ModelParallelStrategy(split_layers, data_parallel_size=1) if strategy_name == "tp" else strategy_name
+strategies = {
+    "tp": lambda: ModelParallelStrategy(split_layers, data_parallel_size=1),
+    "hsdp": lambda: FSDPStrategy(mesh=(2, devices // 2)),  # replicate x shard
+}
+strategy = strategies[strategy_name]() if strategy_name in strategies else strategy_name
 fabric = Fabric(accelerator="cpu", devices=devices, strategy=strategy)
 fabric.launch()
 if mode == "save":
