@@ -94,7 +94,9 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Te
         return folder, model(input_ids=TOKENS).logits
 
 
-@pytest.mark.parametrize(("strategy", "devices"), [("fsdp", "2"), ("fsdp", "4"), ("tp", "2"), ("hsdp", "4")])
+@pytest.mark.parametrize(
+    ("strategy", "devices"), [("fsdp", "2"), ("fsdp", "4"), ("tp", "2"), ("tp", "4"), ("hsdp", "4")]
+)
 def test_a_transformers_folder_loads_into_sharded_models_each_rank_reading_its_shards(
     tmp_path: Path, pretrained: tuple[Path, torch.Tensor], strategy: str, devices: str
 ) -> None:
