@@ -15,6 +15,9 @@ from test_launched_worlds import WORLD, assert_one_world_trained, reports
 
 from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 
+#: Slow: a real SLURM cluster started by the test (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
+
 slurm_cluster = engines.slurm_cluster
 PREEMPTIBLE = str(Path(__file__).parent / "scripts" / "trainer_preemptible.py")
 

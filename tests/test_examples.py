@@ -69,6 +69,7 @@ def test_ddp_example_trains_on_two_ranks_with_identical_replicas(tmp_path: Path,
     assert len(losses) == 2 and losses[1] < losses[0]
 
 
+@pytest.mark.end_to_end  # an example run whole on real ranks: scripts/test.sh --end-to-end
 def test_fsdp_example_trains_on_two_ranks_and_resumes_from_its_sharded_checkpoint(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     result = subprocess.run(
@@ -88,6 +89,7 @@ def test_fsdp_example_trains_on_two_ranks_and_resumes_from_its_sharded_checkpoin
     assert "Warning" not in result.stderr, result.stderr  # DTensor's "random operators" warning marked a real bug
 
 
+@pytest.mark.end_to_end  # an example run whole on real ranks: scripts/test.sh --end-to-end
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 def test_deepspeed_example_trains_saves_and_consolidates_on_two_ranks(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
@@ -100,6 +102,7 @@ def test_deepspeed_example_trains_saves_and_consolidates_on_two_ranks(tmp_path: 
     assert "Warning" not in result.stderr, result.stderr[-3000:]  # DeepSpeed's use of deprecated collectives
 
 
+@pytest.mark.end_to_end  # an example run whole on real ranks: scripts/test.sh --end-to-end
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 def test_deepspeed_example_runs_under_the_cli(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
@@ -126,6 +129,7 @@ def _trainer_example(tmp_path: Path, *launch: str) -> list[float]:
     return [float(value) for value in re.findall(r"eval: metrics/eval/accuracy: ([0-9.]+)", result.stdout)]
 
 
+@pytest.mark.end_to_end  # an example run whole on real ranks: scripts/test.sh --end-to-end
 def test_trainer_example_learns_in_one_process_and_on_two_ranks_through_the_cli(tmp_path: Path) -> None:
     one_process = _trainer_example(tmp_path)
     cli = [sys.executable, "-m", "fabric_cli", "run", "model", "--accelerator=cpu", "--devices=2", "--strategy=ddp"]

@@ -16,6 +16,9 @@ import torch
 
 from fabric.utilities.throughput import device_peak_flops
 
+#: Slow: scripts/gpu_check.sh run whole (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

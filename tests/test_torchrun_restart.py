@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from fabric.plugins.environments import find_free_port
+
+#: Slow: torchrun restarting a killed job (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "trainer_torchrun_restart.py")
 

@@ -19,6 +19,9 @@ from engines import NodePair
 from fabric.plugins.environments import find_free_port
 from fabric_cli.layout import Layout, resolve_layout
 
+#: Slow: fabric run model across network namespaces (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
+
 REPORT = str(Path(__file__).parents[1] / "scripts" / "cli_report.py")
 FABRIC = [sys.executable, "-m", "fabric_cli", "run", "model"]
 

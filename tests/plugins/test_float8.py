@@ -152,6 +152,7 @@ def halves_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     return _run_job(tmp_path_factory.mktemp("float8") / "reference", "reference")
 
 
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
 @pytest.mark.parametrize("all_gather", ["0", "1"], ids=["bf16-all-gather", "float8-all-gather"])
 def test_fsdp2_on_two_processes_trains_like_one_process_and_its_checkpoint_reloads(
     halves_reference: dict[str, Any], all_gather: str, tmp_path: Path
@@ -163,6 +164,7 @@ def test_fsdp2_on_two_processes_trains_like_one_process_and_its_checkpoint_reloa
         assert torch.equal(run["reloaded"][name], value), name
 
 
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
 def test_tensor_parallel_layers_train_in_float8_like_one_process(tmp_path: Path) -> None:
     """Two gloo ranks split each block's Linear pair with torch's plain ColwiseParallel/RowwiseParallel (a user's
     ``parallelize_fn``) and see the whole batch; the reference is one process on the whole batch."""

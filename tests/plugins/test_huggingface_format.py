@@ -47,6 +47,7 @@ def _assert_same_weights(first: nn.Module, second: nn.Module) -> None:
         assert torch.equal(value, expected[name]), name
 
 
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
 @pytest.mark.parametrize(("strategy", "devices"), [("fsdp", "2"), ("tp", "2"), ("ddp", "2"), ("hsdp", "4")])
 def test_a_sharded_save_is_a_folder_transformers_loads_with_the_same_weights(
     tmp_path: Path, strategy: str, devices: str
@@ -60,6 +61,7 @@ def test_a_sharded_save_is_a_folder_transformers_loads_with_the_same_weights(
     _assert_same_weights(_model(0), loaded)
 
 
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
 def test_a_tied_head_is_written_once_and_tied_again_by_from_pretrained(tmp_path: Path) -> None:
     _job(tmp_path, "save", "fsdp", "2", "tied")
     index = json.loads((tmp_path / "hf" / INDEX_FILE).read_text())["weight_map"]
@@ -97,6 +99,7 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Te
 @pytest.mark.parametrize(
     ("strategy", "devices"), [("fsdp", "2"), ("fsdp", "4"), ("tp", "2"), ("tp", "4"), ("hsdp", "4")]
 )
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
 def test_a_transformers_folder_loads_into_sharded_models_each_rank_reading_its_shards(
     tmp_path: Path, pretrained: tuple[Path, torch.Tensor], strategy: str, devices: str
 ) -> None:

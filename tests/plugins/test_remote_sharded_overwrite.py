@@ -9,11 +9,16 @@ import sys
 from pathlib import Path
 
 import fsspec
+import pytest
 import torch
 from object_store import S3Server
 
 from fabric import Fabric
 from fabric.plugins.io.distributed_checkpoint import listed_shards
+
+#: Slow: a job killed while overwriting a sharded checkpoint in an S3 API
+#: (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
 
 SCRIPT = str(Path(__file__).parents[1] / "scripts" / "fsdp_remote_overwrite.py")
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")

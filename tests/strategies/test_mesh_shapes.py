@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+#: Slow: every mesh shape on 4 real ranks against one process (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
+
 SCRIPT = Path(__file__).parents[1] / "scripts" / "mesh_job.py"
 #: (replicate, shard, tensor) in launch order; each loads the checkpoint of the one before it.
 CHAIN = [(2, 2, 1), (4, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2), (2, 4, 1)]

@@ -26,6 +26,10 @@ from object_store import S3Server
 
 from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 
+#: Slow: Trainer resumes through a real S3 API server on DDP, FSDP and DeepSpeed ranks
+#: (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
+
 SCRIPT = str(Path(__file__).parents[1] / "scripts" / "trainer_sharded.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 STRATEGIES = ["ddp", "fsdp", "deepspeed_stage_2"]

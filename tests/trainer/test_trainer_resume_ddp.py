@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+#: Slow: a 2-rank Trainer run resumed bit-identically (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "trainer_ddp_resume.py"
 

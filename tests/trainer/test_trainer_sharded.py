@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+#: Slow: sharded Trainer runs interrupted and resumed on real ranks (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
+
 SCRIPT = Path(__file__).parents[1] / "scripts" / "trainer_sharded.py"
 
 

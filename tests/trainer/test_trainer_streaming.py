@@ -19,6 +19,9 @@ from fabric import Fabric
 from fabric.trainer.checkpoint.dataloader_position import capture_epoch_start
 from fabric.utilities.data import shard_dataloader
 
+#: Slow: the Trainer on streaming datasets across real ranks (`bash scripts/test.sh --end-to-end`; CI runs it).
+pytestmark = pytest.mark.end_to_end
+
 TESTS = Path(__file__).parents[1]
 SCRIPT = TESTS / "scripts" / "trainer_streaming.py"
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
