@@ -20,7 +20,9 @@ from typing import Any
 
 from typing_extensions import override
 
+from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
 from fabric.trainer.core.time import Time, TimeUnit
 
@@ -177,3 +179,25 @@ class _Crossing:
         previous = self._last_mark if self._last_mark is not None else (0 if first_batch else mark)
         self._last_mark = mark
         return mark > previous
+
+
+class SavesAtIntervals(Callback):
+    """A callback that writes something every ``interval``: :meth:`save` runs at ``BATCH_CHECKPOINT`` when the
+    interval answers yes at ``BATCH_END``, and at ``EPOCH_CHECKPOINT`` when it answers yes at ``EPOCH_END`` (the
+    Trainer's checkpoints, Hugging Face folders)."""
+
+    interval: IntervalFunction
+
+    def save(self, state: State) -> str:
+        """Write now (on every rank); returns where."""
+        raise NotImplementedError
+
+    @override
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        if self.interval(state, Event.BATCH_END):
+            self.save(state)
+
+    @override
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
+        if self.interval(state, Event.EPOCH_END):
+            self.save(state)

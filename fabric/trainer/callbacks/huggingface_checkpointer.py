@@ -14,10 +14,8 @@ from fabric.plugins.io.huggingface import DEFAULT_MAX_FILE_BYTES
 from fabric.plugins.io.storage import is_remote
 from fabric.strategies.huggingface_checkpoint import check_supported, save_huggingface
 from fabric.trainer.callbacks._utils import check_count, check_name, format_name, user_model
-from fabric.trainer.core.callback import Callback
-from fabric.trainer.core.events import Event
 from fabric.trainer.core.state import require_fabric
-from fabric.trainer.intervals import IntervalInput, create_interval
+from fabric.trainer.intervals import IntervalInput, SavesAtIntervals, create_interval
 
 if TYPE_CHECKING:
     from fabric.trainer.core.logger import Logger
@@ -27,7 +25,7 @@ if TYPE_CHECKING:
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class HuggingFaceCheckpointer(Callback):
+class HuggingFaceCheckpointer(SavesAtIntervals):
     """Every ``save_interval`` (and when training ends) write a :class:`~fabric.trainer.huggingface.HuggingFaceModel`
     as a folder that ``transformers``' ``from_pretrained`` (model and ``AutoTokenizer``) loads:
     ``save_folder/huggingface/<huggingface_folder_name>`` (``ba{batch}`` by default; ``{run_name}``, ``{epoch}``,
@@ -82,16 +80,6 @@ class HuggingFaceCheckpointer(Callback):
         """A model that is not a HuggingFaceModel, or a strategy that cannot write the folder, fails before training."""
         _model_and_files(state)
         check_supported(require_fabric(state).strategy, self.save_folder, "HuggingFaceCheckpointer: writing")
-
-    @override
-    def batch_checkpoint(self, state: State, logger: Logger) -> None:
-        if self.interval(state, Event.BATCH_END):
-            self.save(state)
-
-    @override
-    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
-        if self.interval(state, Event.EPOCH_END):
-            self.save(state)
 
     def save(self, state: State) -> str:
         """Write the folder now (on every rank: it is a collective); returns its path."""

@@ -38,11 +38,9 @@ from fabric.trainer.checkpoint.storage import (
     format_name,
     names_differ_between_saves,
 )
-from fabric.trainer.core.callback import Callback
-from fabric.trainer.core.events import Event
 from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State, require_fabric
-from fabric.trainer.intervals import IntervalInput, create_interval, fires_once
+from fabric.trainer.intervals import IntervalInput, SavesAtIntervals, create_interval, fires_once
 from fabric.utilities.exceptions import CheckpointError
 
 #: ``save(path, weights_only, storage_options, async_save)``: write a Trainer checkpoint (a collective call);
@@ -52,7 +50,7 @@ SaveFunction = Callable[[str, bool, StorageOptions, bool], Future[None]]
 STAGING_ROOT = "fabric-checkpoint-staging"
 
 
-class CheckpointSaver(Callback):
+class CheckpointSaver(SavesAtIntervals):
     """Save every ``save_interval`` into ``folder`` (``{run_name}`` allowed) under ``filename``.
 
     ``num_checkpoints_to_keep=-1`` keeps all; otherwise the newest N of this run are kept, including
@@ -128,16 +126,6 @@ class CheckpointSaver(Callback):
         if self._folder is None:
             raise RuntimeError("CheckpointSaver is not bound to a Trainer yet.")
         return self._folder
-
-    @override
-    def batch_checkpoint(self, state: State, logger: Logger) -> None:
-        if self.interval(state, Event.BATCH_END):
-            self.save(state)
-
-    @override
-    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
-        if self.interval(state, Event.EPOCH_END):
-            self.save(state)
 
     @override
     def fit_start(self, state: State, logger: Logger) -> None:
