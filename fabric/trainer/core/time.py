@@ -22,7 +22,7 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any, Generic, NoReturn, SupportsIndex, TypeVar, cast, overload
 
-__all__ = ["Time", "TimeUnit", "Timestamp", "elapsed_fraction"]
+__all__ = ["Time", "TimeUnit", "Timestamp", "elapsed_fraction", "ensure_time"]
 
 
 class TimeUnit(Enum):
@@ -657,3 +657,9 @@ def elapsed_fraction(timestamp: Timestamp, max_duration: Time[Any], batches_per_
     if max_duration.unit is TimeUnit.EPOCH and batches_per_epoch:
         return float(timestamp.batch.value / (max_duration.value * batches_per_epoch))
     return timestamp.get(max_duration.unit) / max_duration
+
+
+def ensure_time(maybe_time: Time[Any] | str | int | float, int_unit: TimeUnit | str) -> Time[Any]:
+    """Composer's ``ensure_time``: a Time as is, a time string parsed, a number in ``int_unit``
+    (:meth:`Time.from_input`)."""
+    return Time.from_input(maybe_time, int_unit)

@@ -1,0 +1,67 @@
+"""Composer's ``composer.utils.get_file``, ``parse_uri`` and ``composer.core.ensure_time`` (llm-foundry imports them):
+``get_file`` copies from a real S3 API (moto's server) and from local paths atomically, refusing to replace a file
+unless asked; through the Composer drop-in mode the names are ours."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import fsspec
+import pytest
+from drop_in_checks import served
+
+from fabric.compat.composer_names import COMPOSER
+from fabric.plugins.io.file_helpers import get_file, parse_uri
+from fabric.trainer.core.time import Time, TimeUnit, ensure_time
+
+
+def test_parse_uri_splits_as_composer_does() -> None:
+    assert parse_uri("s3://bucket/runs/ep1.pt") == ("s3", "bucket", "runs/ep1.pt")
+    assert parse_uri("oci://bucket@namespace/a/b") == ("oci", "bucket", "a/b")
+    assert parse_uri("/tmp/runs/ep1.pt") == ("", "", "/tmp/runs/ep1.pt")
+    assert parse_uri("runs/ep1.pt") == ("", "", "runs/ep1.pt")
+
+
+def test_get_file_copies_from_a_bucket_and_replaces_only_when_asked(s3_bucket: str, tmp_path: Path) -> None:
+    fs = fsspec.filesystem("s3")
+    fs.pipe(f"{s3_bucket}/tokenizer/vocab.json", b'{"a": 1}')
+    destination = tmp_path / "local" / "vocab.json"
+    get_file(f"{s3_bucket}/tokenizer/vocab.json", destination)
+    assert destination.read_bytes() == b'{"a": 1}'
+
+    fs.pipe(f"{s3_bucket}/tokenizer/vocab.json", b'{"a": 2}')
+    with pytest.raises(FileExistsError, match=r"vocab\.json exists; pass overwrite=True"):
+        get_file(f"{s3_bucket}/tokenizer/vocab.json", destination)
+    assert destination.read_bytes() == b'{"a": 1}'
+    get_file(f"{s3_bucket}/tokenizer/vocab.json", destination, overwrite=True)
+    assert destination.read_bytes() == b'{"a": 2}'
+
+    with pytest.raises(FileNotFoundError, match=r"'s3://.*/tokenizer/missing\.json' is not a file"):
+        get_file(f"{s3_bucket}/tokenizer/missing.json", tmp_path / "missing.json")
+    assert sorted(path.name for path in tmp_path.rglob("*")) == ["local", "vocab.json"]  # no temporary left
+
+
+def test_get_file_copies_a_local_file_and_refuses_composers_object_store_objects(tmp_path: Path) -> None:
+    (tmp_path / "source.txt").write_text("weights")
+    get_file(str(tmp_path / "source.txt"), tmp_path / "copy.txt")
+    assert (tmp_path / "copy.txt").read_text() == "weights"
+    with pytest.raises(ValueError, match=r"object_store=object\): object stores are fsspec URLs here"):
+        get_file("runs/ep1.pt", tmp_path / "x", object_store=object())
+    assert not (tmp_path / "x").exists()
+
+
+def test_ensure_time_takes_a_time_a_time_string_or_a_number_in_the_given_unit() -> None:
+    assert ensure_time("3ep", TimeUnit.BATCH) == Time(3, TimeUnit.EPOCH)
+    assert ensure_time(7, TimeUnit.BATCH) == Time(7, TimeUnit.BATCH)
+    assert ensure_time(Time(2, TimeUnit.TOKEN), "ba") == Time(2, TimeUnit.TOKEN)
+    with pytest.raises(ValueError, match="Time string '3 epochs' is not valid"):
+        ensure_time("3 epochs", TimeUnit.EPOCH)
+
+
+def test_through_the_drop_in_mode_composers_names_are_ours() -> None:
+    with served(COMPOSER, roots=("composer",)):
+        utils = importlib.import_module("composer.utils")
+        core = importlib.import_module("composer.core")
+        assert (utils.get_file, utils.parse_uri, utils.ensure_time) == (get_file, parse_uri, ensure_time)
+        assert core.ensure_time is ensure_time
