@@ -116,6 +116,8 @@ COMPOSER = DropIn(
                 "ensure_time": "fabric.trainer.core.time:ensure_time",
                 "get_file": "fabric.plugins.io.file_helpers:get_file",
                 "parse_uri": "fabric.plugins.io.file_helpers:parse_uri",
+                "retry": "fabric.utilities.retry:retry",
+                "configure_deterministic_mode": "fabric.utilities.seed:configure_deterministic_mode",
                 "S3ObjectStore": _OBJECT_STORE,
                 "ParallelismConfig": Refused("pass parallelism_config as a dict: {'fsdp': {...}}."),
                 "FSDPConfig": Refused("pass parallelism_config={'fsdp': {...}} as a dict."),
@@ -124,7 +126,7 @@ COMPOSER = DropIn(
         "composer.utils.reproducibility": AliasedModule(
             names={
                 "seed_all": "fabric:seed_everything",
-                "configure_deterministic_mode": Refused("use Trainer(deterministic_mode=True)."),
+                "configure_deterministic_mode": "fabric.utilities.seed:configure_deterministic_mode",
             },
         ),
         "composer.utils.dist": AliasedModule(

@@ -62,14 +62,12 @@ Every other Composer ``Trainer`` argument is accepted with Composer's meaning or
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-import torch
 from torch import nn
 
 from fabric.accelerators.registry import GPU_ACCELERATORS
@@ -77,6 +75,7 @@ from fabric.trainer.core.passes import DEFAULT_PASSES, AlgorithmPass
 from fabric.trainer.intervals import IntervalInput, create_interval
 from fabric.utilities.compile import uncompiled
 from fabric.utilities.rank_zero import rank_zero_warn
+from fabric.utilities.seed import configure_deterministic_mode
 
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
@@ -293,14 +292,8 @@ def enable_deterministic_mode(deterministic_mode: object) -> None:
     """``deterministic_mode=True``: deterministic kernels only, as Composer's ``configure_deterministic_mode``."""
     if not isinstance(deterministic_mode, bool):
         raise ValueError(f"deterministic_mode={deterministic_mode!r} is not valid. Accepted: True or False.")
-    if not deterministic_mode:
-        return
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    # cuBLAS needs a fixed workspace for deterministic results (https://docs.nvidia.com/cuda/cublas/#results-reproducibility)
-    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    rank_zero_warn("Deterministic mode is activated. This will negatively impact performance.")
+    if deterministic_mode:
+        configure_deterministic_mode()
 
 
 def check_compile_config(compile_config: object, model: nn.Module) -> dict[str, Any] | None:

@@ -68,3 +68,15 @@ def worker_init_function(worker_id: int, rank: int) -> None:
         import numpy
 
         numpy.random.seed(int.from_bytes(digest[16:], "little"))  # NumPy takes 32-bit seeds
+
+
+def configure_deterministic_mode() -> None:
+    """Deterministic kernels only (Composer's ``configure_deterministic_mode``, the Trainer's
+    ``deterministic_mode=True``): ``torch.use_deterministic_algorithms(True)``, cuDNN deterministic without
+    benchmarking, and the fixed cuBLAS workspace deterministic results need; warns that it costs speed."""
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    # cuBLAS needs a fixed workspace for deterministic results (https://docs.nvidia.com/cuda/cublas/#results-reproducibility)
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    rank_zero_warn("Deterministic mode is activated. This will negatively impact performance.")

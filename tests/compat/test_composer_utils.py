@@ -1,6 +1,7 @@
-"""Composer's ``composer.utils.get_file``, ``parse_uri`` and ``composer.core.ensure_time`` (llm-foundry imports them):
-``get_file`` copies from a real S3 API (moto's server) and from local paths atomically, refusing to replace a file
-unless asked; through the Composer drop-in mode the names are ours."""
+"""Composer's utilities llm-foundry imports: ``composer.utils.get_file``, ``parse_uri``, ``retry``,
+``configure_deterministic_mode`` and ``composer.core.ensure_time``. ``get_file`` copies from a real S3 API (moto's
+server) and from local paths atomically, refusing to replace a file unless asked; ``retry`` calls again only on the
+exceptions it names; through the Composer drop-in mode the names are ours."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from drop_in_checks import served
 from fabric.compat.composer_names import COMPOSER
 from fabric.plugins.io.file_helpers import get_file, parse_uri
 from fabric.trainer.core.time import Time, TimeUnit, ensure_time
+from fabric.utilities.retry import retry
+from fabric.utilities.seed import configure_deterministic_mode
 
 
 def test_parse_uri_splits_as_composer_does() -> None:
@@ -64,4 +67,34 @@ def test_through_the_drop_in_mode_composers_names_are_ours() -> None:
         utils = importlib.import_module("composer.utils")
         core = importlib.import_module("composer.core")
         assert (utils.get_file, utils.parse_uri, utils.ensure_time) == (get_file, parse_uri, ensure_time)
+        assert (utils.retry, utils.configure_deterministic_mode) == (retry, configure_deterministic_mode)
         assert core.ensure_time is ensure_time
+
+
+def test_retry_calls_again_on_the_named_exceptions_and_raises_the_last_attempts() -> None:
+    calls: list[int] = []
+
+    @retry((ConnectionError, TimeoutError), num_attempts=3, initial_backoff=0, max_jitter=0)
+    def flaky(fail_times: int) -> str:
+        calls.append(len(calls))
+        if len(calls) <= fail_times:
+            raise (ConnectionError if len(calls) % 2 else TimeoutError)(f"attempt {len(calls)}")
+        return "done"
+
+    assert flaky(2) == "done" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(ConnectionError, match="attempt 3"):  # the last attempt's error, after 3 calls
+        flaky(5)
+    assert len(calls) == 3
+
+    @retry(ConnectionError, initial_backoff=0, max_jitter=0)
+    def wrong(_: int) -> None:
+        calls.append(0)
+        raise KeyError("not retried")
+
+    calls.clear()
+    with pytest.raises(KeyError):
+        wrong(1)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match=r"retry\(num_attempts=0\) must be a whole number, at least 1"):
+        retry(ConnectionError, num_attempts=0)
