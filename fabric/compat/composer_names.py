@@ -117,6 +117,7 @@ COMPOSER = DropIn(
                 "get_file": "fabric.plugins.io.file_helpers:get_file",
                 "parse_uri": "fabric.plugins.io.file_helpers:parse_uri",
                 "retry": "fabric.utilities.retry:retry",
+                "format_name_with_dist_and_time": "fabric.trainer.file_names:format_name_with_dist_and_time",
                 "configure_deterministic_mode": "fabric.utilities.seed:configure_deterministic_mode",
                 "S3ObjectStore": _OBJECT_STORE,
                 "ParallelismConfig": Refused("pass parallelism_config as a dict: {'fsdp': {...}}."),

@@ -14,7 +14,8 @@ from drop_in_checks import served
 
 from fabric.compat.composer_names import COMPOSER
 from fabric.plugins.io.file_helpers import get_file, parse_uri
-from fabric.trainer.core.time import Time, TimeUnit, ensure_time
+from fabric.trainer.core.time import Time, Timestamp, TimeUnit, ensure_time
+from fabric.trainer.file_names import format_name_with_dist_and_time
 from fabric.utilities.retry import retry
 from fabric.utilities.seed import configure_deterministic_mode
 
@@ -68,6 +69,7 @@ def test_through_the_drop_in_mode_composers_names_are_ours() -> None:
         core = importlib.import_module("composer.core")
         assert (utils.get_file, utils.parse_uri, utils.ensure_time) == (get_file, parse_uri, ensure_time)
         assert (utils.retry, utils.configure_deterministic_mode) == (retry, configure_deterministic_mode)
+        assert utils.format_name_with_dist_and_time is format_name_with_dist_and_time
         assert core.ensure_time is ensure_time
 
 
@@ -98,3 +100,20 @@ def test_retry_calls_again_on_the_named_exceptions_and_raises_the_last_attempts(
     assert len(calls) == 1
     with pytest.raises(ValueError, match=r"retry\(num_attempts=0\) must be a whole number, at least 1"):
         retry(ConnectionError, num_attempts=0)
+
+
+def test_format_name_with_dist_and_time_fills_composers_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    place = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1"}
+    for name, value in place.items():
+        monkeypatch.setenv(name, value)
+    timestamp = Timestamp(epoch=2, batch=30, sample=480, token=0, batch_in_epoch=5, sample_in_epoch=80)
+    name = format_name_with_dist_and_time(
+        "{run_name}/ep{epoch}-ba{batch}-sp{sample}-in{batch_in_epoch}-{sample_in_epoch}/rank{rank}-of-{world_size}"
+        "-local{local_rank}-of-{local_world_size}-node{node_rank}-{tag}",
+        "gpt",
+        timestamp,
+        tag="final",
+    )
+    assert name == "gpt/ep2-ba30-sp480-in5-80/rank3-of-4-local1-of-2-node1-final"
+    with pytest.raises(KeyError, match="step"):
+        format_name_with_dist_and_time("{step}", "gpt", timestamp)
