@@ -223,6 +223,37 @@ def test_fsdp_meta_device_init_then_load_restores_the_checkpoint_exactly(
     assert all(torch.equal(a, b) for a, b in zip(full_parameters(model), saved, strict=True))
 
 
+# --- Hugging Face folders -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fsdp_fabric", ["fsdp"], indirect=True)
+def test_a_hugging_face_folder_from_gpu_weights_loads_on_the_gpu_and_in_a_cpu_process(
+    gpu_checkpoint: tuple[Path, list[torch.Tensor]], fsdp_fabric: Fabric, tmp_path: Path
+) -> None:
+    """``format="huggingface"`` from CUDA tensors (one device, and FSDP2's DTensors on the GPU), read back into a
+    GPU model and by a CPU-only process."""
+    pytest.importorskip("safetensors", reason="DCP's Hugging Face writer needs safetensors")
+    path, saved = gpu_checkpoint
+    fabric = Fabric(accelerator="cuda", devices=1)
+    model = fabric.setup(make_mlp())
+    fabric.load(path, {"model": model})
+    fabric.save(tmp_path / "single", {"model": model}, format="huggingface")
+    sharded = fsdp_fabric.setup(make_mlp())
+    fsdp_fabric.load(path, {"model": sharded})
+    fsdp_fabric.save(tmp_path / "fsdp", {"model": sharded}, format="huggingface")
+    for folder in ("single", "fsdp"):
+        target = fsdp_fabric.setup(make_mlp())
+        fsdp_fabric.load(tmp_path / folder, {"model": target})
+        assert all(torch.equal(a, b) for a, b in zip(full_parameters(target), saved, strict=True)), folder
+        read = "from safetensors.torch import load_file; import sys; w = load_file(sys.argv[1]); print(sorted(w))"
+        done = subprocess.run(
+            [sys.executable, "-c", read, str(tmp_path / folder / "model-00001-of-00001.safetensors")],
+            capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == str(sorted(make_mlp().state_dict())), folder
+
+
 # --- torch.compile -----------------------------------------------------------------------------------------------
 
 
