@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from job_results import print_result, run_for_result
 
 RESULT_PREFIX = "HF_FOLDER_RESULT "
 
@@ -80,7 +80,7 @@ def run_transformers(args: argparse.Namespace) -> None:
     del model, save
     load_seconds, load_peak = _peak_above_start(lambda: LlamaForCausalLM.from_pretrained(folder))
     result = {"save_s": save_seconds, "load_s": load_seconds, "save_gib": [save_peak], "load_gib": [load_peak]}
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    print_result(RESULT_PREFIX, result)
 
 
 def run_fabric(args: argparse.Namespace) -> None:
@@ -117,7 +117,7 @@ def run_fabric(args: argparse.Namespace) -> None:
             "save_gib": [row[2] for row in rows],
             "load_gib": [row[3] for row in rows],
         }
-        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        print_result(RESULT_PREFIX, result)
 
 
 def _measure(kind: str, world: int, args: argparse.Namespace, folder: Path) -> dict[str, Any] | str:
@@ -125,12 +125,7 @@ def _measure(kind: str, world: int, args: argparse.Namespace, folder: Path) -> d
     command = [sys.executable, __file__, "--run", kind, "--world", str(world), "--folder", str(folder)]
     command += ["--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab)]
     command += ["--max-file-bytes", str(args.max_file_bytes)]
-    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])  # type: ignore[no-any-return]
-    return f"failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:] or ''}"
+    return run_for_result(command, RESULT_PREFIX, timeout=1800)
 
 
 def main() -> None:

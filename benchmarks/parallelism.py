@@ -21,14 +21,14 @@ time ratio ``fabric / raw`` (goal: within 1.02x). Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
+
+from job_results import print_result, run_for_result
 
 SHAPES = ("2x2x1", "4x1x1", "1x4x1", "1x2x2", "2x1x2")
 RESULT_PREFIX = "PARALLELISM_RESULT "
@@ -147,7 +147,7 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
     dist.all_reduce(step, op=dist.ReduceOp.MAX)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
-        print(RESULT_PREFIX + json.dumps({"step_ms": step.item() * 1e3, "rss_mb": rss.item()}), flush=True)
+        print_result(RESULT_PREFIX, {"step_ms": step.item() * 1e3, "rss_mb": rss.item()})
     if kind == "raw":
         dist.destroy_process_group()
 
@@ -157,13 +157,11 @@ def _measure(kind: str, shape: str, args: argparse.Namespace) -> dict[str, float
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", __file__]
     command += ["--job", kind, "--shape", shape, "--dim", str(args.dim), "--layers", str(args.layers)]
     command += ["--length", str(args.length), "--steps", str(args.steps)]
-    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORLD)))
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])  # type: ignore[no-any-return]
-    raise RuntimeError(f"{kind} {shape} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // WORLD)), **os.environ}
+    result = run_for_result(command, RESULT_PREFIX, env=env)
+    if isinstance(result, str):
+        raise RuntimeError(f"{kind} {shape} {result}")
+    return result
 
 
 def main() -> None:

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
+
+from job_results import print_result, run_for_result
 
 STRATEGIES = ("ddp", "fsdp", "model_parallel", "deepspeed_stage_2", "deepspeed_stage_3")
 RESULT_PREFIX = "SHARDED_RESULT "
@@ -113,18 +112,13 @@ def run_job(strategy: str, width: int, layers: int, steps: int) -> None:
         "step_ms": fabric.all_reduce(step, reduce_op="max").item() * 1e3,
     }
     if fabric.is_global_zero:
-        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        print_result(RESULT_PREFIX, result)
 
 
 def _measure(strategy: str, args: argparse.Namespace) -> dict[str, float] | str:
     command = [sys.executable, __file__, "--job", strategy]
     command += ["--width", str(args.width), "--layers", str(args.layers), "--steps", str(args.steps)]
-    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])  # type: ignore[no-any-return]
-    return f"failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:] or ''}"
+    return run_for_result(command, RESULT_PREFIX)
 
 
 def main() -> None:
