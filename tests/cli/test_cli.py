@@ -140,6 +140,7 @@ def test_a_rank_that_only_lost_its_peer_says_so_in_one_line_and_the_summary_come
     assert lines[lines.index(summary) :] in ([summary], [summary, "fabric: rank 0 failed after it."]), lines
 
 
+@pytest.mark.end_to_end  # whole 2-rank jobs through the CLI: scripts/test.sh --end-to-end
 def test_two_jobs_started_together_from_one_directory_keep_their_own_run_directories(tmp_path: Path) -> None:
     """Started in the same second, two jobs shared runs/<second>/ and one overwrote the other's rank logs."""
     out_dirs = [tmp_path / "out0", tmp_path / "out1"]
@@ -290,6 +291,7 @@ def test_ddp_training_through_the_cli_matches_the_in_script_launch(tmp_path: Pat
         assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"], strict=True))
 
 
+@pytest.mark.end_to_end  # whole 2-rank jobs through the CLI: scripts/test.sh --end-to-end
 def test_devices_the_script_disagrees_with_fail_fast_instead_of_hanging(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     script = str(SCRIPTS / "ddp_train.py")

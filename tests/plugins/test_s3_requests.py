@@ -48,6 +48,7 @@ def _options(endpoint: str) -> dict[str, object]:
     return {"client_kwargs": {"endpoint_url": endpoint}, "config_kwargs": config}
 
 
+@pytest.mark.end_to_end  # waits out a real timeout against a silent endpoint: scripts/test.sh --end-to-end
 def test_a_save_to_an_endpoint_that_never_answers_fails_naming_the_wait_and_the_timeout(
     black_hole: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -65,6 +66,7 @@ def test_a_save_to_an_endpoint_that_never_answers_fails_naming_the_wait_and_the_
     assert "storage_options={'config_kwargs'" in stderr
 
 
+@pytest.mark.end_to_end  # waits out a real timeout against a silent endpoint: scripts/test.sh --end-to-end
 def test_an_upload_to_an_endpoint_that_never_answers_ends_at_its_read_timeout(black_hole: str) -> None:
     """botocore asks for ``Expect: 100-continue`` and aiohttp waits for that answer with no timeout: the upload
     hung for ever (killed after 120 s here)."""

@@ -138,6 +138,7 @@ def _pids(pid_dir: Path) -> list[int]:
     return [int(path.read_text()) for path in sorted(pid_dir.glob("rank*.pid"))]
 
 
+@pytest.mark.end_to_end  # a whole 2-rank job failing on purpose: scripts/test.sh --end-to-end
 @pytest.mark.parametrize(
     ("mode", "expected_code", "message"),
     [
@@ -167,6 +168,7 @@ def test_a_failing_rank_ends_the_whole_job_with_its_code(
     assert not any(_alive(pid) for pid in _pids(tmp_path)), "a rank was left running"
 
 
+@pytest.mark.end_to_end  # a whole 2-rank job failing on purpose: scripts/test.sh --end-to-end
 @pytest.mark.parametrize(
     ("mode", "code", "message"),
     [
@@ -189,6 +191,7 @@ def test_rank_zero_exiting_early_ends_the_job_promptly_with_its_code(
     assert not any(_alive(pid) for pid in _pids(tmp_path)), "a rank was left running"
 
 
+@pytest.mark.end_to_end  # a whole 2-rank job failing on purpose: scripts/test.sh --end-to-end
 def test_a_sys_exit_that_rank_zero_catches_neither_stops_the_others_nor_fails_the_job(tmp_path: Path) -> None:
     result = _run([sys.executable, str(SCRIPTS / "ddp_failures.py"), "rank0_catches_exit", str(tmp_path)])
     assert result.returncode == 0, result.stderr
@@ -196,6 +199,7 @@ def test_a_sys_exit_that_rank_zero_catches_neither_stops_the_others_nor_fails_th
     assert "stopping the job" not in result.stderr
 
 
+@pytest.mark.end_to_end  # a whole 2-rank job failing on purpose: scripts/test.sh --end-to-end
 def test_sys_exit_is_the_interpreters_own_again_once_the_job_is_torn_down(tmp_path: Path) -> None:
     """Rank 0's launcher replaces ``sys.exit`` to hear rank 0's exit code while it watches the other ranks, and gives
     it back at the job's end: exit handlers that run after Fabric's get Python's own."""
@@ -205,6 +209,7 @@ def test_sys_exit_is_the_interpreters_own_again_once_the_job_is_torn_down(tmp_pa
     assert (tmp_path / "rank1.txt").read_text() == "replaced during the job: False, own again: True"
 
 
+@pytest.mark.end_to_end  # a whole 2-rank job failing on purpose: scripts/test.sh --end-to-end
 def test_a_barrier_reached_by_one_rank_only_fails_naming_the_missing_rank(tmp_path: Path) -> None:
     result = _run([sys.executable, str(SCRIPTS / "ddp_failures.py"), "only_rank0_barrier", str(tmp_path)], timeout=90)
     assert result.returncode != 0
