@@ -81,6 +81,7 @@ class HuggingFaceCheckpointer(SavesAtIntervals):
         _model_and_files(state)
         check_supported(require_fabric(state).strategy, self.save_folder, "HuggingFaceCheckpointer: writing")
 
+    @override
     def save(self, state: State) -> str:
         """Write the folder now (on every rank: it is a collective); returns its path."""
         fabric = require_fabric(state)

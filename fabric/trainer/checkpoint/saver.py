@@ -149,6 +149,7 @@ class CheckpointSaver(SavesAtIntervals):
         finally:
             self._remove_staging()
 
+    @override
     def save(self, state: State) -> str:
         """Save now (on every rank: it is a collective); returns the checkpoint's URL."""
         assert self._save is not None, "bind() first"
