@@ -30,6 +30,7 @@ from fabric.utilities.ports import find_free_port
 from fabric_cli.arguments import DefaultCommandGroup, ScriptCommand
 from fabric_cli.consolidate import consolidate_command
 from fabric_cli.layout import Layout, LayoutError, resolve_layout
+from fabric_cli.lighthouse import lighthouse_command
 from fabric_cli.plan import (
     DEFAULT_MULTI_NODE_PORT,
     TEMPLATE_FIELDS,
@@ -52,6 +53,7 @@ def cli() -> None:
 
 
 cli.add_command(consolidate_command)
+cli.add_command(lighthouse_command)
 
 
 @cli.group(cls=DefaultCommandGroup)

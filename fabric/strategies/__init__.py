@@ -10,6 +10,7 @@ from fabric.utilities.lazy import lazy_exports
 if TYPE_CHECKING:
     from fabric.strategies.ddp import DDPStrategy
     from fabric.strategies.deepspeed.strategy import DeepSpeedStrategy
+    from fabric.strategies.fault_tolerant.strategy import FaultTolerantDDPStrategy
     from fabric.strategies.fsdp.strategy import FSDPStrategy
     from fabric.strategies.mesh import MeshPlan
     from fabric.strategies.model_parallel import ModelParallelStrategy
@@ -22,6 +23,7 @@ __all__ = [
     "DDPStrategy",
     "DeepSpeedStrategy",
     "FSDPStrategy",
+    "FaultTolerantDDPStrategy",
     "MeshPlan",
     "ModelParallelStrategy",
     "ParallelStrategy",
@@ -34,6 +36,7 @@ __getattr__ = lazy_exports(
         "DDPStrategy": "fabric.strategies.ddp",
         "DeepSpeedStrategy": "fabric.strategies.deepspeed.strategy",
         "FSDPStrategy": "fabric.strategies.fsdp.strategy",
+        "FaultTolerantDDPStrategy": "fabric.strategies.fault_tolerant.strategy",
         "MeshPlan": "fabric.strategies.mesh",
         "ModelParallelStrategy": "fabric.strategies.model_parallel",
         "ParallelStrategy": "fabric.strategies.parallel",

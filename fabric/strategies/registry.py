@@ -30,6 +30,11 @@ STRATEGY_REGISTRY.register(
     "fabric.strategies.model_parallel:ModelParallelStrategy",
     description="tensor parallelism (your parallelize_fn) x FSDP2 on a 2-D mesh; pass ModelParallelStrategy(fn)",
 )
+STRATEGY_REGISTRY.register(
+    "fault_tolerant_ddp",
+    "fabric.strategies.fault_tolerant.strategy:FaultTolerantDDPStrategy",
+    description="DDP in each replica group, torchft's quorum across groups: a dead group does not stop the run",
+)
 STRATEGY_REGISTRY.register("deepspeed", _DEEPSPEED, description="DeepSpeed; ZeRO stage from the config, else 2")
 STRATEGY_REGISTRY.register("deepspeed_stage_1", _DEEPSPEED, description="DeepSpeed ZeRO-1: optimizer state", stage=1)
 STRATEGY_REGISTRY.register("deepspeed_stage_2", _DEEPSPEED, description="DeepSpeed ZeRO-2: + gradients", stage=2)

@@ -23,3 +23,10 @@ CLI_MESH = "FABRIC_MESH"
 
 #: The run directory (``--run-dir``), absolute, in every process the CLI starts: where ranks may put artifacts.
 RUN_DIRECTORY_VARIABLE = "FABRIC_RUN_DIRECTORY"
+
+#: A fault-tolerant run's replica groups (``fabric.strategies.FaultTolerantDDPStrategy``): this group's index, how many
+#: groups the run is planned for, and the torchft lighthouse's address (torchft's own variable, so a group started by
+#: torchft's tools finds it too).
+FT_REPLICA_GROUP = "FABRIC_FT_REPLICA_GROUP"
+FT_REPLICA_GROUPS = "FABRIC_FT_REPLICA_GROUPS"
+FT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"

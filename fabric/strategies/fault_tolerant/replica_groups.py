@@ -1,0 +1,145 @@
+"""``ReplicaGroups``: this group's side of torchft's per-step protocol, in the order a training step needs it.
+
+torchft (the optional ``[ft]`` extra) does the work: its lighthouse forms a quorum of the live groups each step, its
+``Manager`` reconfigures the process group across them, averages tensors over the groups taking part, sends a
+joining group the weights, optimizer state and step of a healthy one, and decides whether a step commits. This class
+only calls it: :meth:`begin_step` before the gradients are needed, :meth:`average` on them, :meth:`commit` before the
+optimizer steps.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from fabric.strategies.fault_tolerant.plan import FaultTolerance
+from fabric.utilities.lazy import install_hint
+
+#: How long the lighthouse probe at set-up waits for a connection.
+LIGHTHOUSE_PROBE_TIMEOUT = timedelta(seconds=10)
+
+
+def import_torchft() -> Any:
+    """``torchft``, or an ``ImportError`` saying how to install it. Its Rust side logs every quorum and heartbeat
+    check at INFO (ten lines a second from a lighthouse): warnings only, unless ``RUST_LOG`` says otherwise."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    try:
+        import torchft
+    except ImportError as error:
+        raise ImportError(f"Fault tolerance needs the torchft package: {install_hint('ft', 'torchft')}.") from error
+    return torchft
+
+
+def probe_lighthouse(plan: FaultTolerance) -> None:
+    """A ``ConnectionError`` in one line when nothing answers at the lighthouse's address."""
+    host, port = plan.lighthouse_host_and_port
+    try:
+        socket.create_connection((host, port), timeout=LIGHTHOUSE_PROBE_TIMEOUT.total_seconds()).close()
+    except OSError as error:
+        raise ConnectionError(
+            f"The torchft lighthouse at {plan.lighthouse} is unreachable ({error.strerror or error}): start it first "
+            "(`fabric lighthouse`) or correct lighthouse= / TORCHFT_LIGHTHOUSE."
+        ) from None
+
+
+class ReplicaGroups:
+    """torchft's ``Manager`` for this process: rank ``group_rank`` of ``group_size`` in replica group
+    ``plan.replica_group``, whose own rendezvous store is at ``store_address:store_port``."""
+
+    def __init__(
+        self,
+        plan: FaultTolerance,
+        group_rank: int,
+        group_size: int,
+        store_address: str,
+        store_port: int,
+        device: torch.device,
+    ) -> None:
+        torchft = import_torchft()
+        if group_rank == 0:  # only rank 0 of a group talks to the lighthouse
+            probe_lighthouse(plan)
+        process_group = (
+            torchft.ProcessGroupNCCL(timeout=plan.timeout)
+            if device.type == "cuda"
+            else torchft.ProcessGroupGloo(timeout=plan.timeout)
+        )
+        self.plan = plan
+        self._manager = torchft.Manager(
+            pg=process_group,
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=plan.min_replica_groups,
+            use_async_quorum=True,
+            timeout=plan.timeout,
+            quorum_timeout=plan.quorum_timeout,
+            connect_timeout=plan.timeout,
+            rank=group_rank,
+            world_size=group_size,
+            store_addr=store_address,
+            store_port=store_port,
+            lighthouse_addr=plan.lighthouse,
+            replica_id=f"fabric_replica_group_{plan.replica_group}",
+        )
+        self._step_begun = False
+        self._state_names: list[str] = []
+        #: The run's committed steps after this group's last commit (0 before its first).
+        self.steps_before = 0
+        #: Set by :meth:`commit` when this group has just received a peer's state: the step it joined at.
+        self.joined_at: int | None = None
+
+    def register_state(self, kind: str, load: Callable[[Any], None], state: Callable[[], Any]) -> None:
+        """What a joining group receives from a healthy one (and loads before its first step): ``state()`` there,
+        ``load(...)`` here. Registered per object, in set-up order, so both sides name it alike."""
+        name = f"{kind}_{sum(existing.startswith(kind) for existing in self._state_names)}"
+        self._state_names.append(name)
+        self._manager.register_state_dict_fn(name, load, state)
+
+    def begin_step(self) -> None:
+        """Ask the lighthouse for this step's quorum (in the background), once per step."""
+        if not self._step_begun:
+            self._manager.start_quorum()
+            self._step_begun = True
+
+    def average(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Average ``tensors`` in place over the groups in this step's quorum, one exchange per dtype and device (a
+        joining group contributes zeros and receives the average). A failed exchange is not raised: it makes
+        :meth:`commit` return False on every group."""
+        self.begin_step()
+        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for tensor in tensors:
+            by_kind.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+        for group in by_kind.values():
+            flat = torch.cat([tensor.reshape(-1) for tensor in group])
+            self._manager.allreduce(flat).wait()
+            sizes = [tensor.numel() for tensor in group]
+            for tensor, averaged in zip(group, torch.split(flat, sizes), strict=True):
+                tensor.copy_(averaged.view_as(tensor))
+
+    def commit(self) -> bool:
+        """Whether this step's update may be applied: True on every group of the quorum, or False on all (a group
+        failed, or fewer than ``min_replica_groups`` took part). A joining group loads a peer's state here."""
+        self.begin_step()
+        self._step_begun = False
+        committed = bool(self._manager.should_commit())
+        steps = self.committed_steps
+        self.joined_at = steps - int(committed) if steps > self.steps_before + 1 else None
+        self.steps_before = steps
+        return committed
+
+    @property
+    def committed_steps(self) -> int:
+        """Steps committed so far in the run, the same on every group (a joining group receives it)."""
+        return int(self._manager.current_step())
+
+    @property
+    def participants(self) -> int:
+        """How many groups took part in the last quorum."""
+        return int(self._manager.num_participants())
+
+    def shutdown(self) -> None:
+        self._manager.shutdown(wait=False)

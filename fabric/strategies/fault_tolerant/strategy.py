@@ -1,0 +1,196 @@
+"""Fault-tolerant data parallelism: DDP inside a replica group, torchft's quorum across groups."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from fabric.strategies.ddp import DDPStrategy
+from fabric.strategies.fault_tolerant.plan import DEFAULT_FT_TIMEOUT, FaultTolerance
+from fabric.strategies.fault_tolerant.replica_groups import ReplicaGroups, import_torchft
+
+
+class FaultTolerantDDPStrategy(DDPStrategy):
+    """Data parallelism that keeps training when a replica group dies, and lets a new one join, without a restart.
+
+    Each *replica group* is an ordinary Fabric job (``fabric run model``, ``torchrun``, a SLURM step, or
+    ``python train.py``) of one or more processes holding a full copy of the model, DDP among themselves.
+    Across groups, torchft's lighthouse forms a quorum every step; the gradients are averaged over the groups in it,
+    and the step commits on all of them or on none (a group that failed mid-step makes every group discard that
+    update). A group that starts later, or again after a failure, receives the weights, optimizer state and step
+    count of a healthy group before its first step, from memory, and trains on with them.
+
+    The loop is Fabric's usual one; :attr:`committed_steps` is the run's step count, the same on every group::
+
+        while fabric.strategy.committed_steps < total_steps:
+            optimizer.zero_grad()
+            fabric.backward(loss_of(next_batch()))
+            optimizer.step()  # applied only if the step commits
+
+    Args:
+        replica_group: this group's index (``0`` to ``replica_groups - 1``); else ``FABRIC_FT_REPLICA_GROUP``.
+        replica_groups: how many groups the run is planned for (each reads its share of the data); else
+            ``FABRIC_FT_REPLICA_GROUPS``.
+        min_replica_groups: the fewest groups a step may commit with (default 1).
+        lighthouse: the torchft lighthouse, ``"host:port"``; else ``TORCHFT_LIGHTHOUSE``.
+        ft_timeout: how long a gradient exchange across groups or a recovery from a peer may take.
+        quorum_timeout: how long a step waits for the lighthouse's quorum.
+        **kwargs: as :class:`~fabric.strategies.DDPStrategy` (``timeout`` is the in-group process group's).
+    """
+
+    def __init__(
+        self,
+        *,
+        replica_group: int | None = None,
+        replica_groups: int | None = None,
+        min_replica_groups: int = 1,
+        lighthouse: str | None = None,
+        ft_timeout: timedelta = DEFAULT_FT_TIMEOUT,
+        quorum_timeout: timedelta = DEFAULT_FT_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        import_torchft()  # missing: say so at construction, not at the first step
+        #: This group's place in the run, validated here.
+        self.fault_tolerance = FaultTolerance.resolve(
+            replica_group, replica_groups, min_replica_groups, lighthouse, ft_timeout, quorum_timeout
+        )
+        super().__init__(**kwargs)
+        self._replica_groups: ReplicaGroups | None = None
+        self._optimizer: Optimizer | None = None
+        self._modules: list[nn.Module] = []
+        self._participants = 0
+
+    @property
+    def replica_groups(self) -> ReplicaGroups:
+        if self._replica_groups is None:
+            raise RuntimeError("The replica groups are joined at launch: call fabric.launch() first.")
+        return self._replica_groups
+
+    @property
+    def committed_steps(self) -> int:
+        """Steps the run has committed, on every group alike (a joining group receives it from a peer)."""
+        return self.replica_groups.committed_steps
+
+    @property
+    @override
+    def data_parallel_shard(self) -> tuple[int, int]:
+        """Every group reads its own share: ``replica_groups x`` the group's processes split the data."""
+        plan = self.fault_tolerance
+        return plan.replica_groups * self.world_size, plan.replica_group * self.world_size + self.global_rank
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if self._replica_groups is None:
+            environment = self.cluster_environment
+            self._replica_groups = ReplicaGroups(
+                self.fault_tolerance,
+                group_rank=self.global_rank,
+                group_size=self.world_size,
+                store_address=environment.main_address,
+                store_port=environment.main_port,
+                device=self.root_device,
+            )
+
+    @override
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        self.replica_groups.register_state("model", module.load_state_dict, module.state_dict)
+        self._modules.append(module)
+        return super().setup_module(module) if self.world_size > 1 else module
+
+    @override
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        if self._optimizer is not None:
+            raise ValueError(
+                f"{type(self).__name__} steps one optimizer (torchft commits once per step); got a second one, "
+                f"{type(optimizer).__name__}. Put all parameter groups in one optimizer."
+            )
+        self._optimizer = optimizer
+        self.replica_groups.register_state("optimizer", optimizer.load_state_dict, optimizer.state_dict)
+        return super().setup_optimizer(optimizer)
+
+    @override
+    def optimizer_zero_grad(self, optimizer: Optimizer, set_to_none: bool = True) -> None:
+        self.replica_groups.begin_step()  # the quorum forms during the forward
+        super().optimizer_zero_grad(optimizer, set_to_none)
+
+    @override
+    def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        self.replica_groups.begin_step()
+        super().backward(tensor, module, *args, **kwargs)
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        """Average the gradients across the groups, then step only if the step commits on all of them."""
+        groups = self.replica_groups
+        step = groups.steps_before
+        groups.average([p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None])
+        committed = groups.commit()
+        self._report(step, committed)
+        if not committed:
+            return None
+        if step == 0 and self.world_size > 1:
+            self._agree_with_group_rank_zero()
+        return super().optimizer_step(optimizer, closure)
+
+    def _agree_with_group_rank_zero(self) -> None:
+        """At the run's first step torchft syncs groups that started with different weights, but each rank of a
+        group recovers from the peer group torchft assigns to its rank (load balancing), so the ranks of one group
+        can receive different weights, and different averaged gradients (each rank's own recovering peer sends
+        zeros). Rank 0's are the same in every group: every rank takes them."""
+        for module in self._modules:
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+                if tensor.grad is not None:
+                    dist.broadcast(tensor.grad, src=0)
+
+    def _report(self, step: int, committed: bool) -> None:
+        """One line (rank 0 of the group) when this group joins, a step is discarded, or the groups taking part
+        change."""
+        groups = self.replica_groups
+        plan = self.fault_tolerance
+        if groups.joined_at is not None:  # it took no part in this step: it received the others' state
+            self._participants = groups.participants + 1
+            self._say(
+                f"fabric: replica group {plan.replica_group} joined the run at step {groups.joined_at}: weights, "
+                "optimizer state and step count received from a peer. Its data loaders were not moved: where batches "
+                "follow the step, start them at this one."
+            )
+        elif not committed:
+            self._say(
+                f"fabric: step {step} was not committed (a replica group failed during it, or fewer than "
+                f"min_replica_groups={plan.min_replica_groups} took part): its update was discarded."
+            )
+        elif groups.participants != self._participants:
+            self._participants = groups.participants
+            missing = plan.replica_groups - self._participants
+            self._say(
+                f"fabric: from step {step}, {self._participants} of {plan.replica_groups} replica groups train"
+                + (f"; the data share of the {missing} missing is not trained while they are away." if missing else ".")
+            )
+
+    def _say(self, line: str) -> None:
+        if self.global_rank == 0:
+            print(line, file=sys.stderr, flush=True)
+
+    @override
+    def teardown(self) -> None:
+        if self._replica_groups is not None:
+            self._replica_groups.shutdown()
+            self._replica_groups = None
+        super().teardown()
+
+    @override
+    def __repr__(self) -> str:
+        plan = self.fault_tolerance
+        return (
+            f"FaultTolerantDDPStrategy(replica_group={plan.replica_group}, replica_groups={plan.replica_groups}, "
+            f"lighthouse={plan.lighthouse!r})"
+        )

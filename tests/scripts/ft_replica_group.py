@@ -1,0 +1,79 @@
+"""One replica group of a fault-tolerant run (strategy="fault_tolerant_ddp"): trains a small regression until the
+run's committed step reaches the number in STOP_FILE, writing one JSON line per step and rank to REPORT_DIR.
+
+Group and lighthouse come from the launcher's variables (FABRIC_FT_REPLICA_GROUP, FABRIC_FT_REPLICA_GROUPS,
+TORCHFT_LIGHTHOUSE). Each step's batch depends on the step and on the rank's data share, so a reference can recompute
+what the run should have trained.
+
+    python ft_replica_group.py REPORT_DIR STOP_FILE [--devices N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fabric import Fabric
+
+
+def batch(step: int, share: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 * step + share)
+    inputs = torch.randn(16, 8, generator=generator)
+    return inputs, inputs.sum(dim=1, keepdim=True) * 0.5
+
+
+def stop_step(stop_file: Path) -> int | None:
+    text = stop_file.read_text().strip() if stop_file.exists() else ""
+    return int(text) if text else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("report_dir", type=Path)
+    parser.add_argument("stop_file", type=Path)
+    parser.add_argument("--devices", type=int, default=1)
+    args = parser.parse_args()
+
+    fabric = Fabric(accelerator="cpu", devices=args.devices, strategy="fault_tolerant_ddp")
+    fabric.launch()
+    torch.manual_seed(int(os.environ["FABRIC_FT_REPLICA_GROUP"]) + 7)  # groups start apart: step 0 syncs them
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer = fabric.setup(model, optimizer)
+    strategy = fabric.strategy
+    _, share = strategy.data_parallel_shard
+    group = strategy.fault_tolerance.replica_group
+    report = args.report_dir / f"group{group}-rank{fabric.global_rank}-pid{os.getpid()}.jsonl"
+    with report.open("a") as out:
+        while True:
+            step = strategy.committed_steps
+            stop = stop_step(args.stop_file)
+            if stop is not None and step >= stop:
+                break
+            optimizer.zero_grad()
+            inputs, targets = batch(step, share)
+            loss = nn.functional.mse_loss(model(inputs), targets)
+            fabric.backward(loss)
+            optimizer.step()
+            record = {
+                "group": group,
+                "rank": fabric.global_rank,
+                "pid": os.getpid(),
+                "step": step,
+                "committed_steps": strategy.committed_steps,
+                "participants": strategy.replica_groups.participants,
+                "joined_at": strategy.replica_groups.joined_at,
+                "weights": [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()],
+            }
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+    fabric.print(f"replica group {group} done at step {strategy.committed_steps}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Fault tolerance without restarts (strategy="fault_tolerant_ddp", torchft): configurations that cannot work are
+refused at construction or set-up in one line, and real replica groups, with a real lighthouse, survive a SIGKILLed
+group, which rejoins with its peers' state.
+
+The replica groups and the lighthouse run in a network namespace of their own: torchft's manager and its checkpoint
+server listen on every interface of the namespace they run in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fabric.strategies.fault_tolerant.plan import FaultTolerance
+from fabric.utilities.cli_contract import FT_LIGHTHOUSE, FT_REPLICA_GROUP, FT_REPLICA_GROUPS
+from fabric.utilities.ports import find_free_port
+from tests.engines import (
+    REPOSITORY,
+    NetworkNamespace,
+    launcher_environment,
+    network_namespace,
+    require_modules,
+    require_namespaces,
+    stop_process,
+)
+
+WORKER = str(REPOSITORY / "tests" / "scripts" / "ft_replica_group.py")
+LIGHTHOUSE_PORT = 29510
+#: Generous: a group's start-up (imports, process group, manager) takes seconds on a busy 2-core machine.
+EVENT_DEADLINE = 240.0
+#: How far ahead of the last reported step the stop is set: every group must read it before reaching it (the reports
+#: lag the groups by the polling interval; a step takes tens of milliseconds).
+STOP_MARGIN = 100
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({}, "replica_groups is not set: pass replica_groups=N"),
+        ({"replica_groups": 0}, "replica_groups=0 is not valid. Accepted: an int >= 1."),
+        ({"replica_groups": 2}, "replica_group is not set: pass replica_group=I (0 to 1"),
+        (
+            {"replica_groups": 2, "replica_group": 2},
+            "replica_group=2 is not valid for replica_groups=2. Accepted: 0 to 1.",
+        ),
+        (
+            {"replica_groups": 2, "replica_group": 0, "min_replica_groups": 3},
+            "min_replica_groups=3 cannot be met by replica_groups=2: no step could ever commit",
+        ),
+        ({"replica_groups": 2, "replica_group": 0}, "No torchft lighthouse: pass lighthouse='host:port' or set"),
+        (
+            {"replica_groups": 2, "replica_group": 0, "lighthouse": "lighthouse.example"},
+            "lighthouse='lighthouse.example' is not valid. Accepted: 'host:port'",
+        ),
+        (
+            {"replica_groups": 1, "replica_group": 0, "lighthouse": "h:1", "timeout": timedelta(0)},
+            "timeout=datetime.timedelta(0) is not valid",
+        ),
+    ],
+)
+def test_a_configuration_that_cannot_work_is_refused_naming_the_value(arguments: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        FaultTolerance.resolve(**arguments, environment={})
+    assert message in str(raised.value)
+
+
+def test_the_launcher_variables_place_the_group_and_arguments_override_them() -> None:
+    environment = {FT_REPLICA_GROUP: "2", FT_REPLICA_GROUPS: "3", FT_LIGHTHOUSE: "10.0.0.5:29510"}
+    plan = FaultTolerance.resolve(environment=environment)
+    assert (plan.replica_group, plan.replica_groups, plan.lighthouse) == (2, 3, "http://10.0.0.5:29510")
+    assert plan.lighthouse_host_and_port == ("10.0.0.5", 29510)
+    plan = FaultTolerance.resolve(replica_group=0, lighthouse="http://h:7", environment=environment)
+    assert (plan.replica_group, plan.lighthouse) == (0, "http://h:7")
+
+
+def test_without_torchft_the_strategy_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fabric.strategies import FaultTolerantDDPStrategy
+
+    monkeypatch.setitem(sys.modules, "torchft", None)
+    with pytest.raises(ImportError, match=r"Fault tolerance needs the torchft package: pip install torchft"):
+        FaultTolerantDDPStrategy(replica_group=0, replica_groups=1, lighthouse="127.0.0.1:1")
+
+
+def test_the_strategy_is_a_registry_name() -> None:
+    require_modules("fault tolerance", "torchft")
+    from fabric import Fabric
+    from fabric.strategies import FaultTolerantDDPStrategy
+
+    environment = {FT_REPLICA_GROUP: "1", FT_REPLICA_GROUPS: "2", FT_LIGHTHOUSE: "127.0.0.1:29510"}
+    with _environment(environment):
+        fabric = Fabric(accelerator="cpu", devices=1, strategy="fault_tolerant_ddp")
+    assert isinstance(fabric.strategy, FaultTolerantDDPStrategy)
+    assert fabric.strategy.fault_tolerance.replica_group == 1
+
+
+def test_an_unreachable_lighthouse_fails_the_set_up_in_one_line(tmp_path: Path) -> None:
+    require_modules("fault tolerance", "torchft")
+    (tmp_path / "stop").write_text("3")
+    port = find_free_port()  # nothing listens there
+    result = subprocess.run(
+        [sys.executable, WORKER, str(tmp_path), str(tmp_path / "stop")],
+        env=launcher_environment(_group_variables(0, 1, f"127.0.0.1:{port}", find_free_port())),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert f"The torchft lighthouse at http://127.0.0.1:{port} is unreachable" in result.stderr
+    assert not list(tmp_path.glob("*.jsonl"))  # not one step ran
+
+
+def test_fabric_lighthouse_refuses_a_bad_address() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fabric_cli", "lighthouse", "--bind", "nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "Invalid value for --bind: 'nowhere' is not HOST:PORT." in result.stderr
+
+
+# --- real replica groups ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """A fault-tolerant run in a namespace: the lighthouse, the groups' processes and what they report."""
+
+    namespace: NetworkNamespace
+    directory: Path
+    groups: int
+    devices: int
+    processes: dict[int, subprocess.Popen[str]] = field(default_factory=dict)
+
+    @property
+    def stop_file(self) -> Path:
+        return self.directory / "stop"
+
+    def start_group(self, group: int) -> subprocess.Popen[str]:
+        variables = _group_variables(group, self.groups, f"127.0.0.1:{LIGHTHOUSE_PORT}", 29600 + group)
+        log = (self.directory / f"group{group}-{len(self.processes)}.log").open("w")
+        process = self.namespace.popen(
+            [sys.executable, WORKER, str(self.directory), str(self.stop_file), f"--devices={self.devices}"],
+            env=launcher_environment(variables),
+            cwd=self.directory,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.processes[group] = process
+        return process
+
+    def records(self) -> list[dict[str, Any]]:
+        lines = [line for path in sorted(self.directory.glob("*.jsonl")) for line in path.read_text().splitlines()]
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def wait_for(self, what: str, condition: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+        """Poll the reports until ``condition`` holds; fail naming ``what`` (and the logs) past the deadline."""
+        deadline = time.monotonic() + EVENT_DEADLINE
+        while time.monotonic() < deadline:
+            records = self.records()
+            if condition(records):
+                return records
+            dead = [group for group, process in self.processes.items() if process.poll() not in (None, -9)]
+            if dead:
+                break
+            time.sleep(0.2)
+        logs = "\n".join(f"--- {path.name}\n{path.read_text()[-2000:]}" for path in self.directory.glob("*.log"))
+        pytest.fail(f"never saw {what}\n{logs}")
+
+    def stop_at(self, step: int) -> None:
+        (self.directory / "stop.tmp").write_text(str(step))
+        (self.directory / "stop.tmp").replace(self.stop_file)
+
+
+def _group_variables(group: int, groups: int, lighthouse: str, port: int) -> dict[str, str]:
+    return {
+        FT_REPLICA_GROUP: str(group),
+        FT_REPLICA_GROUPS: str(groups),
+        FT_LIGHTHOUSE: lighthouse,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+@contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def _fault_tolerant_run(directory: Path, groups: int, devices: int) -> Iterator[Run]:
+    require_modules("fault tolerance", "torchft")
+    require_namespaces("fault tolerance")
+    with network_namespace("ft", veth=False) as namespace:
+        lighthouse = namespace.popen(
+            [
+                *(sys.executable, "-m", "fabric_cli", "lighthouse", f"--bind=127.0.0.1:{LIGHTHOUSE_PORT}"),
+                *("--join-timeout-ms=2000", "--heartbeat-timeout-ms=2000"),
+            ],
+            env=launcher_environment(),
+            cwd=directory,
+        )
+        run = Run(namespace, directory, groups, devices)
+        try:
+            assert lighthouse.stdout is not None
+            assert lighthouse.stdout.readline().strip() == f"{FT_LIGHTHOUSE}=http://127.0.0.1:{LIGHTHOUSE_PORT}"
+            yield run
+        finally:
+            for process in run.processes.values():
+                stop_process(process, grace=5.0)
+            stop_process(lighthouse, grace=5.0)
+
+
+def _by_group(records: list[dict[str, Any]], group: int, pid: int | None = None) -> list[dict[str, Any]]:
+    return [r for r in records if r["group"] == group and (pid is None or r["pid"] == pid)]
+
+
+def _committed(records: list[dict[str, Any]]) -> int:
+    return max((r["committed_steps"] for r in records), default=0)
+
+
+@pytest.mark.end_to_end
+@pytest.mark.parametrize("devices", [1, 2], ids=["groups_of_1", "ddp_groups_of_2"])
+def test_a_killed_replica_group_does_not_stop_the_others_and_rejoins_with_their_state(
+    tmp_path: Path, devices: int
+) -> None:
+    with _fault_tolerant_run(tmp_path, groups=3, devices=devices) as run:
+        first = {group: run.start_group(group) for group in range(3)}
+        records = run.wait_for(
+            "all three groups training together",
+            lambda rs: all(any(r["participants"] == 3 for r in _by_group(rs, g)) for g in range(3)),
+        )
+        killed = {r["pid"] for r in _by_group(records, 2)} | {first[2].pid}
+        for pid in killed:  # the whole group, as when its node fails
+            os.kill(pid, signal.SIGKILL)
+        first[2].wait()
+        killed_at = _committed(records)
+        # the survivors carry on without it, in their own processes
+        records = run.wait_for(
+            "the two survivors committing 3 steps without group 2",
+            lambda rs: all(
+                sum(r["participants"] == 2 and r["committed_steps"] > killed_at for r in _by_group(rs, g)) >= 3
+                for g in (0, 1)
+            ),
+        )
+        run.start_group(2)
+        records = run.wait_for(
+            "the restarted group 2 training with the others",
+            lambda rs: any(
+                r["pid"] not in killed and r["participants"] == 3 and r["joined_at"] is None for r in _by_group(rs, 2)
+            ),
+        )
+        stop = _committed(records) + STOP_MARGIN
+        run.stop_at(stop)
+        for group, process in run.processes.items():
+            assert process.wait(timeout=EVENT_DEADLINE) == 0, f"group {group} exited {process.returncode}"
+
+    records = run.records()
+    final = {}
+    for group in range(3):
+        for rank in range(devices):
+            mine = [r for r in _by_group(records, group) if r["rank"] == rank and r["pid"] not in killed]
+            steps = [r["committed_steps"] for r in mine]
+            assert steps == sorted(steps)  # the step counter never went back
+            final[group, rank] = (steps[-1], mine[-1]["weights"])
+            if group == 2:
+                joined = mine[0]
+                assert joined["joined_at"] is not None and joined["joined_at"] > killed_at
+                peers = [r for r in _by_group(records, 0) if r["committed_steps"] == joined["committed_steps"]]
+                assert joined["weights"] == peers[0]["weights"]  # the peers' state, received at the join
+                continue
+            assert len({r["pid"] for r in mine}) == 1  # a survivor never restarted
+            lost = sum(r["committed_steps"] == r["step"] for r in mine)  # a step that did not commit
+            assert lost <= 1, f"group {group} rank {rank} lost {lost} steps"
+    # every rank of every group trained to the same last step, to equal weights
+    assert len(set(map(str, final.values()))) == 1, final
+    assert next(iter(final.values()))[0] == stop
+    joined_at = next(r["joined_at"] for r in _by_group(records, 2) if r["joined_at"] is not None)
+    joined_line = f"fabric: replica group 2 joined the run at step {joined_at}"
+    assert any(joined_line in path.read_text() for path in tmp_path.glob("group2-*.log"))
