@@ -1,0 +1,284 @@
+"""Fault tolerance on torchft (``strategy="fault_tolerant_ddp"``) against plain DDP and against restart + autoresume.
+
+Every job trains the same MLP (``--dim``, 4 layers, batch 32 per process, SGD) for ``--steps`` steps on CPU, one
+process per replica group, each job in fresh processes:
+
+* **overhead**: the median step time of 2 replica groups of 1 process (Fabric, a torchft lighthouse) against plain
+  torch DDP over the same 2 processes (``init_process_group("gloo")``, ``DistributedDataParallel``); printed as
+  ``overhead: R x`` (goal: at most 1.05x on CPU).
+* **one failure**: 3 processes, of which one is SIGKILLed at step ``--kill-at``:
+  - fault tolerant: 3 replica groups; the group killed does not come back, the 2 others finish the run.
+    *Steps lost*: steps the survivors ran whose update was discarded. *Wall time lost*: the survivors' time for the
+    run minus the same run without a failure.
+  - restart: a 3-process Fabric DDP job under ``torchrun --max-restarts=1`` saving a checkpoint every
+    ``--checkpoint-every`` steps; the restarted job loads the latest and trains to the end. *Steps lost*: the steps
+    trained twice (from the checkpoint to the failure). *Wall time lost*: the job's time minus the same job without
+    a failure.
+  Printed as ``steps lost: N`` (the fault-tolerant run's) among the table.
+
+The jobs run in a network namespace of their own when this runs as root (``unshare -n``): torchft's manager listens
+on every interface. Usage::
+
+    python benchmarks/fault_tolerance.py                   # 60 steps, dim 512, killed at step 35, checkpoints every 10
+    python benchmarks/fault_tolerance.py --steps 100 --kill-at 55
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from job_results import print_result
+
+RESULT_PREFIX = "FT_BENCH_RESULT "
+IN_NAMESPACE = "FT_BENCH_IN_NAMESPACE"
+BATCH, LAYERS, WARMUP = 32, 4, 5
+
+
+def _model(dim: int) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(LAYERS):
+        layers += [nn.Linear(dim, dim), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(dim, 1))
+
+
+def _batch(dim: int, step: int, share: int) -> tuple[Any, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(1000 * step + share)
+    inputs = torch.randn(BATCH, dim, generator=generator)
+    return inputs, inputs.mean(dim=1, keepdim=True)
+
+
+def _summary(times: list[float], started: float, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"step_ms": statistics.median(times[WARMUP:]) * 1000, "wall_s": time.perf_counter() - started, **extra}
+
+
+def job_ddp(args: argparse.Namespace) -> None:
+    """Plain torch: DDP over the processes of the job, gloo."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    started = time.perf_counter()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = _model(args.dim)
+    model = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    times = []
+    for step in range(args.steps):
+        begin = time.perf_counter()
+        optimizer.zero_grad()
+        inputs, targets = _batch(args.dim, step, rank)
+        torch.nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - begin)
+    if rank == 0:
+        print_result(RESULT_PREFIX, _summary(times, started, {}))
+    dist.destroy_process_group()
+
+
+def job_fault_tolerant(args: argparse.Namespace) -> None:
+    """One replica group of one process (the variables name it), killing itself at ``--kill-at`` if told."""
+    import torch
+
+    from fabric import Fabric
+
+    started = time.perf_counter()
+    fabric = Fabric(accelerator="cpu", devices=1, strategy="fault_tolerant_ddp")
+    fabric.launch()
+    model = _model(args.dim)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = fabric.setup(model, optimizer)
+    strategy = fabric.strategy
+    group = strategy.fault_tolerance.replica_group
+    times, lost = [], 0
+    while (step := strategy.committed_steps) < args.steps:
+        begin = time.perf_counter()
+        optimizer.zero_grad()
+        inputs, targets = _batch(args.dim, step, group)
+        fabric.backward(torch.nn.functional.mse_loss(model(inputs), targets))
+        if args.kill_at and step == args.kill_at and group == args.kill_group:
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others are exchanging gradients with it
+        optimizer.step()
+        times.append(time.perf_counter() - begin)
+        lost += strategy.committed_steps == step
+    print_result(RESULT_PREFIX, _summary(times, started, {"group": group, "steps_lost": lost}))
+
+
+def job_restart(args: argparse.Namespace) -> None:
+    """Fabric DDP under torchrun: a checkpoint every ``--checkpoint-every`` steps, autoresume from the latest; rank
+    ``--kill-group`` kills itself at ``--kill-at`` in the first attempt."""
+    import torch
+
+    from fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", strategy="ddp")
+    fabric.launch()
+    model = _model(args.dim)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = fabric.setup(model, optimizer)
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    checkpoint = Path(args.work) / "checkpoint.pt"
+    if checkpoint.exists():
+        fabric.load(checkpoint, state)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if fabric.global_rank == 0:
+        (Path(args.work) / f"attempt-{attempt}").write_text(str(state["step"]))  # where it started
+    while state["step"] < args.steps:
+        step = state["step"]
+        optimizer.zero_grad()
+        inputs, targets = _batch(args.dim, step, fabric.global_rank)
+        if args.kill_at and attempt == "0" and step == args.kill_at and fabric.global_rank == args.kill_group:
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-step, as in the fault-tolerant run
+        fabric.backward(torch.nn.functional.mse_loss(model(inputs), targets))
+        optimizer.step()
+        state["step"] = step + 1
+        if state["step"] % args.checkpoint_every == 0:
+            fabric.save(checkpoint, state)
+
+
+# --- the orchestrator ------------------------------------------------------------------------------------------------
+
+
+def _own(args: argparse.Namespace, job: str, *extra: str) -> list[str]:
+    return [sys.executable, __file__, "--job", job, "--steps", str(args.steps), "--dim", str(args.dim), *extra]
+
+
+def _environment(**variables: str) -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return {**environment, "OMP_NUM_THREADS": "1", **variables}
+
+
+def _run_ddp(args: argparse.Namespace, port: int) -> dict[str, Any]:
+    processes = [
+        subprocess.Popen(
+            _own(args, "ddp"),
+            env=_environment(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [process.communicate(timeout=900)[0] for process in processes]
+    return _result(outputs[0])
+
+
+def _run_fault_tolerant(args: argparse.Namespace, groups: int, kill_at: int) -> list[dict[str, Any]]:
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=2000)
+    address = f"127.0.0.1:{lighthouse.address().rpartition(':')[2]}"
+    try:
+        processes = [
+            subprocess.Popen(
+                _own(args, "fault_tolerant", "--kill-at", str(kill_at)),
+                env=_environment(
+                    FABRIC_FT_REPLICA_GROUP=str(group),
+                    FABRIC_FT_REPLICA_GROUPS=str(groups),
+                    TORCHFT_LIGHTHOUSE=address,
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(29700 + group),
+                ),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for group in range(groups)
+        ]
+        outputs = [process.communicate(timeout=900)[0] for process in processes]
+    finally:
+        lighthouse.shutdown()
+    return [_result(output) for output in outputs if RESULT_PREFIX in output]
+
+
+def _run_restart(args: argparse.Namespace, kill_at: int, work: Path) -> dict[str, Any]:
+    work.mkdir()
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", "--max-restarts=1",
+        "--monitor-interval=0.1", "--master_port=29800", __file__, "--job", "restart", "--steps", str(args.steps),
+        "--dim", str(args.dim), "--kill-at", str(kill_at), "--checkpoint-every", str(args.checkpoint_every),
+        "--work", str(work),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, env=_environment(), capture_output=True, text=True, timeout=900, check=False)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"the restart job failed ({done.returncode}): {done.stderr[-2000:]}")
+    restarted = work / "attempt-1"
+    resumed_at = int(restarted.read_text()) if restarted.exists() else kill_at
+    return {"wall_s": wall, "steps_lost": kill_at - resumed_at}  # trained in the first attempt, and again
+
+
+def _result(output: str) -> dict[str, Any]:
+    for line in output.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])  # type: ignore[no-any-return]
+    raise RuntimeError(f"a job printed no result: {output[-2000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", choices=("ddp", "fault_tolerant", "restart"))
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--kill-at", type=int, default=35)
+    parser.add_argument("--kill-group", type=int, default=2)
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--work")
+    args = parser.parse_args()
+    if args.job is not None:
+        {"ddp": job_ddp, "fault_tolerant": job_fault_tolerant, "restart": job_restart}[args.job](args)
+        return
+    if os.environ.get(IN_NAMESPACE) is None and os.geteuid() == 0 and shutil.which("unshare"):
+        command = f"ip link set lo up && exec {sys.executable} {' '.join(map(str, sys.argv))}"
+        os.execvpe("unshare", ["unshare", "-n", "sh", "-c", command], {**os.environ, IN_NAMESPACE: "1"})
+
+    os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse's INFO lines, ten a second
+    kill_at = args.kill_at
+    ddp = _run_ddp(args, 29600)
+    fault_tolerant = _run_fault_tolerant(args, groups=2, kill_at=0)
+    overhead = statistics.median(r["step_ms"] for r in fault_tolerant) / ddp["step_ms"]
+    calm = _run_fault_tolerant(args, groups=3, kill_at=0)
+    failed = _run_fault_tolerant(args, groups=3, kill_at=kill_at)
+    with tempfile.TemporaryDirectory() as work:
+        restart_calm = _run_restart(args, 0, Path(work) / "calm")
+        restart_failed = _run_restart(args, kill_at, Path(work) / "failed")
+    ft_wall_lost = max(r["wall_s"] for r in failed) - max(r["wall_s"] for r in calm)
+    restart_wall_lost = restart_failed["wall_s"] - restart_calm["wall_s"]
+    steps_lost = max(r["steps_lost"] for r in failed)
+    print(f"MLP dim {args.dim} x {LAYERS} layers, batch {BATCH}/process, {args.steps} steps, CPU (gloo)")
+    print(f"{'job':58} {'step ms':>8} {'wall s':>7} {'steps lost':>10}")
+    print(f"{'plain torch DDP, 2 processes':58} {ddp['step_ms']:8.1f} {ddp['wall_s']:7.1f} {'':>10}")
+    for r in fault_tolerant:
+        label = f"fault_tolerant_ddp, 2 groups of 1 (group {r['group']})"
+        print(f"{label:58} {r['step_ms']:8.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
+    print(f"overhead: {overhead:.2f} x")
+    label = f"fault_tolerant_ddp, 3 groups, group 2 SIGKILLed at step {kill_at}"
+    print(f"{label:58} {'':8} {max(r['wall_s'] for r in failed):7.1f} {steps_lost:10d}")
+    label = f"torchrun --max-restarts=1 + autoresume (every {args.checkpoint_every}), rank 2 killed"
+    print(f"{label:58} {'':8} {restart_failed['wall_s']:7.1f} {restart_failed['steps_lost']:10d}")
+    print(f"steps lost: {steps_lost}")
+    print(
+        f"wall time lost to the failure: fault tolerant {ft_wall_lost:.1f} s, restart + autoresume "
+        f"{restart_wall_lost:.1f} s ({ft_wall_lost / restart_wall_lost:.0%} of the restart's)"
+    )
+
+
+if __name__ == "__main__":
+    main()
