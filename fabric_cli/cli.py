@@ -41,6 +41,7 @@ from fabric_cli.plan import (
     mesh_setting,
     parse_mesh,
     processes_per_node,
+    replica_group_settings,
 )
 
 _TEMPLATE_HELP = ", ".join(f"{{{name}}}" for name in TEMPLATE_FIELDS)
@@ -109,6 +110,19 @@ def run() -> None:
     "data_parallel_replicate=2,data_parallel=4 (HSDP) or data_parallel=2,tensor_parallel=4; names: "
     "pipeline_parallel, data_parallel_replicate, data_parallel, context_parallel, tensor_parallel; one DEGREE may be "
     "auto. [default: the strategy's]",
+)
+@click.option(
+    "--replica-groups",
+    type=int,
+    help="Make the job one replica group of a fault-tolerant run of this many groups (strategy fault_tolerant_ddp, "
+    "torchft): a group that dies does not stop the others. Needs --replica-group and --lighthouse.",
+)
+@click.option("--replica-group", type=int, help="With --replica-groups: this group's index, 0 to N-1.")
+@click.option(
+    "--lighthouse",
+    envvar="TORCHFT_LIGHTHOUSE",
+    help="With --replica-groups: the torchft lighthouse, HOST:PORT (`fabric lighthouse` runs one). "
+    "[default: $TORCHFT_LIGHTHOUSE]",
 )
 @click.option(
     "--world-size",
@@ -242,6 +256,11 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
     settings = {CLI_SETTINGS[name]: str(value) for name, value in passed.items()}
     if mesh is not None:
         settings[CLI_MESH] = mesh_setting(mesh, layout.world_size)
+    settings.update(
+        replica_group_settings(
+            options["replica_groups"], options["replica_group"], options["lighthouse"], options["strategy"]
+        )
+    )
     plan = LaunchPlan(
         script=options["script"],
         script_args=tuple(os.path.expandvars(os.path.expanduser(arg)) for arg in options["script_args"]),

@@ -7,6 +7,7 @@ imported only to count GPUs when the user asks for GPUs.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import string
 import sys
@@ -14,8 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabric.compat import DROP_IN_MODES
+from fabric.strategies.fault_tolerant.plan import FaultTolerance
 from fabric.strategies.mesh import MeshPlan
-from fabric.utilities.cli_contract import CLI_MARKER, CLI_MESH, CLI_SETTINGS, RUN_DIRECTORY_VARIABLE
+from fabric.utilities.cli_contract import (
+    CLI_MARKER,
+    CLI_MESH,
+    CLI_SETTINGS,
+    FT_LIGHTHOUSE,
+    FT_REPLICA_GROUP,
+    FT_REPLICA_GROUPS,
+    RUN_DIRECTORY_VARIABLE,
+)
 from fabric.utilities.device_parser import ALL, AUTO, cpu_oversubscription, parse_devices
 from fabric.utilities.network import SOCKET_INTERFACE_VARIABLES
 from fabric.utilities.processes.rank_environment import rank_variables, thread_defaults
@@ -50,6 +60,36 @@ def mesh_setting(plan: MeshPlan, world_size: int) -> str:
     except ValueError as error:
         raise PlanError(f"--mesh={plan.as_text()}: {error}") from None
     return plan.as_text()
+
+
+#: The strategy ``--replica-groups`` runs.
+FAULT_TOLERANT_STRATEGY = "fault_tolerant_ddp"
+
+
+def replica_group_settings(
+    replica_groups: int | None, replica_group: int | None, lighthouse: str | None, strategy: str | None
+) -> dict[str, str]:
+    """The variables that make this job one replica group of a fault-tolerant run (``--replica-groups``,
+    ``--replica-group``, ``--lighthouse``), checked as ``Fabric()`` will check them; nothing when none is given."""
+    if replica_groups is None and replica_group is None:
+        return {}
+    if strategy is not None and strategy != FAULT_TOLERANT_STRATEGY:
+        raise PlanError(
+            f"--replica-groups makes the job one replica group of a fault-tolerant run, which needs "
+            f"--strategy={FAULT_TOLERANT_STRATEGY}; got --strategy={strategy}. Leave --strategy out or pass that one."
+        )
+    try:
+        plan = FaultTolerance.resolve(replica_group, replica_groups, lighthouse=lighthouse, environment={})
+    except ValueError as error:  # the same message, in the options' names
+        message = re.sub(r"\breplica_group(s?)\b", r"--replica-group\1", str(error))
+        message = re.sub(r"\blighthouse='host:port'|\blighthouse=", "--lighthouse=", message)
+        raise PlanError(message.replace("--lighthouse= or set", "--lighthouse=HOST:PORT or set")) from None
+    return {
+        FT_REPLICA_GROUP: str(plan.replica_group),
+        FT_REPLICA_GROUPS: str(plan.replica_groups),
+        FT_LIGHTHOUSE: plan.lighthouse,
+        CLI_SETTINGS["strategy"]: FAULT_TOLERANT_STRATEGY,
+    }
 
 
 @dataclass(frozen=True)
@@ -168,7 +208,7 @@ class LaunchPlan:
     def describe(self) -> str:
         """The ``--dry-run`` report."""
         layout = self.layout
-        options = {**CLI_SETTINGS, "mesh": CLI_MESH}
+        options = {**CLI_SETTINGS, "mesh": CLI_MESH, "replica group": FT_REPLICA_GROUP}
         settings = {name: self.fabric_settings.get(var, "(script decides)") for name, var in options.items()}
         lines = [
             f"command:       {shlex.join(self.command())}",

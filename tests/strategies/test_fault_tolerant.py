@@ -76,13 +76,13 @@ def test_a_configuration_that_cannot_work_is_refused_naming_the_value(arguments:
     assert message in str(raised.value)
 
 
-def test_the_launcher_variables_place_the_group_and_arguments_override_them() -> None:
+def test_the_launcher_variables_place_the_group_where_no_argument_does() -> None:
     environment = {FT_REPLICA_GROUP: "2", FT_REPLICA_GROUPS: "3", FT_LIGHTHOUSE: "10.0.0.5:29510"}
     plan = FaultTolerance.resolve(environment=environment)
     assert (plan.replica_group, plan.replica_groups, plan.lighthouse) == (2, 3, "http://10.0.0.5:29510")
     assert plan.lighthouse_host_and_port == ("10.0.0.5", 29510)
-    plan = FaultTolerance.resolve(replica_group=0, lighthouse="http://h:7", environment=environment)
-    assert (plan.replica_group, plan.lighthouse) == (0, "http://h:7")
+    plan = FaultTolerance.resolve(replica_group=0, replica_groups=2, lighthouse="http://h:7", environment={})
+    assert (plan.replica_group, plan.replica_groups, plan.lighthouse) == (0, 2, "http://h:7")
 
 
 def test_without_torchft_the_strategy_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,6 +122,62 @@ def test_an_unreachable_lighthouse_fails_the_set_up_in_one_line(tmp_path: Path) 
     assert not list(tmp_path.glob("*.jsonl"))  # not one step ran
 
 
+def test_an_argument_and_a_launcher_variable_that_disagree_are_refused() -> None:
+    environment = {FT_REPLICA_GROUP: "1", FT_REPLICA_GROUPS: "2", FT_LIGHTHOUSE: "http://h:1"}
+    assert FaultTolerance.resolve(replica_group=1, lighthouse="h:1", environment=environment).replica_group == 1
+    with pytest.raises(ValueError, match=r"replica_group=0 conflicts with FABRIC_FT_REPLICA_GROUP=1 .* Remove one"):
+        FaultTolerance.resolve(replica_group=0, environment=environment)
+    with pytest.raises(ValueError, match=r"lighthouse='h:2' conflicts with TORCHFT_LIGHTHOUSE=http://h:1"):
+        FaultTolerance.resolve(lighthouse="h:2", environment=environment)
+
+
+def _dry_run(*options: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "train.py").write_text("")
+    command = [sys.executable, "-m", "fabric_cli", "run", "model", "--dry-run", "--accelerator=cpu", *options]
+    return subprocess.run(
+        [*command, str(tmp_path / "train.py")],
+        env=launcher_environment(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_fabric_run_model_makes_the_job_one_replica_group(tmp_path: Path) -> None:
+    options = ("--devices=2", "--replica-groups=3", "--replica-group=1", "--lighthouse=10.1.1.1:29510")
+    result = _dry_run(*options, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "strategy:      fault_tolerant_ddp" in result.stdout
+    for rank in range(2):
+        line = next(line for line in result.stdout.splitlines() if line.startswith(f"local rank {rank}:  "))
+        variables = dict(item.split("=", 1) for item in line.split(":  ", 1)[1].split())
+        assert variables[FT_REPLICA_GROUP] == "1" and variables[FT_REPLICA_GROUPS] == "3"
+        assert variables[FT_LIGHTHOUSE] == "http://10.1.1.1:29510"
+        assert variables["FABRIC_STRATEGY"] == "fault_tolerant_ddp"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--replica-groups=3", "--replica-group=3", "--lighthouse=h:1"), "--replica-group=3 is not valid for "),
+        (("--replica-groups=3", "--replica-group=1"), "No torchft lighthouse: pass --lighthouse=HOST:PORT"),
+        (("--replica-group=1", "--lighthouse=h:1"), "--replica-groups is not set: pass --replica-groups=N"),
+        (
+            ("--replica-groups=2", "--replica-group=1", "--lighthouse=h:1", "--strategy=ddp"),
+            "which needs --strategy=fault_tolerant_ddp; got --strategy=ddp",
+        ),
+    ],
+)
+def test_fabric_run_model_refuses_a_replica_group_that_cannot_work(
+    options: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    result = _dry_run(*options, tmp_path=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1]
+
+
 def test_fabric_lighthouse_refuses_a_bad_address() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "fabric_cli", "lighthouse", "--bind", "nowhere"],
@@ -152,10 +208,24 @@ class Run:
         return self.directory / "stop"
 
     def start_group(self, group: int) -> subprocess.Popen[str]:
-        variables = _group_variables(group, self.groups, f"127.0.0.1:{LIGHTHOUSE_PORT}", 29600 + group)
+        """Group ``group``: one process started directly, or with ``devices`` above 1 ``fabric run model``'s."""
+        port, lighthouse = 29600 + group, f"127.0.0.1:{LIGHTHOUSE_PORT}"
+        worker = [WORKER, str(self.directory), str(self.stop_file), f"--devices={self.devices}"]
+        if self.devices == 1:
+            command, variables = [sys.executable, *worker], _group_variables(group, self.groups, lighthouse, port)
+        else:
+            command = [
+                *(sys.executable, "-m", "fabric_cli", "run", "model", "--accelerator=cpu", f"--devices={self.devices}"),
+                *(f"--replica-groups={self.groups}", f"--replica-group={group}", f"--lighthouse={lighthouse}"),
+                *(f"--main-port={port}", f"--run-dir={self.directory / f'run{group}-{len(self.processes)}'}"),
+                worker[0],
+                "--",
+                *worker[1:],
+            ]
+            variables = {"OMP_NUM_THREADS": "1"}
         log = (self.directory / f"group{group}-{len(self.processes)}.log").open("w")
         process = self.namespace.popen(
-            [sys.executable, WORKER, str(self.directory), str(self.stop_file), f"--devices={self.devices}"],
+            command,
             env=launcher_environment(variables),
             cwd=self.directory,
             stdout=log,
@@ -245,7 +315,7 @@ def _committed(records: list[dict[str, Any]]) -> int:
 
 
 @pytest.mark.end_to_end
-@pytest.mark.parametrize("devices", [1, 2], ids=["groups_of_1", "ddp_groups_of_2"])
+@pytest.mark.parametrize("devices", [1, 2], ids=["groups_of_1", "ddp_groups_of_2_by_fabric_run_model"])
 def test_a_killed_replica_group_does_not_stop_the_others_and_rejoins_with_their_state(
     tmp_path: Path, devices: int
 ) -> None:

@@ -9,7 +9,7 @@ launcher set) into one frozen description and refuses a configuration that canno
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit
@@ -56,8 +56,8 @@ class FaultTolerance:
         """The arguments given, else the launcher's variables (:data:`FT_REPLICA_GROUP`, :data:`FT_REPLICA_GROUPS`,
         :data:`FT_LIGHTHOUSE`); a ``ValueError`` names the value that cannot work and what is accepted."""
         environment = os.environ if environment is None else environment
-        groups = _count(replica_groups, environment.get(FT_REPLICA_GROUPS), "replica_groups", FT_REPLICA_GROUPS)
-        group = _index(replica_group, environment.get(FT_REPLICA_GROUP), groups)
+        groups = _count(_one(replica_groups, "replica_groups", environment, FT_REPLICA_GROUPS), "replica_groups")
+        group = _index(_one(replica_group, "replica_group", environment, FT_REPLICA_GROUP), groups)
         if isinstance(min_replica_groups, bool) or not isinstance(min_replica_groups, int):
             raise ValueError(f"min_replica_groups={min_replica_groups!r} is not valid. Accepted: an int >= 1.")
         if not 1 <= min_replica_groups <= groups:
@@ -68,11 +68,12 @@ class FaultTolerance:
         for name, value in (("timeout", timeout), ("quorum_timeout", quorum_timeout)):
             if not isinstance(value, timedelta) or value <= timedelta(0):
                 raise ValueError(f"{name}={value!r} is not valid. Accepted: a timedelta greater than 0.")
+        lighthouse = _lighthouse_url(_one(lighthouse, "lighthouse", environment, FT_LIGHTHOUSE, _lighthouse_url))
         return cls(
             replica_group=group,
             replica_groups=groups,
             min_replica_groups=min_replica_groups,
-            lighthouse=_lighthouse_url(lighthouse if lighthouse is not None else environment.get(FT_LIGHTHOUSE)),
+            lighthouse=lighthouse,
             timeout=timeout,
             quorum_timeout=quorum_timeout,
         )
@@ -84,11 +85,26 @@ class FaultTolerance:
         return parts.hostname, parts.port
 
 
-def _count(given: int | None, variable: str | None, name: str, variable_name: str) -> int:
-    value: object = given if given is not None else variable
+def _one(
+    given: object, name: str, environment: Mapping[str, str], variable: str, normal: Callable[[object], str] = str
+) -> object:
+    """The argument, else the launcher's variable; both, and different (once ``normal``-ised): a ``ValueError`` (a
+    group told two different places in the run must not pick one silently)."""
+    if variable not in environment:
+        return given
+    if given is not None and normal(given) != normal(environment[variable]):
+        raise ValueError(
+            f"{name}={given!r} conflicts with {variable}={environment[variable]} (set by `fabric run model` or the "
+            "shell). Remove one of the two."
+        )
+    return environment[variable]
+
+
+def _count(value: object, name: str) -> int:
     if value is None:
         raise ValueError(
-            f"{name} is not set: pass {name}=N (how many replica groups the run is planned for) or set {variable_name}."
+            f"{name} is not set: pass {name}=N (how many replica groups the run is planned for) or set "
+            f"{FT_REPLICA_GROUPS}."
         )
     number = _as_int(value)
     if number is None or number < 1:
@@ -96,8 +112,7 @@ def _count(given: int | None, variable: str | None, name: str, variable_name: st
     return number
 
 
-def _index(given: int | None, variable: str | None, groups: int) -> int:
-    value: object = given if given is not None else variable
+def _index(value: object, groups: int) -> int:
     if value is None:
         raise ValueError(
             f"replica_group is not set: pass replica_group=I (0 to {groups - 1}, this group's index) or set "
@@ -121,13 +136,15 @@ def _as_int(value: object) -> int | None:
     return None
 
 
-def _lighthouse_url(address: str | None) -> str:
+def _lighthouse_url(address: object) -> str:
     """``http://host:port`` from ``host:port`` or a URL; a ``ValueError`` when missing or without a port."""
     if not address:
         raise ValueError(
             f"No torchft lighthouse: pass lighthouse='host:port' or set {FT_LIGHTHOUSE}. Start one with "
             "`fabric lighthouse --min-replicas N` (or torchft's `torchft_lighthouse`)."
         )
+    if not isinstance(address, str):
+        raise ValueError(f"lighthouse={address!r} is not valid. Accepted: 'host:port' or 'http://host:port'.")
     url = address if "://" in address else f"http://{address}"
     parts = urlsplit(url)
     try:
