@@ -942,12 +942,14 @@ def _make_fabric(fabric: Fabric | None, choices: dict[str, Any]) -> Fabric:
     unknown = sorted(set(choices) - set(FABRIC_CHOICES))
     if unknown:
         raise TypeError(f"Trainer() got unexpected arguments {unknown}; Fabric choices are {list(FABRIC_CHOICES)}.")
-    if fabric is None:
-        return Fabric(**choices)
-    if choices:
+    if fabric is not None and choices:
         raise ValueError(
             f"Pass either fabric= or the Fabric choices {sorted(choices)}, not both: that Fabric already decided them."
         )
+    fabric = Fabric(**choices) if fabric is None else fabric
+    refusal = fabric.strategy.trainer_refusal
+    if refusal is not None:
+        raise ValueError(f"The Trainer cannot run on {type(fabric.strategy).__name__} yet: {refusal}")
     return fabric
 
 

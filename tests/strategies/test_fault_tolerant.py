@@ -105,6 +105,19 @@ def test_the_strategy_is_a_registry_name() -> None:
     assert fabric.strategy.fault_tolerance.replica_group == 1
 
 
+def test_the_trainer_refuses_the_strategy_until_it_carries_the_step_to_a_joining_group() -> None:
+    require_modules("fault tolerance", "torchft")
+    from torch import nn
+
+    from fabric.trainer.trainer import Trainer
+
+    environment = {FT_REPLICA_GROUP: "0", FT_REPLICA_GROUPS: "2", FT_LIGHTHOUSE: "127.0.0.1:29510"}
+    model = nn.Linear(2, 2)
+    with _environment(environment), pytest.raises(ValueError) as raised:
+        Trainer(model=model, strategy="fault_tolerant_ddp", accelerator="cpu", devices=1, max_duration="1ba")
+    assert str(raised.value).startswith("The Trainer cannot run on FaultTolerantDDPStrategy yet: its step count")
+
+
 def test_an_unreachable_lighthouse_fails_the_set_up_in_one_line(tmp_path: Path) -> None:
     require_modules("fault tolerance", "torchft")
     (tmp_path / "stop").write_text("3")

@@ -45,6 +45,11 @@ class FaultTolerantDDPStrategy(DDPStrategy):
         **kwargs: as :class:`~fabric.strategies.DDPStrategy` (``timeout`` is the in-group process group's).
     """
 
+    trainer_refusal = (
+        "its step count and data position are not yet carried to a joining replica group, which would train the "
+        "run's steps again alone. Use a Fabric loop (docs/fault-tolerance.md), or strategy='ddp' with autoresume."
+    )
+
     def __init__(
         self,
         *,
