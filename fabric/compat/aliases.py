@@ -5,6 +5,12 @@ the module here whose public names answer the same names, names that live elsewh
 (``"fabric.plugins.environments:LocalEnvironment"``), and names that have no counterpart, each :class:`Refused`
 with a one-line reason that says what to use instead. A whole module may be refused too.
 
+A refused name imports (as a stand-in) and raises its one line when it is used: called, subclassed or asked for an
+attribute. Libraries import far more names at their top than a program uses (llm-foundry binds 94 of Composer's
+at import), so a refusal at import would stop them before the program chose anything. ``isinstance(x, refused)``
+is ``False``: nothing here is an instance of a class that has no counterpart. A refused module, or a name the table
+does not know, is still an ``ImportError`` at import.
+
 Two ways of applying it:
 
 - :class:`AliasFinder` (the other project is not installed): an import hook that serves every module of the table
@@ -12,7 +18,7 @@ Two ways of applying it:
   :class:`ImportError` naming it and where the mapping is documented.
 - :func:`overlay` (the other project is installed and must keep working for its own parts): its modules are
   imported as they are, then the table's names, and every other public name of those modules, are set on them,
-  to this project's objects or to stand-ins that refuse to be used. Code of the other project that bound names
+  to this project's objects or to :class:`RefusedName` stand-ins. Code of the other project that bound names
   at its own import keeps its own objects; a program importing afterwards gets ours.
 """
 
@@ -54,6 +60,33 @@ class NotProvided(ImportError):
     ``from module import name`` shows this message rather than Python's generic one)."""
 
 
+class RefusedName:
+    """Stands for a name of the other project that has no counterpart here: calling it, subclassing it or asking it
+    for an attribute raises the one-line refusal; ``isinstance``/``issubclass`` against it are ``False``."""
+
+    def __init__(self, error: NotProvided) -> None:
+        object.__setattr__(self, "_error", error)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise object.__getattribute__(self, "_error")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__") and name != "__mro_entries__":
+            # Python's own probes (typing's ``Optional[name]``, copy, pickle) see a plain object
+            raise AttributeError(name)
+        raise object.__getattribute__(self, "_error")  # ``__mro_entries__`` too: subclassing raises the refusal
+
+    def __instancecheck__(self, instance: object) -> bool:
+        return False
+
+    def __subclasscheck__(self, subclass: type) -> bool:
+        return False
+
+    @override
+    def __repr__(self) -> str:
+        return f"<not provided: {object.__getattribute__(self, '_error')}>"
+
+
 @dataclass(frozen=True)
 class DropIn:
     """A drop-in mode: its table, the other project's name and the document that describes the table (for
@@ -73,7 +106,8 @@ class DropIn:
         )
 
     def resolve(self, module: str, name: str) -> Any:
-        """What answers ``module.name``; raises :class:`NotProvided` for a refused or unknown one."""
+        """What answers ``module.name``: ours, or a stand-in that refuses to be used; raises :class:`NotProvided`
+        for a name the table does not know."""
         submodule = f"{module}.{name}"
         if submodule in self.table:
             return importlib.import_module(submodule)
@@ -81,7 +115,7 @@ class DropIn:
         assert isinstance(entry, AliasedModule)
         target = entry.names.get(name)
         if isinstance(target, Refused):
-            raise self.refusal(f"{module}.{name}", target.reason)
+            return RefusedName(self.refusal(f"{module}.{name}", target.reason))
         if target is not None:
             where, _, attribute = target.partition(":")
             return getattr(importlib.import_module(where), attribute)
@@ -155,24 +189,6 @@ def install_finder(drop_in: DropIn, roots: Sequence[str]) -> AliasFinder:
     return finder
 
 
-class _RefusingStandIn:
-    """What :func:`overlay` puts in place of a public name of the other project that has no counterpart here: any
-    call, attribute or ``isinstance`` check other than the class's own raises the one-line refusal."""
-
-    def __init__(self, error: NotProvided) -> None:
-        object.__setattr__(self, "_error", error)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise object.__getattribute__(self, "_error")
-
-    def __getattr__(self, name: str) -> Any:
-        raise object.__getattribute__(self, "_error")
-
-    @override
-    def __repr__(self) -> str:
-        return f"<not provided: {object.__getattribute__(self, '_error')}>"
-
-
 def overlay(drop_in: DropIn, keep: Mapping[str, Sequence[str]] | None = None) -> None:
     """Set the table's answers on the installed modules of the other project (imported first, as they are).
 
@@ -197,5 +213,5 @@ def overlay(drop_in: DropIn, keep: Mapping[str, Sequence[str]] | None = None) ->
             try:
                 value = drop_in.resolve(module_name, name)
             except NotProvided as error:
-                value = _RefusingStandIn(error)
+                value = RefusedName(error)
             setattr(module, name, value)

@@ -4,8 +4,9 @@ loggers, schedulers, metrics and profiler keep Composer's names here).
 
 Opt-in, for this process and the ranks it launches; never on by default. Composer does not install beside torch 2.13,
 so ``composer`` and its modules are always served from the table (:mod:`fabric.compat.composer_names`); a name with
-no counterpart raises one line saying what to use instead. ``fabric run model --drop-in=composer`` does the same
-with the ranks started by the CLI (Composer's launcher flags ``-n``, ``--world_size``, ... are taken there).
+no counterpart raises one line saying what to use instead, when it is used. ``fabric run model --drop-in=composer``
+does the same with the ranks started by the CLI (Composer's launcher flags ``-n``, ``--world_size``, ... are taken
+there).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fabric.compat.aliases import AliasedModule, DropIn, Refused
 
-_DEVICE = Refused("the Trainer takes the device by name: Trainer(device='cpu'|'gpu'|'mps').")
+_ICL = Refused("llm-foundry's in-context-learning evaluation (its eval gauntlet) is not supported yet.")
 _OBJECT_STORE = Refused(
     "object stores are fsspec URLs here: save_folder='s3://bucket/run', load_path='s3://...', storage_options=."
 )
@@ -41,6 +41,26 @@ COMPOSER = DropIn(
                 "TrainerMode": Refused("state.model.training says whether the model trains."),
             },
         ),
+        "composer.core.callback": AliasedModule(names={"Callback": "fabric.trainer:Callback"}),
+        "composer.core.data_spec": AliasedModule(
+            names={
+                "DataSpec": "fabric.trainer:DataSpec",
+                "ensure_data_spec": "fabric.trainer.data_spec:ensure_data_spec",
+                "_default_split_batch": "fabric.trainer.microbatch:split_batch",
+                "_split_list": _ICL,
+            },
+        ),
+        "composer.core.state": AliasedModule(
+            names={
+                "State": "fabric.trainer:State",
+                "fsdp_state_dict_type_context": Refused(
+                    "FSDP1's state-dict context; FSDP2 here: the Trainer's checkpoints are sharded (DCP) or full."
+                ),
+            },
+        ),
+        "composer.core.types": AliasedModule(
+            names={"Batch": _TYPE_ALIAS, "Dataset": _TYPE_ALIAS, "JSON": _TYPE_ALIAS},
+        ),
         "composer.models": AliasedModule(
             ours="fabric.trainer",
             names={
@@ -48,6 +68,15 @@ COMPOSER = DropIn(
                 "Initializer": "fabric.trainer.classifier:Initializer",
                 "write_huggingface_pretrained_from_composer_checkpoint": (
                     "fabric.trainer.huggingface:write_huggingface_pretrained"
+                ),
+            },
+        ),
+        "composer.models.huggingface": AliasedModule(
+            names={
+                "HuggingFaceModel": "fabric.trainer.huggingface:HuggingFaceModel",
+                "peft_installed": "fabric.trainer.huggingface:PEFT_SUPPORTED",
+                "maybe_get_underlying_model": Refused(
+                    "FSDP1 wrapping of Hugging Face models; FSDP2 here shards the model in place."
                 ),
             },
         ),
@@ -73,6 +102,9 @@ COMPOSER = DropIn(
                 "MLPerfCallback": Refused("not provided."),
             },
         ),
+        "composer.callbacks.checkpoint_saver": AliasedModule(
+            names={"CheckpointSaver": "fabric.trainer.checkpoint.saver:CheckpointSaver"}
+        ),
         "composer.loggers": AliasedModule(
             ours="fabric.trainer.loggers",
             names={
@@ -84,6 +116,14 @@ COMPOSER = DropIn(
                 "SlackLogger": Refused("not provided."),
             },
         ),
+        "composer.loggers.logger_destination": AliasedModule(
+            names={"LoggerDestination": "fabric.trainer.loggers:LoggerDestination"}
+        ),
+        "composer.loggers.mosaicml_logger": AliasedModule(
+            ours="fabric.compat.mosaicml_platform",
+            names={"MosaicMLLogger": Refused("the MosaicML platform is not supported.")},
+        ),
+        "composer.loggers.remote_uploader_downloader": AliasedModule(names={"RemoteUploaderDownloader": _OBJECT_STORE}),
         "composer.optim": AliasedModule(
             ours="fabric.trainer.schedulers",
             names={
@@ -94,7 +134,14 @@ COMPOSER = DropIn(
             },
         ),
         "composer.optim.scheduler": AliasedModule(
-            ours="fabric.trainer.schedulers", names={"ComposerScheduler": "fabric.trainer.schedulers:Scheduler"}
+            ours="fabric.trainer.schedulers",
+            names={
+                "ComposerScheduler": "fabric.trainer.schedulers:Scheduler",
+                "_convert_time": Refused(
+                    "schedulers written on Composer's internals (llm-foundry's inv_sqrt_with_warmup, "
+                    "warmup_stable_decay) are not supported; use the schedulers of fabric.trainer.schedulers."
+                ),
+            },
         ),
         "composer.metrics": AliasedModule(
             ours="fabric.trainer.metrics",
@@ -112,7 +159,15 @@ COMPOSER = DropIn(
         "composer.utils": AliasedModule(
             names={
                 "export_for_inference": "fabric.trainer.export:export_for_inference",
-                "get_device": _DEVICE,
+                "get_device": "fabric.trainer.devices:get_device",
+                "MissingConditionalImportError": "fabric.utilities.lazy:MissingConditionalImportError",
+                "ObjectStore": _OBJECT_STORE,
+                "maybe_create_object_store_from_uri": _OBJECT_STORE,
+                "maybe_create_remote_uploader_downloader_from_uri": (
+                    "fabric.plugins.io.file_helpers:maybe_create_remote_uploader_downloader_from_uri"
+                ),
+                "create_interval_scheduler": "fabric.trainer.intervals:create_interval_scheduler",
+                "TPConfig": Refused("pass parallelism_config={'tp': {'tensor_parallel_degree': ..., ...}} as a dict."),
                 "ensure_time": "fabric.trainer.core.time:ensure_time",
                 "get_file": "fabric.plugins.io.file_helpers:get_file",
                 "parse_uri": "fabric.plugins.io.file_helpers:parse_uri",
@@ -124,22 +179,33 @@ COMPOSER = DropIn(
                 "FSDPConfig": Refused("pass parallelism_config={'fsdp': {...}} as a dict."),
             },
         ),
+        "composer.utils.misc": AliasedModule(
+            names={"create_interval_scheduler": "fabric.trainer.intervals:create_interval_scheduler"}
+        ),
+        "composer.utils.file_helpers": AliasedModule(
+            names={
+                "get_file": "fabric.plugins.io.file_helpers:get_file",
+                "parse_uri": "fabric.plugins.io.file_helpers:parse_uri",
+                "list_remote_objects": _OBJECT_STORE,
+            },
+        ),
+        "composer.utils.import_helpers": AliasedModule(
+            names={"MissingConditionalImportError": "fabric.utilities.lazy:MissingConditionalImportError"}
+        ),
+        "composer.utils.object_store": AliasedModule(
+            names={"ObjectStore": _OBJECT_STORE, "ObjectStoreTransientError": "builtins:ConnectionError"}
+        ),
+        "composer.utils.retrying": AliasedModule(names={"retry": "fabric.utilities.retry:retry"}),
         "composer.utils.reproducibility": AliasedModule(
             names={
                 "seed_all": "fabric:seed_everything",
                 "configure_deterministic_mode": "fabric.utilities.seed:configure_deterministic_mode",
             },
         ),
-        "composer.utils.dist": AliasedModule(
-            ours="fabric.trainer.dist",
-            names={
-                "initialize_dist": Refused("the Trainer initialises torch.distributed when it is built."),
-                "get_node_signal_file_name": Refused("use run_local_rank_zero_first() or barrier()."),
-                "write_signal_file": Refused("use run_local_rank_zero_first() or barrier()."),
-            },
-        ),
+        "composer.utils.dist": AliasedModule(ours="fabric.trainer.dist"),
         "composer.devices": AliasedModule(
-            names={name: _DEVICE for name in ("Device", "DeviceCPU", "DeviceGPU", "DeviceMPS", "DeviceTPU")}
+            ours="fabric.trainer.devices",
+            names={"DeviceTPU": Refused("TPUs are not supported; use 'cpu', 'gpu' or 'mps'.")},
         ),
     },
 )

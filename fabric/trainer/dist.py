@@ -9,7 +9,10 @@ one (a rank that skipped the collective would hang the others). New code can use
 
 from __future__ import annotations
 
+import datetime
 import os
+import random
+import string
 import time
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
@@ -18,6 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.distributed as torch_dist
 from torch.utils.data import Dataset, DistributedSampler
+
+from fabric.trainer.devices import Device, get_device
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -33,12 +38,15 @@ __all__ = [
     "get_local_rank",
     "get_local_world_size",
     "get_node_rank",
+    "get_node_signal_file_name",
     "get_sampler",
     "get_world_size",
+    "initialize_dist",
     "is_available",
     "is_initialized",
     "local_rank_zero_download_and_wait",
     "run_local_rank_zero_first",
+    "write_signal_file",
 ]
 
 T = TypeVar("T")
@@ -74,6 +82,40 @@ def _fact(variable: str, default: int, from_group: Callable[[], int] | None = No
             f"torch.distributed is initialised but {variable} is not set: start the job with a launcher."
         )
     return default
+
+
+def initialize_dist(device: str | Device | None = None, timeout: float = 300.0) -> None:
+    """Join the job's process group now, from the launcher's variables, with ``device``'s backend (Composer's call
+    before a program builds its Trainer, which then adopts the group). A process started without a launcher gets a
+    group of one, as in Composer; a group that exists already must use the same backend."""
+    backend = get_device(device).dist_backend
+    if is_initialized():
+        if torch_dist.get_backend() != backend:
+            raise RuntimeError(
+                f"initialize_dist({device!r}): torch.distributed is initialised with {torch_dist.get_backend()!r}, "
+                f"not {backend!r}."
+            )
+        return
+    world_size = get_world_size()
+    if world_size == 1 and all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "NODE_RANK")):
+        os.environ.update(dict.fromkeys(("RANK", "LOCAL_RANK", "NODE_RANK"), "0"))
+        os.environ.update(dict.fromkeys(("WORLD_SIZE", "LOCAL_WORLD_SIZE"), "1"))
+        store = torch_dist.HashStore()  # type: ignore[attr-defined]  # exported at run time, not in the stubs
+        torch_dist.init_process_group(backend, store=store, world_size=1, rank=0)
+        return
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"initialize_dist: WORLD_SIZE={world_size} but {', '.join(missing)} not set; start the job with a "
+            "launcher (fabric run model, torchrun, srun)."
+        )
+    torch_dist.init_process_group(
+        backend,
+        init_method="env://",
+        world_size=world_size,
+        rank=get_global_rank(),
+        timeout=datetime.timedelta(seconds=timeout),
+    )
 
 
 def get_world_size() -> int:
@@ -162,23 +204,48 @@ def get_sampler(
     shuffle: bool = False,
     num_replicas: int | None = None,
     rank: int | None = None,
+    seed: int = 0,
 ) -> DistributedSampler[Any]:
-    """A ``DistributedSampler`` over the job's ranks (or ``num_replicas``/``rank`` given)."""
+    """A ``DistributedSampler`` over the job's ranks (or ``num_replicas``/``rank`` given), shuffling with ``seed``."""
     return DistributedSampler(
         dataset,
         drop_last=drop_last,
         shuffle=shuffle,
         num_replicas=get_world_size() if num_replicas is None else num_replicas,
         rank=get_global_rank() if rank is None else rank,
+        seed=seed,
     )
 
 
-def local_rank_zero_download_and_wait(expected_file_path: str) -> None:
-    """On every local rank but zero, wait until ``expected_file_path`` exists (local rank zero downloads it)."""
+@contextmanager
+def local_rank_zero_download_and_wait(expected_file_path: str) -> Generator[None, None, None]:
+    """On entering, every local rank but zero waits until ``expected_file_path`` exists (local rank zero writes it);
+    needs no process group, only ``LOCAL_RANK``."""
+    if get_local_rank() != 0:
+        while not os.path.exists(expected_file_path):
+            time.sleep(FILE_POLL_SECONDS)
+    yield
+
+
+def get_node_signal_file_name(rng: random.Random | None = None) -> str:
+    """A file name for a wait within a node (``write_signal_file``, ``local_rank_zero_download_and_wait``): random,
+    and rank 0's on every rank, so that the ranks of a node agree on it."""
+    suffix = "".join((rng or random.Random()).choices(string.ascii_letters + string.digits, k=6))
+    names = [f"._signal_file_node{get_node_rank()}_{suffix}"]
+    broadcast_object_list(names, src=0)
+    return names[0]
+
+
+def write_signal_file(signal_file_name: str, dir_path: str | None = None) -> str:
+    """Local rank zero writes the signal file in ``dir_path`` (default: the working directory); every rank gets its
+    path."""
+    if dir_path is not None:
+        os.makedirs(dir_path, exist_ok=True)
+    path = os.path.join(dir_path or os.getcwd(), signal_file_name)
     if get_local_rank() == 0:
-        return
-    while not os.path.exists(expected_file_path):
-        time.sleep(FILE_POLL_SECONDS)
+        with open(path, "w") as file:
+            file.write("local rank zero done")
+    return path
 
 
 @contextmanager

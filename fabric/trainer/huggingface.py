@@ -45,12 +45,15 @@ from typing_extensions import override
 from fabric.plugins.io.huggingface import config_file
 from fabric.plugins.io.storage import filesystem, is_remote
 from fabric.plugins.io.temporaries import owned_temporary, remove_abandoned, remove_temporary, temporary_sibling
-from fabric.trainer.model import TrainerModel
+from fabric.trainer.model import ComposerModel
 from fabric.utilities.lazy import install_hint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+#: Whether HuggingFaceModel takes PEFT adapters (Composer's ``peft_installed``, which programs read before passing a
+#: ``peft_config``): not yet, so they refuse such configs themselves.
+PEFT_SUPPORTED = False
 _INSTALL = f"HuggingFaceModel needs transformers: {install_hint('transformers', 'transformers')}"
 
 
@@ -83,8 +86,9 @@ def _named_metrics(metrics: MetricsInput, argument: str) -> dict[str, Any]:
     return named
 
 
-class HuggingFaceModel(TrainerModel):
-    """Wraps ``model`` (a ``transformers.PreTrainedModel``) for the Trainer; its config travels with checkpoints."""
+class HuggingFaceModel(ComposerModel):
+    """Wraps ``model`` (a ``transformers.PreTrainedModel``) for the Trainer; its config travels with checkpoints. A
+    :class:`~fabric.trainer.model.ComposerModel`, as in Composer (programs check registered models with it)."""
 
     def __init__(
         self,
@@ -94,13 +98,19 @@ class HuggingFaceModel(TrainerModel):
         metrics: MetricsInput = None,
         eval_metrics: MetricsInput = None,
         shift_labels: bool | None = None,
+        allow_embedding_resizing: bool = False,
+        peft_config: Any = None,
+        should_save_peft_only: bool = True,
     ) -> None:
         super().__init__()
         transformers = _transformers()
         if not isinstance(model, transformers.PreTrainedModel):
             raise TypeError(f"HuggingFaceModel wraps a transformers PreTrainedModel, got {type(model).__name__}.")
+        if peft_config is not None:
+            raise ValueError("HuggingFaceModel(peft_config=...): PEFT adapters are not supported yet; pass None.")
         self.model = model
         self.tokenizer = tokenizer
+        _fit_embeddings_to_tokenizer(model, tokenizer, allow_embedding_resizing)
         self._tokenizer_files: dict[str, bytes] | None = None  # written once, on the first checkpoint
         #: Whether evaluation gives the metrics the logits (a tensor) instead of the model's whole output.
         self.use_logits = bool(use_logits)
@@ -238,6 +248,20 @@ class HuggingFaceModel(TrainerModel):
 _MODEL_FILE = re.compile(
     r"(config|generation_config)\.json|(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?"
 )
+
+
+def _fit_embeddings_to_tokenizer(model: Any, tokenizer: Any, allow_resizing: bool) -> None:
+    """A tokenizer with more tokens than the model's vocabulary would index past the embeddings: resize them when
+    allowed (Composer's ``allow_embedding_resizing``), else refuse; fewer tokens are fine (vocabularies are often
+    padded to a multiple of 64)."""
+    if tokenizer is None or model.config.vocab_size >= len(tokenizer):
+        return
+    if not allow_resizing:
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens and the model's vocabulary {model.config.vocab_size}: call "
+            "model.resize_token_embeddings(len(tokenizer)) first, or pass allow_embedding_resizing=True."
+        )
+    model.resize_token_embeddings(len(tokenizer))
 
 
 def write_huggingface_pretrained(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path:

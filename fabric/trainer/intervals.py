@@ -44,6 +44,32 @@ def create_interval(
     return _CountInterval(time.unit, int(time.value), include_end_of_training)
 
 
+def create_interval_scheduler(
+    interval: IntervalInput,
+    include_end_of_training: bool = True,
+    checkpoint_events: bool = True,
+    final_events: set[Event] | None = None,
+) -> IntervalFunction:
+    """Composer's ``create_interval_scheduler``: as :func:`create_interval`, asked at every event. With
+    ``checkpoint_events`` (the default) it answers yes at ``BATCH_CHECKPOINT``/``EPOCH_CHECKPOINT``, after the
+    batch's or epoch's evaluation, as the Trainer's own saves do; otherwise at ``BATCH_END``/``EPOCH_END``. The end
+    of training fires at the same two events; ``final_events`` may only name those."""
+    as_end = {Event.BATCH_CHECKPOINT: Event.BATCH_END, Event.EPOCH_CHECKPOINT: Event.EPOCH_END}
+    if not checkpoint_events:
+        as_end = {Event.BATCH_END: Event.BATCH_END, Event.EPOCH_END: Event.EPOCH_END}
+    if final_events is not None and set(final_events) != set(as_end):
+        raise ValueError(
+            f"create_interval_scheduler(final_events={final_events!r}): the end of training fires at "
+            f"{sorted(event.name for event in as_end)} here; leave final_events as None."
+        )
+    ours = create_interval(interval, name="interval", include_end_of_training=include_end_of_training)
+
+    def at_its_events(state: State, event: Event) -> bool:
+        return event in as_end and ours(state, as_end[event])
+
+    return at_its_events
+
+
 def create_eval_interval(interval: IntervalInput, *, name: str = "eval_interval") -> IntervalFunction:
     """An evaluation interval: as :func:`create_interval`, except that a count of 0 or less (``0``, ``-1``,
     ``"0ep"``; not a ``dur`` fraction) means never during training, as in Composer, whose tutorials pass

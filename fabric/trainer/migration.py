@@ -62,6 +62,8 @@ Every other Composer ``Trainer`` argument is accepted with Composer's meaning or
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -87,7 +89,6 @@ _DEVICES = ("cpu", "gpu", "mps")
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "fsdp_config": ((None,), "it is Composer's older name: pass parallelism_config={'fsdp': {...}}"),
     "fsdp_auto_wrap": ((), "it is Composer's older name: pass parallelism_config={'fsdp': {'auto_wrap': ...}}"),
-    "python_log_level": ((None,), "configure Python's logging yourself, e.g. logging.basicConfig(level='INFO')"),
     "precision_config": (
         (None,),
         "TransformerEngine's FP8 settings are not used: precision='amp_fp8' trains in float8 on torchao; for its "
@@ -118,9 +119,36 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
-def refuse_composer_arguments(choices: dict[str, Any]) -> None:
-    """Take Composer's arguments of :data:`REFUSED` out of ``choices`` (the Trainer's remaining keyword arguments):
-    accepted with a value that changes nothing here, else ``ValueError`` naming what to use instead."""
+_LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def configure_python_logging(level: str | None) -> None:
+    """Composer's ``python_log_level``: Python's logging prints each record with the process's rank (records of the
+    program and its libraries; the Trainer itself reports through its console logger), and the ``composer`` and
+    ``fabric`` loggers take ``level``."""
+    if level is None:
+        return
+    if not isinstance(level, str) or level.upper() not in _LOG_LEVELS:
+        names = [name.lower() for name in _LOG_LEVELS]
+        raise ValueError(f"Trainer(python_log_level={level!r}) is not a logging level: use one of {names}.")
+    logging.basicConfig(
+        format=f"%(asctime)s: rank{os.environ.get('RANK', '0')}[%(process)d][%(threadName)s]: %(levelname)s: "
+        "%(name)s: %(message)s"
+    )
+    for name in ("composer", "fabric"):
+        logging.getLogger(name).setLevel(level.upper())
+
+
+#: Composer arguments the Trainer takes from its keyword arguments and applies at once.
+APPLIED: dict[str, Callable[[Any], None]] = {"python_log_level": configure_python_logging}
+
+
+def take_composer_arguments(choices: dict[str, Any]) -> None:
+    """Take Composer's arguments of :data:`APPLIED` and :data:`REFUSED` out of ``choices`` (the Trainer's remaining
+    keyword arguments): the first are applied; the others accepted with a value that changes nothing here, else
+    ``ValueError`` naming what to use instead."""
+    for name in [name for name in choices if name in APPLIED]:
+        APPLIED[name](choices.pop(name))
     for name in [name for name in choices if name in REFUSED]:
         value = choices.pop(name)
         accepted, instead = REFUSED[name]

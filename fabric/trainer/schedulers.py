@@ -39,7 +39,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch.optim import Optimizer
@@ -81,8 +81,10 @@ class SchedulerState(Protocol):
     def max_duration(self) -> Time[Any] | None: ...
 
 
+@runtime_checkable
 class Scheduler(Protocol):
-    """A function of training time returning an LR multiplier. ``ssr`` scales the schedule's time arguments."""
+    """A function of training time returning an LR multiplier. ``ssr`` scales the schedule's time arguments.
+    ``issubclass``/``isinstance`` work (runtime-checkable), as programs check registered schedulers with them."""
 
     def __call__(self, state: SchedulerState, ssr: float = 1.0) -> float: ...
 

@@ -86,8 +86,8 @@ from fabric.trainer.migration import (
     enable_deterministic_mode,
     load_path_from,
     microbatch_size_for,
-    refuse_composer_arguments,
     strict_model_weights,
+    take_composer_arguments,
     translate_fabric_choices,
     without_excluded,
 )
@@ -206,7 +206,7 @@ class Trainer:
         grad_accum: int | str | None = None,
         **fabric_choices: Any,
     ) -> None:
-        refuse_composer_arguments(fabric_choices)
+        take_composer_arguments(fabric_choices)
         enable_deterministic_mode(deterministic_mode)  # before anything runs a kernel, as in Composer
         self.train_subset_num_batches = check_subset_num_batches(train_subset_num_batches, "train_subset_num_batches")
         given_loader = None if train_dataloader is None else ensure_data_spec(train_dataloader).dataloader
@@ -463,7 +463,7 @@ class Trainer:
         before anything changes. If training raises, the loggers hear of it first (``log_exception``: trackers mark
         the run failed).
         """
-        refuse_composer_arguments({"train_dataloader_label": train_dataloader_label})
+        take_composer_arguments({"train_dataloader_label": train_dataloader_label})
         with self._failures_logged():
             self._start_stage(
                 train_dataloader=train_dataloader,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -36,12 +37,19 @@ def table_entries(drop_in: DropIn) -> list[tuple[str, str, str | Refused]]:
 
 
 def assert_answers(module: str, name: str, target: str | Refused) -> None:
-    """``module.name`` is the object ``target`` names, or raises its one-line refusal."""
+    """``module.name`` is the object ``target`` names, or a stand-in that raises its one-line refusal when called,
+    subclassed or asked for an attribute, and that nothing is an instance of."""
     if isinstance(target, Refused):
-        with pytest.raises(NotProvided) as refused:
-            getattr(importlib.import_module(module), name)
-        message = str(refused.value)
-        assert message == f"{module}.{name} is not provided by torch-fabric: {target.reason}" and "\n" not in message
+        exec(f"from {module} import {name}", namespace := {})
+        refused_name = namespace[name]
+        expected = f"{module}.{name} is not provided by torch-fabric: {target.reason}"
+        assert "\n" not in expected
+        for use in ("refused_name()", "refused_name.anything", "class Sub(refused_name): pass"):
+            with pytest.raises(NotProvided) as refused:
+                exec(use, {"refused_name": refused_name})
+            assert str(refused.value) == expected
+        assert not isinstance(object(), refused_name) and not issubclass(int, refused_name)
+        assert typing.Optional[refused_name] == typing.Union[refused_name, None]  # noqa: UP007, UP045  # old-style annotations
     else:
         where, _, attribute = target.partition(":")
         assert getattr(importlib.import_module(module), name) is getattr(importlib.import_module(where), attribute)

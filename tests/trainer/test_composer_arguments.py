@@ -7,6 +7,7 @@ import copy
 import inspect
 import io
 import itertools
+import logging
 import os
 from collections.abc import Sequence
 from datetime import timedelta
@@ -26,7 +27,7 @@ from fabric.trainer.core.events import Event
 from fabric.trainer.core.passes import sort_to_front
 from fabric.trainer.core.state import State
 from fabric.trainer.loggers.console import ConsoleLogger
-from fabric.trainer.migration import REFUSED, apply_dist_timeout, translate_fabric_choices
+from fabric.trainer.migration import APPLIED, REFUSED, apply_dist_timeout, translate_fabric_choices
 from fabric.trainer.surgery import SurgeryAlgorithm, replace_modules
 from fabric.trainer.trainer import Trainer
 from fabric.utilities.exceptions import CheckpointError
@@ -192,8 +193,8 @@ COMPOSER_FIT = [
 
 
 def test_every_composer_trainer_and_fit_parameter_has_a_place_here() -> None:
-    """Each is a parameter of ours, a Fabric choice (``precision``), or one :data:`REFUSED` names."""
-    taken = set(inspect.signature(Trainer.__init__).parameters) | set(REFUSED) | {"precision"}
+    """Each is a parameter of ours, a Fabric choice (``precision``), or one :data:`APPLIED` or :data:`REFUSED` names."""
+    taken = set(inspect.signature(Trainer.__init__).parameters) | set(APPLIED) | set(REFUSED) | {"precision"}
     assert [name for name in COMPOSER_INIT if name not in taken] == []
     assert [name for name in COMPOSER_FIT if name not in inspect.signature(Trainer.fit).parameters] == []
 
@@ -245,7 +246,7 @@ def test_every_composer_argument_is_taken_with_its_default(name: str, value: Any
         ),
         ("fsdp_config", {}, r"fsdp_config=\{\}\) is not supported: it is Composer's older name: pass parallelism"),
         ("fsdp_auto_wrap", True, r"fsdp_auto_wrap=True\) is not supported"),
-        ("python_log_level", "INFO", r"python_log_level='INFO'\) is not supported: configure Python's logging"),
+        ("python_log_level", "loud", r"python_log_level='loud'\) is not a logging level: use one of \['critical'"),
         ("load_object_store", object(), r"load_object_store=.*pass an fsspec URL as load_path"),
         ("train_dataloader_label", "pretrain", r"train_dataloader_label='pretrain'\) is not supported"),
     ],
@@ -253,6 +254,19 @@ def test_every_composer_argument_is_taken_with_its_default(name: str, value: Any
 def test_a_refused_value_fails_at_construction_naming_it_and_what_to_use(name: str, value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _trainer(**{name: value})
+
+
+def test_python_log_level_sets_the_level_and_prints_records_with_the_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Composer's ``python_log_level``: the ``composer`` (and ``fabric``) loggers take the level, and records print
+    with the process's rank (llm-foundry passes ``python_log_level='debug'``)."""
+    root, composer = logging.getLogger(), logging.getLogger("composer")
+    monkeypatch.setattr(root, "handlers", [])  # basicConfig acts only on a root logger without handlers
+    monkeypatch.setattr(composer, "level", logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger("fabric"), "level", logging.NOTSET)
+    monkeypatch.setenv("RANK", "0")
+    _trainer(python_log_level="debug")
+    assert composer.level == logging.DEBUG and logging.getLogger("fabric").level == logging.DEBUG
+    assert "rank0[" in root.handlers[0].formatter._fmt  # type: ignore[union-attr]
 
 
 # --- data: subsets and spinning --------------------------------------------------------------------------------

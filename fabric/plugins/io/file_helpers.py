@@ -50,3 +50,15 @@ def get_file(
     with owned_temporary(target) as temporary:
         fs.get_file(inner, os.fspath(temporary))
         os.replace(temporary, target)
+
+
+def maybe_create_remote_uploader_downloader_from_uri(uri: str, loggers: object = None) -> None:
+    """``None`` for a local path (nothing to upload: the files are written there); a URL is refused, naming what
+    writes there instead (Composer's uploader objects do not exist here: writers take the URL itself)."""
+    backend, _, _ = parse_uri(uri)
+    if backend:
+        raise ValueError(
+            f"{uri!r}: remote folders are written through fsspec URLs here (save_folder='{uri}', with "
+            "storage_options=); there is no RemoteUploaderDownloader. Give a local folder to this callback."
+        )
+    return None
