@@ -23,7 +23,7 @@ it. Tokens count, in order of precedence: the spec's ``get_num_tokens_in_batch``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -88,10 +88,20 @@ class DataSpec:
         count = self._num_samples(batch)
         return count if type(count) is int and count >= 0 else _count(count, "get_num_samples_in_batch")
 
-    def get_num_tokens_in_batch(self, batch: Any, default: Callable[[Any], int]) -> int:
-        """Tokens in ``batch`` on this rank: the spec's function when given, else ``default``."""
+    def get_num_tokens_in_batch(self, batch: Any, default: Callable[[Any], Any], token_type: str = "total") -> int:
+        """Tokens in ``batch`` on this rank: the spec's function when given, else ``default``. A function may count
+        kinds of tokens in a dict (Composer's ``{"total": ..., "loss_generating": ...}``): ``token_type`` picks one;
+        a plain count answers every kind."""
         count = (self.num_tokens_function or default)(batch)
-        return count if type(count) is int and count >= 0 else _count(count, "get_num_tokens_in_batch")
+        if type(count) is int and count >= 0:
+            return count
+        if isinstance(count, Mapping):
+            if token_type not in count:
+                raise ValueError(
+                    f"DataSpec get_num_tokens_in_batch returned counts of {sorted(count)}; {token_type!r} is needed."
+                )
+            count = count[token_type]
+        return _count(count, "get_num_tokens_in_batch")
 
     def prepare(self, batch: Any, to_device: Callable[[Any], Any]) -> Any:
         """``batch`` as the model gets it: ``batch_transforms``, then ``to_device``, then ``device_transforms``.

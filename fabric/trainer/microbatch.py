@@ -26,12 +26,14 @@ def batch_size(batch: Any) -> int:
 def split_batch(batch: Any, microbatch_size: int) -> list[Any]:
     """``batch`` as a list of microbatches of at most ``microbatch_size`` samples, in order.
 
-    Tensors are sliced along their first dimension (views, no copies); other values are repeated.
+    Tensors are sliced along their first dimension (views, no copies). A list or tuple of one plain value per sample
+    (numbers, strings, 0-dim tensors: llm-foundry's per-sample token counts) is sliced as the samples are; other
+    values are repeated.
     """
     if microbatch_size < 1:
         raise ValueError(f"microbatch_size={microbatch_size} must be at least 1.")
     size = batch_size(batch)
-    return [_slice(batch, start, min(start + microbatch_size, size)) for start in range(0, size, microbatch_size)]
+    return [_slice(batch, start, min(start + microbatch_size, size), size) for start in range(0, size, microbatch_size)]
 
 
 def loss_weight(microbatch: Any, total_samples: int) -> float:
@@ -47,19 +49,28 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
 
 
-def _slice(value: Any, start: int, stop: int) -> Any:
+def _slice(value: Any, start: int, stop: int, size: int) -> Any:
     if isinstance(value, torch.Tensor):
         return value[start:stop]
     if isinstance(value, Mapping):
-        return type(value)({key: _slice(item, start, stop) for key, item in value.items()})  # type: ignore[call-arg]
+        return type(value)({key: _slice(item, start, stop, size) for key, item in value.items()})  # type: ignore[call-arg]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {field.name: _slice(getattr(value, field.name), start, stop) for field in dataclasses.fields(value)}
-        return dataclasses.replace(value, **changes)
+        fields = dataclasses.fields(value)
+        return dataclasses.replace(value, **{f.name: _slice(getattr(value, f.name), start, stop, size) for f in fields})
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(_slice(item, start, stop) for item in value))
+        return type(value)(*(_slice(item, start, stop, size) for item in value))
     if isinstance(value, (list, tuple)):
-        return type(value)(_slice(item, start, stop) for item in value)
+        if len(value) == size and all(_is_plain(item) for item in value):  # one value per sample
+            return value[start:stop]
+        return type(value)(_slice(item, start, stop, size) for item in value)
     return value
+
+
+def _is_plain(value: Any) -> bool:
+    """A value of one sample: a number, string, bool, None or 0-dim tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0
+    return value is None or isinstance(value, (int, float, str, bytes))
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:

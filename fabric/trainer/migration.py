@@ -51,10 +51,11 @@ Every other Composer ``Trainer`` argument is accepted with Composer's meaning or
   with ``tp``) on a ``MeshPlan`` of the degrees, each key mapped or refused by name
   (:mod:`fabric.trainer.parallelism`).
 * ``fsdp_config``, ``fsdp_auto_wrap``: refused, Composer's older names for ``parallelism_config={"fsdp": ...}``.
-* ``python_log_level``, ``precision_config``, ``ddp_sync_strategy``, ``load_object_store``,
-  ``accumulate_train_batch_on_tokens``, ``auto_log_hparams``, ``log_traces``, ``train_dataloader_label`` (also a
-  ``fit()`` argument): their defaults accepted (they change nothing here); other values refused, naming the
-  alternative (:data:`REFUSED`). ``load_progress_bar``: either value accepted; no download progress bar is shown.
+* ``python_log_level``: applied (:data:`APPLIED`, :func:`configure_python_logging`).
+* ``precision_config``, ``ddp_sync_strategy``, ``load_object_store``, ``auto_log_hparams``, ``log_traces``,
+  ``train_dataloader_label`` (also a ``fit()`` argument): their defaults accepted (they change nothing here);
+  other values refused, naming the alternative (:data:`REFUSED`). ``load_progress_bar``: either value accepted;
+  no download progress bar is shown.
 
 ``Trainer.fit()`` takes Composer's per-stage arguments (see :meth:`fabric.trainer.trainer.Trainer.fit` and
 :mod:`fabric.trainer.stages`).
@@ -103,11 +104,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
         (None,),
         "pass an fsspec URL as load_path (s3://bucket/checkpoint.pt), with storage_options= for the endpoint and "
         "credentials",
-    ),
-    "accumulate_train_batch_on_tokens": (
-        (False,),
-        "microbatch losses are weighted by their share of the batch's samples; count tokens with "
-        "get_num_tokens_in_batch for the clock only",
     ),
     "auto_log_hparams": ((False,), "log them yourself: trainer.logger.log_hyperparameters({...})"),
     "load_progress_bar": ((True, False), "no download progress bar is shown"),
@@ -276,11 +272,16 @@ def check_subset_num_batches(value: object, name: str) -> int:
     return value
 
 
+def check_flag(value: object, name: str) -> bool:
+    """A True/False argument, or ``ValueError`` naming it."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is not valid. Accepted: True or False.")
+    return value
+
+
 def check_spin_dataloaders(spin: object, dataloader: object, keeps_own_position: Callable[[Any], bool]) -> None:
     """``spin_dataloaders``: ``True`` changes nothing; ``False`` only for a loader that resumes itself."""
-    if not isinstance(spin, bool):
-        raise ValueError(f"spin_dataloaders={spin!r} is not valid. Accepted: True or False.")
-    if spin or dataloader is None or keeps_own_position(dataloader):
+    if check_flag(spin, "spin_dataloaders") or dataloader is None or keeps_own_position(dataloader):
         return
     raise ValueError(
         f"spin_dataloaders=False is Composer's setting for dataloaders that resume themselves, and this "
@@ -318,9 +319,7 @@ def apply_dist_timeout(fabric: Fabric, dist_timeout: object, fabric_given: bool)
 
 def enable_deterministic_mode(deterministic_mode: object) -> None:
     """``deterministic_mode=True``: deterministic kernels only, as Composer's ``configure_deterministic_mode``."""
-    if not isinstance(deterministic_mode, bool):
-        raise ValueError(f"deterministic_mode={deterministic_mode!r} is not valid. Accepted: True or False.")
-    if deterministic_mode:
+    if check_flag(deterministic_mode, "deterministic_mode"):
         configure_deterministic_mode()
 
 
@@ -351,8 +350,7 @@ def console_loggers(
     """``loggers`` with the ``ConsoleLogger`` that ``log_to_console=True`` adds (unless one is among them)."""
     from fabric.trainer.loggers.console import ConsoleLogger
 
-    if not isinstance(log_to_console, bool):
-        raise ValueError(f"log_to_console={log_to_console!r} is not valid. Accepted: True or False.")
+    check_flag(log_to_console, "log_to_console")
     create_interval(console_log_interval, name="console_log_interval")  # a bad interval fails here either way
     stream = _console_stream(console_stream)
     if not log_to_console or any(isinstance(logger, ConsoleLogger) for logger in loggers):
@@ -380,16 +378,13 @@ def strict_model_weights(load_strict: bool, load_strict_model_weights: object) -
     """``load_strict_model_weights`` (Composer's name) or ``load_strict``; both given must agree."""
     if load_strict_model_weights is None:
         return load_strict
-    if not isinstance(load_strict_model_weights, bool):
-        raise ValueError(
-            f"load_strict_model_weights={load_strict_model_weights!r} is not valid. Accepted: True or False."
-        )
-    if not load_strict and load_strict_model_weights:
+    strict = check_flag(load_strict_model_weights, "load_strict_model_weights")
+    if not load_strict and strict:
         raise ValueError(
             "load_strict=False and load_strict_model_weights=True disagree: load_strict_model_weights is Composer's "
             "name for load_strict. Pass only one of them."
         )
-    return load_strict_model_weights
+    return strict
 
 
 def check_exclude_algorithms(names: object) -> tuple[str, ...]:

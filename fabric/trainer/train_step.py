@@ -11,8 +11,12 @@ AFTER_BACKWARD, the whole batch otherwise)::
 
 then the optimizers step, PyTorch LR schedulers step, and the timestamp advances. Losses of
 microbatches are weighted by their share of the samples, so the gradient equals the full batch's;
-DDP synchronises only on the last microbatch. With ``microbatch_size="auto"`` an out-of-memory error
-halves the microbatch and the batch is retried, the decision agreed across ranks.
+DDP synchronises only on the last microbatch. With ``accumulate_on_tokens`` (Composer's
+``accumulate_train_batch_on_tokens``) the share is of the loss-generating tokens instead, over every rank's
+batch: each microbatch's mean loss is weighted by its tokens over the ranks' mean token count, so after DDP's
+average the gradient is the mean over every token of the global batch, however unevenly padded. With
+``microbatch_size="auto"`` an out-of-memory error halves the microbatch and the batch is retried, the decision
+agreed across ranks.
 
 Closure optimizers: when an optimizer's ``step`` requires a closure (``torch.optim.LBFGS``), every
 optimizer steps as in Composer, ``optimizer.step(closure)``, where the closure zeroes the gradients and
@@ -75,6 +79,7 @@ class TrainStep:
         step_schedulers_every_batch: bool,
         microbatch_size: int | str | None,
         token_counter: TokenCounter = count_tokens,
+        accumulate_on_tokens: bool = False,
     ) -> None:
         self.state, self.engine = state, engine
         self.fabric = require_fabric(state)
@@ -85,6 +90,8 @@ class TrainStep:
         self.step_schedulers_every_batch = step_schedulers_every_batch
         self.set_microbatch_size(microbatch_size)
         self.token_counter = token_counter
+        self.accumulate_on_tokens = accumulate_on_tokens
+        self._loss_total = 1.0  # the batch's samples or tokens, which each microbatch's weight divides
         #: How to split and count the train batches; the Trainer sets it with the train dataloader.
         self.data_spec = DataSpec(())
         self.refresh()
@@ -143,11 +150,12 @@ class TrainStep:
         fire.before_train_batch()
         full_batch = state.batch
         samples = self.data_spec.get_num_samples_in_batch(full_batch)
+        self._loss_total = self._tokens_over_ranks(full_batch) if self.accumulate_on_tokens else samples
         size = state.device_train_microbatch_size
         if self.auto_microbatching:
             total_loss = self._train_with_auto_microbatches(full_batch, samples)
         elif size is None or size >= samples:  # the whole batch in one pass, the common case
-            total_loss = self._train_microbatch(full_batch, 1.0)
+            total_loss = self._train_microbatch(full_batch, self._weight(full_batch))
         else:
             total_loss = self._train_microbatches(full_batch, samples, size)
         state.batch = full_batch
@@ -181,15 +189,34 @@ class TrainStep:
             self._update_metrics = True
         return first[0]
 
+    def _tokens_over_ranks(self, batch: Any) -> float:
+        """The loss-generating tokens of this batch, averaged over the ranks (every rank's weights divide by it)."""
+        tokens = float(self.data_spec.get_num_tokens_in_batch(batch, self.token_counter, "loss_generating"))
+        if self._world_size > 1:
+            tokens = self.fabric.all_reduce(torch.tensor(tokens), reduce_op="mean").item()
+        if tokens == 0:
+            raise ValueError(
+                "accumulate_train_batch_on_tokens=True, but the batch has no loss-generating tokens on any rank: "
+                "count them with get_num_tokens_in_batch (a number, or {'total': ..., 'loss_generating': ...})."
+            )
+        return tokens
+
+    def _weight(self, microbatch: Any) -> float:
+        """The factor of a microbatch's mean loss: its share of the batch's samples, or of the ranks' tokens."""
+        if self.accumulate_on_tokens:
+            tokens = self.data_spec.get_num_tokens_in_batch(microbatch, self.token_counter, "loss_generating")
+            return tokens / self._loss_total
+        return self.data_spec.get_num_samples_in_batch(microbatch) / self._loss_total
+
     def _train_microbatches(self, batch: Any, samples: int, microbatch_size: int | None) -> torch.Tensor:
         if microbatch_size is None or microbatch_size >= samples:
-            return self._train_microbatch(batch, 1.0)
+            return self._train_microbatch(batch, self._weight(batch))
         microbatches = self.data_spec.split_batch(batch, microbatch_size)
         last = len(microbatches) - 1
         total_loss: torch.Tensor | None = None
         for index, microbatch in enumerate(microbatches):
             with self.fabric.no_backward_sync(self._model, enabled=index < last):
-                loss = self._train_microbatch(microbatch, self.data_spec.get_num_samples_in_batch(microbatch) / samples)
+                loss = self._train_microbatch(microbatch, self._weight(microbatch))
             total_loss = loss if total_loss is None else total_loss + loss
         assert total_loss is not None
         return total_loss

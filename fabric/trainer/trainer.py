@@ -79,6 +79,7 @@ from fabric.trainer.migration import (
     apply_dist_timeout,
     check_compile_config,
     check_exclude_algorithms,
+    check_flag,
     check_grad_accum,
     check_spin_dataloaders,
     check_subset_num_batches,
@@ -129,8 +130,9 @@ class Trainer:
     objects, stepped every epoch, as in Composer, unless ``step_schedulers_every_batch=True``),
     ``scale_schedule_ratio`` (scales max_duration and the schedules),
     ``device_train_microbatch_size`` (int, or ``"auto"`` to halve on out-of-memory errors),
-    ``train_subset_num_batches`` (at most that many batches per epoch). :meth:`fit` takes most of these again
-    for the next stage of training.
+    ``accumulate_train_batch_on_tokens`` (weight microbatch losses by loss-generating tokens, over all ranks,
+    instead of samples), ``train_subset_num_batches`` (at most that many batches per epoch). :meth:`fit` takes most
+    of these again for the next stage of training.
 
     Evaluation: ``eval_dataloader`` (a dataloader, an :class:`Evaluator`, a dict ``{label: loader}`` or
     a list), every ``eval_interval`` (Time, int epochs, or ``(state, event) -> bool``; also at the end of
@@ -176,6 +178,7 @@ class Trainer:
         device_train_microbatch_size: int | str | None = None,
         seed: int | None = None,
         get_num_tokens_in_batch: TokenCounter | None = None,
+        accumulate_train_batch_on_tokens: bool = False,
         run_name: str | None = None,
         save_folder: str | None = None,
         save_interval: IntervalInput = "1ep",
@@ -185,13 +188,13 @@ class Trainer:
         save_weights_only: bool = False,
         save_overwrite: bool = False,
         save_async: bool = False,
-        save_ignore_keys: Sequence[str] = (),
+        save_ignore_keys: Sequence[str] | None = (),
         save_metrics: bool = False,
         load_path: str | None = None,
         load_weights_only: bool = False,
         load_strict: bool = True,
         load_strict_model_weights: bool | None = None,
-        load_ignore_keys: Sequence[str] = (),
+        load_ignore_keys: Sequence[str] | None = (),
         load_exclude_algorithms: Sequence[str] = (),
         autoresume: bool = False,
         storage_options: dict[str, Any] | None = None,
@@ -216,9 +219,9 @@ class Trainer:
         passes = merged_passes(algorithm_passes)
         loggers = console_loggers(log_to_console, console_log_interval, console_stream, as_list(loggers), progress_bar)
         load_strict = strict_model_weights(load_strict, load_strict_model_weights)
-        check_ignore_paths(save_ignore_keys, "save_ignore_keys")
-        if not isinstance(save_metrics, bool):
-            raise ValueError(f"save_metrics={save_metrics!r} is not valid. Accepted: True or False.")
+        save_ignore_keys = check_ignore_paths(save_ignore_keys, "save_ignore_keys")
+        check_flag(save_metrics, "save_metrics")
+        load_ignore_keys = check_ignore_paths(load_ignore_keys, "load_ignore_keys")
         load_parts(load_ignore_keys)
         excluded_algorithms = check_exclude_algorithms(load_exclude_algorithms)
         compile_options = check_compile_config(compile_config, model)
@@ -289,6 +292,7 @@ class Trainer:
             step_schedulers_every_batch=_steps_every_batch(step_schedulers_every_batch, torch_schedulers),
             microbatch_size=microbatch_size,
             token_counter=_token_counter(get_num_tokens_in_batch, model),
+            accumulate_on_tokens=check_flag(accumulate_train_batch_on_tokens, "accumulate_train_batch_on_tokens"),
         )
         self._clock_check = ClockCheck()
         self._forget_epoch()
@@ -771,14 +775,22 @@ class Trainer:
             clock_check.check_tokens_counted(state.timestamp)
         if state.train_metrics:
             state.metrics.update(compute_metrics(state.train_metrics, "metrics/train"))
+        loss = self._loss_over_ranks(state.loss)  # a collective: on every rank, whatever each one logs to
         if self.logger.destinations:
-            self.logger.log_metrics({"loss/train/total": state.loss})
+            self.logger.log_metrics({"loss/train/total": loss})
         fire.batch_end()
         if self.evaluators:
             self._evaluate_if_due(Event.BATCH_END)
         fire.batch_checkpoint()
         if self._preemption is not None and self._preemption_requested():
             self._stop_for_preemption()
+
+    def _loss_over_ranks(self, loss: Any) -> Any:
+        """The batch's loss averaged over the ranks, as Composer logs it (each rank's is of its own shard only); rank
+        0 may log where the others do not, so every rank reduces, every batch, as in Composer."""
+        if self.fabric.world_size == 1 or not isinstance(loss, torch.Tensor):
+            return loss
+        return self.fabric.all_reduce(loss.detach(), reduce_op="mean")
 
     def _stop_for_preemption(self) -> None:
         """SIGTERM arrived: save at this batch boundary, flush, and exit with PREEMPTED_EXIT_CODE."""

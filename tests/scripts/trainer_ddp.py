@@ -4,7 +4,8 @@ With ``devices=2`` constructing the Trainer starts rank 1 (strategy "ddp" re-run
 batch is 16 whatever the number of ranks, so every run should reach the same weights. ``auto_oom`` makes
 rank 1 alone run out of memory on training batches above 4 samples (both ranks must agree to halve) and on eval
 forwards above 2 samples (rank 0's forwards are kept; each rank counts the samples its kept forwards saw).
-``lbfgs`` trains with LBFGS and a strong-Wolfe line search, whose decisions follow the closure's loss.
+``lbfgs`` trains with LBFGS and a strong-Wolfe line search, whose decisions follow the closure's loss, and logs to
+the console only (rank 0 alone has a logger).
 """
 
 import sys
@@ -17,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.evaluation import Evaluator
+from fabric.trainer.loggers.in_memory import InMemoryLogger
 from fabric.trainer.trainer import Trainer
 
 out_dir, devices = Path(sys.argv[1]), int(sys.argv[2])
@@ -55,6 +57,7 @@ class EvalForwardSamples(Callback):
 torch.manual_seed(0)
 model = Regressor()
 counter = EvalForwardSamples()
+memory = InMemoryLogger()
 x = torch.randn(64, 6, generator=torch.Generator().manual_seed(1))
 y = x.sum(dim=1, keepdim=True).sin()
 data = TensorDataset(x, y)
@@ -65,6 +68,8 @@ trainer = Trainer(
         "eval", DataLoader(data, batch_size=8), device_eval_microbatch_size="auto" if inject_oom else None
     ),
     callbacks=counter,
+    loggers=memory if mode != "lbfgs" else (),
+    log_to_console=mode == "lbfgs",  # a rank-0-only destination: rank 1 logs nowhere, and must still reduce
     max_duration="3ep",
     optimizers=(
         torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, line_search_fn="strong_wolfe")
@@ -92,6 +97,7 @@ torch.save(
         "world_size": trainer.fabric.world_size,
         "eval_forward_samples": counter.samples,
         "eval_microbatch": state.device_eval_microbatch_size,
+        "logged_losses": [value for _, value in memory.data.get("loss/train/total", [])],
     },
     out_dir / f"rank{trainer.fabric.global_rank}.pt",
 )

@@ -49,3 +49,18 @@ def test_weighted_microbatch_gradients_equal_the_full_batch_gradient(microbatch_
         (F.cross_entropy(model(piece_x), piece_y) * loss_weight(piece_x, total_samples=10)).backward()
     for expected, parameter in zip(full, model.parameters(), strict=True):
         torch.testing.assert_close(parameter.grad, expected)
+
+
+def test_a_list_of_one_plain_value_per_sample_is_split_with_the_samples() -> None:
+    """llm-foundry's batches carry per-sample token counts as lists of 0-dim tensors; repeating them whole in every
+    microbatch would count every sample's tokens in each (wrong weights with accumulate_train_batch_on_tokens)."""
+    batch = {
+        "input_ids": torch.arange(10).reshape(5, 2),
+        "total_tokens": [torch.tensor(n) for n in (2, 2, 1, 2, 2)],
+        "names": ["a", "b", "c", "d", "e"],
+        "config": ["x", "y"],  # not one per sample: repeated
+    }
+    pieces = split_batch(batch, 2)
+    assert [[int(t) for t in piece["total_tokens"]] for piece in pieces] == [[2, 2], [1, 2], [2]]
+    assert [piece["names"] for piece in pieces] == [["a", "b"], ["c", "d"], ["e"]]
+    assert all(piece["config"] == ["x", "y"] for piece in pieces)

@@ -39,6 +39,9 @@ def _assert_same_training(ranks: list[dict[str, Any]], reference: dict[str, Any]
     # samples count globally: 3 epochs of 64 samples, as in the single process
     assert [(rank["samples"], rank["batches"]) for rank in ranks] == [(192, 12), (192, 12)]
     assert reference["samples"] == 192
+    # the logged train loss is the mean over the ranks (Composer's), so the full batch's: not rank 0's half
+    assert ranks[0]["logged_losses"] == ranks[1]["logged_losses"]
+    assert ranks[0]["logged_losses"] == pytest.approx(reference["logged_losses"], rel=1e-4)
     # eval metrics are reduced over ranks: both see the value of the whole eval set
     assert ranks[0]["mae"] == ranks[1]["mae"] == pytest.approx(reference["mae"], rel=1e-5)
 

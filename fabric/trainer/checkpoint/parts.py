@@ -78,7 +78,10 @@ _REFUSED = {
 
 
 def check_ignore_paths(paths: object, name: str) -> tuple[str, ...]:
-    """``paths`` as a tuple of Composer path globs (or plain part names); ``ValueError`` naming what is refused."""
+    """``paths`` as a tuple of Composer path globs (or plain part names; ``None``, Composer's default, is none);
+    ``ValueError`` naming what is refused."""
+    if paths is None:
+        return ()
     if isinstance(paths, str) or not isinstance(paths, Iterable) or callable(paths):
         raise ValueError(
             f"{name}={paths!r} is not valid. Accepted: a list of Composer paths such as ['state/optimizers', 'rng', "
