@@ -148,6 +148,34 @@ if mode == "train":
         for m in linears
     )
 
+    # A model with Composer's param_init_fn(module) (llm-foundry's MPT: its configured init) initialises its whole
+    # subtree with it, not with the submodules' reset_parameters(); its own tensors count as initialised.
+    class InitsItself(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = make_model()
+            self.scale = nn.Parameter(torch.empty(1))
+
+        def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+            return self.body(inputs) * self.scale
+
+        def param_init_fn(self, module: nn.Module) -> None:
+            if isinstance(module, nn.Linear):
+                nn.init.constant_(module.weight, 0.25)
+                nn.init.zeros_(module.bias)
+            if module is self:
+                nn.init.constant_(self.scale, 2.0)
+
+    with fabric.init_module(empty_init=True):
+        inits_itself = InitsItself()
+    inits_itself = fabric.setup(inits_itself)
+    inits_linears = [m for m in inits_itself.modules() if isinstance(m, nn.Linear)]
+    report["param_init_fn_used"] = (
+        all(torch.all(full(m.weight) == 0.25).item() and torch.all(full(m.bias) == 0).item() for m in inits_linears)
+        and full(inits_itself.scale).tolist() == [2.0]
+        and torch.isfinite(inits_itself(x[:2])).all().item()
+    )
+
     # A meta module whose tensors no reset_parameters() covers refuses to run until a checkpoint fills it.
     class Scaled(nn.Module):
         def __init__(self) -> None:

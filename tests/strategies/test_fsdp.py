@@ -99,6 +99,7 @@ def test_meta_device_init_gives_finite_reset_weights_and_guards_uninitialised_on
         assert report["meta_equals_seeded_init"] and report["meta_setup_warnings"] == []
         assert "(scale)" in report["uninitialised_forward"] and "fabric.load()" in report["uninitialised_forward"]
         assert report["after_load_forward_equal"]
+        assert report["param_init_fn_used"]  # Composer's convention; before, reset_parameters() drew other weights
 
 
 def test_hybrid_shard_on_one_node_uses_a_replicate_by_shard_mesh(job: Path) -> None:

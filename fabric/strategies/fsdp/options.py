@@ -67,7 +67,8 @@ REFUSED: dict[str, str] = {
     "ignored_states": "FSDPStrategy shards every parameter of the model (FSDP2's fully_shard(ignored_params=...) "
     "is not exposed); keep such modules out of the module given to fabric.setup",
     "param_init_fn": "build the model under fabric.init_module(empty_init=True): setup materialises each rank's "
-    "shards of the meta model and runs every reset_parameters()",
+    "shards of the meta model and runs every reset_parameters(), or the param_init_fn(module) method of the model "
+    "or a submodule that defines one (Composer's convention)",
     "device_id": "the device comes from Fabric(accelerator=..., devices=...)",
 }
 

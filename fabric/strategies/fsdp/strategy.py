@@ -10,8 +10,9 @@ Built on ``torch.distributed.fsdp.fully_shard``; parameters become ``DTensor`` s
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Any, Literal, get_args
@@ -313,17 +314,27 @@ class FSDPStrategy(ParallelStrategy):
         return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
 
     def _materialise(self, module: nn.Module) -> list[str]:
-        """Allocate this rank's shards of a meta module and run every ``reset_parameters()``.
+        """Allocate this rank's shards of a meta module and initialise each submodule: with the ``param_init_fn``
+        of its nearest ancestor (itself included) that has one (Composer's and llm-foundry's convention, e.g. MPT's
+        configured init), else with its ``reset_parameters()``.
 
-        Returns the names of tensors nothing initialised (their module has no ``reset_parameters``).
+        Returns the names of tensors nothing initialised (their module has neither).
         """
         if not _has_meta_tensors(module):
             return []
         module.to_empty(device=self.root_device)
         initialised: set[str] = set()
+        init_fns = {
+            name: init_fn
+            for name, owner in module.named_modules()
+            if callable(init_fn := getattr(owner, "param_init_fn", None))
+        }
         with torch.no_grad():
             for prefix, submodule in module.named_modules():
+                init_fn = _nearest(init_fns, prefix)
                 reset = getattr(submodule, "reset_parameters", None)
+                if init_fn is not None:
+                    reset = functools.partial(init_fn, submodule)
                 if callable(reset):
                     if self.root_device.type == "cpu":
                         # torch-workaround(dtensor-cpu-mesh-rng): every rank draws the same shard on a CPU mesh
@@ -511,6 +522,16 @@ def _reset_on_full_tensors(module: nn.Module, reset: Any) -> None:
     for slot, tensor in sharded.items():
         mine = distribute_tensor(drawn[slot].detach(), tensor.device_mesh, tensor.placements, src_data_rank=None)
         tensor.to_local().copy_(mine.to_local())
+
+
+def _nearest(init_fns: dict[str, Callable[[nn.Module], None]], name: str) -> Callable[[nn.Module], None] | None:
+    """The ``param_init_fn`` of the module ``name`` or of its nearest ancestor that has one (by qualified name)."""
+    while True:
+        if name in init_fns:
+            return init_fns[name]
+        if not name:
+            return None
+        name = name.rpartition(".")[0]
 
 
 def _has_meta_tensors(module: nn.Module) -> bool:
