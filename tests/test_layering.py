@@ -33,6 +33,7 @@ TRAINER_LAYERS = {
     "fabric.trainer.intervals": 0,
     "fabric.trainer.surgery": 0,
     "fabric.trainer.dist": 0,
+    "fabric.trainer.devices": 0,
     "fabric.trainer.file_names": 0,
     "fabric.trainer.loggers": 1,
     "fabric.trainer.metrics": 1,

@@ -90,6 +90,9 @@ class HuggingFaceModel(ComposerModel):
     """Wraps ``model`` (a ``transformers.PreTrainedModel``) for the Trainer; its config travels with checkpoints. A
     :class:`~fabric.trainer.model.ComposerModel`, as in Composer (programs check registered models with it)."""
 
+    #: Composer's flag for a model with PEFT adapters, which programs read; PEFT is not supported yet.
+    using_peft = False
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -105,12 +105,12 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train(
-    workspace: Path, save_folder: Path, *overrides: str, processes: int = 1, fsdp: dict[str, Any] | None = None
+    workspace: Path, save_folder: Path, *overrides: str, processes: int = 1, **settings: Any
 ) -> tuple[str, dict[int, float]]:
     """``llmfoundry train CONFIG OVERRIDES`` in the drop-in mode (with ``processes``: under ``fabric run model``; with
-    ``fsdp``: that ``fsdp_config``); returns its output and the logged train loss of each batch."""
+    ``settings``: those top-level keys replaced); returns its output and the logged train loss of each batch."""
     config = save_folder.parent / f"{save_folder.name}.yaml"
-    settings = _config(workspace, save_folder) | ({} if fsdp is None else {"fsdp_config": fsdp})
+    settings = _config(workspace, save_folder) | settings
     config.write_text(json.dumps(settings))  # JSON is YAML
     program = ["-m", "llmfoundry.cli.cli", "train", str(config), *overrides]
     if processes == 1:
@@ -154,17 +154,35 @@ def test_autoresume_continues_with_the_uninterrupted_losses(
     assert [second[batch] for batch in (4, 5, 6)] == pytest.approx([reference[batch] for batch in (4, 5, 6)], rel=1e-5)
 
 
-def test_two_processes_under_fabric_run_model_log_the_one_process_losses(
+def test_two_processes_under_fabric_run_model_log_the_one_process_losses_and_write_hugging_face_folders(
     workspace: Path, uninterrupted: tuple[str, dict[int, float], Path]
 ) -> None:
+    """With llm-foundry's own ``hf_checkpointer`` callback too: its Hugging Face folders (MPT's code beside the
+    weights) load with transformers and hold the trained weights of the run's own checkpoint."""
     _, reference, _ = uninterrupted
-    output, losses = _train(workspace, workspace / "two-processes", processes=2)
+    save_folder, hf_folder = workspace / "two-processes", workspace / "two-processes-hf"
+    hf_checkpointer = {"save_folder": str(hf_folder), "save_interval": "3ba", "precision": "float32"}
+    callbacks = _config(workspace, save_folder)["callbacks"] | {"hf_checkpointer": hf_checkpointer}
+    output, losses = _train(workspace, save_folder, processes=2, callbacks=callbacks)
     assert "device_train_batch_size: 4" in output  # each rank trains half of the global batch of 8
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     # batches 1 and 2 train from the same weights (the warm-up's learning rate is 0 at batch 1): equal to float
     # precision; later, Adam's division by tiny gradients magnifies the ranks' different summation order
     assert [losses[1], losses[2]] == pytest.approx([reference[1], reference[2]], rel=1e-5)
     assert [losses[batch] for batch in range(3, 7)] == pytest.approx([reference[b] for b in range(3, 7)], rel=1e-3)
+    assert sorted(path.name for path in (hf_folder / "huggingface").iterdir()) == ["ba3", "ba6"]
+    compare = (
+        "import sys, torch, transformers\n"
+        "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+        "saved = torch.load(sys.argv[2], weights_only=False)['model']\n"
+        "ours = {f'model.{name}': tensor for name, tensor in model.state_dict().items()}\n"
+        "print(type(model).__name__, all(torch.equal(ours[name], saved[name]) for name in ours), len(ours))\n"
+    )
+    arguments = [str(hf_folder / "huggingface" / "ba6"), str(save_folder / "ep0-ba6-rank0.pt")]
+    job = subprocess.run([str(PYTHON), "-c", compare, *arguments], capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-3000:]
+    name, equal, tensors = job.stdout.split()[-3:]
+    assert (name, equal) == ("MPTForCausalLM", "True") and int(tensors) > 10
 
 
 FSDP = {"sharding_strategy": "FULL_SHARD", "mixed_precision": "FULL", "activation_checkpointing": False,
@@ -177,7 +195,7 @@ def test_fsdp_full_shard_on_two_processes_logs_the_one_process_losses(
     """llm-foundry's ``fsdp_config`` (FSDP2 here, each rank holding half of every parameter), the model built on the
     CPU: the same training as one process."""
     _, reference, _ = uninterrupted
-    _, losses = _train(workspace, workspace / "fsdp", processes=2, fsdp=FSDP)
+    _, losses = _train(workspace, workspace / "fsdp", processes=2, fsdp_config=FSDP)
     assert [losses[1], losses[2]] == pytest.approx([reference[1], reference[2]], rel=1e-5)
     assert [losses[batch] for batch in range(3, 7)] == pytest.approx([reference[b] for b in range(3, 7)], rel=1e-3)
 
@@ -189,6 +207,6 @@ def test_fsdp_with_the_model_built_on_the_meta_device_takes_mpts_own_init(
     convention). Drawn in another order than on the CPU, so not the same numbers, but the same init: the first loss
     is the CPU-built model's to within 5% (with each module's ``reset_parameters()`` instead, it was 21, not 6.5)."""
     _, reference, _ = uninterrupted
-    _, losses = _train(workspace, workspace / "fsdp-meta", "model.init_device=meta", processes=2, fsdp=FSDP)
+    _, losses = _train(workspace, workspace / "fsdp-meta", "model.init_device=meta", processes=2, fsdp_config=FSDP)
     assert sorted(losses) == [1, 2, 3, 4, 5, 6] and all(math.isfinite(loss) for loss in losses.values())
     assert losses[1] == pytest.approx(reference[1], rel=0.05) and losses[6] < losses[1]

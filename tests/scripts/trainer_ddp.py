@@ -98,6 +98,7 @@ torch.save(
         "eval_forward_samples": counter.samples,
         "eval_microbatch": state.device_eval_microbatch_size,
         "logged_losses": [value for _, value in memory.data.get("loss/train/total", [])],
+        "composer_state": [state.is_model_ddp, state.model.module is model, state.device.name],
     },
     out_dir / f"rank{trainer.fabric.global_rank}.pt",
 )

@@ -365,3 +365,20 @@ def test_pytorch_schedulers_step_every_epoch_by_default_as_in_composer(
     trainer.fit()
     assert trainer.step_schedulers_every_batch is (every_batch is True)
     assert seen == pytest.approx(expected)
+
+
+def test_composers_state_properties_answer_and_its_other_attributes_refuse_by_name() -> None:
+    """``is_model_ddp`` (for Composer's unwrapping idiom), ``fsdp_enabled`` and ``device`` (one process);
+    an attribute only Composer's State has says so in one line, any other is Python's plain AttributeError."""
+    from fabric.trainer.devices import DeviceCPU
+
+    model = Regressor()
+    trainer = Trainer(model=model, max_duration="1ba", progress_bar=False, accelerator="cpu", devices=1)
+    state = trainer.state
+    assert state.is_model_ddp is True and state.model.module is model  # set up: Fabric's wrapper around the model
+    assert state.fsdp_enabled is False
+    assert isinstance(state.device, DeviceCPU) and state.device.name == "cpu"
+    with pytest.raises(AttributeError, match=r"^state\.fsdp_state_dict_type is an attribute of Composer's State that"):
+        _ = state.fsdp_state_dict_type
+    with pytest.raises(AttributeError, match=r"^'State' object has no attribute 'no_such_thing'$"):
+        _ = state.no_such_thing

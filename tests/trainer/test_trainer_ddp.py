@@ -39,6 +39,9 @@ def _assert_same_training(ranks: list[dict[str, Any]], reference: dict[str, Any]
     # samples count globally: 3 epochs of 64 samples, as in the single process
     assert [(rank["samples"], rank["batches"]) for rank in ranks] == [(192, 12), (192, 12)]
     assert reference["samples"] == 192
+    # Composer's idiom `state.model.module if state.is_model_ddp else state.model` finds the user's model
+    assert [rank["composer_state"] for rank in ranks] == [[True, True, "cpu"]] * 2
+    assert reference["composer_state"] == [True, True, "cpu"]  # one process: wrapped by Fabric all the same
     # the logged train loss is the mean over the ranks (Composer's), so the full batch's: not rank 0's half
     assert ranks[0]["logged_losses"] == ranks[1]["logged_losses"]
     assert ranks[0]["logged_losses"] == pytest.approx(reference["logged_losses"], rel=1e-4)

@@ -18,6 +18,21 @@ from fabric.trainer.core.time import Time, Timestamp, TimeUnit, elapsed_fraction
 
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
+    from fabric.trainer.devices import Device
+
+#: Attributes of Composer's ``State`` that this one does not have: asking for one says so in one line (programs
+#: written for Composer reach for them, llm-foundry's callbacks first), rather than a bare ``AttributeError``.
+COMPOSER_ONLY = frozenset(
+    {
+        "auto_microbatching", "automicrobatch_fsdp_hook_handles", "batch_get_item", "batch_set_item",
+        "dataset_resumption", "dataset_state", "device_mesh", "eval_metric_values", "evaluators", "fsdp_config",
+        "fsdp_config_version", "fsdp_modules", "fsdp_sharded_state_dict_enabled", "fsdp_state_dict_type",
+        "get_model_state_dict", "get_optim_state_dict", "load_model_state", "load_monolith_rank", "load_optim_state",
+        "load_path", "load_state_dict", "metric_outputs", "precision", "precision_config", "previous_timestamp",
+        "profiler", "rank_zero_seed", "save_metrics", "scaler", "seed", "serialized_attributes", "set_dataloader",
+        "state_dict", "total_loss_dict", "tp_config", "train_dataloader", "train_metric_values",
+    }
+)  # fmt: skip
 
 
 def loader_length(loader: Iterable[Any]) -> int | None:
@@ -96,6 +111,41 @@ class State:
     def finished(self) -> bool:
         """Whether ``max_duration`` has been reached."""
         return self.max_duration is not None and bool(self.timestamp >= self.max_duration)
+
+    @property
+    def is_model_ddp(self) -> bool:
+        """Whether ``state.model`` wraps the user's model, which is then ``state.model.module`` (Composer's name, for
+        its idiom ``state.model.module if state.is_model_ddp else state.model``). Composer wraps only for DDP; here
+        the Trainer's Fabric wraps the model on every strategy once it is set up (not yet at ``INIT``), so this is
+        ``True`` from then on, one process included: the idiom finds the user's model either way."""
+        from fabric.wrappers import FabricModule
+
+        return isinstance(self.model, FabricModule)
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """Whether the model is sharded with FSDP (Composer's name)."""
+        from fabric.strategies.fsdp.strategy import FSDPStrategy
+
+        return self.fabric is not None and isinstance(self.fabric.strategy, FSDPStrategy)
+
+    @property
+    def device(self) -> Device:
+        """This process's device as Composer's ``Device`` object (``state.device.tensor_to_device(...)``)."""
+        from fabric.trainer.devices import DeviceCPU, DeviceGPU, DeviceMPS
+
+        device = require_fabric(self).device
+        if device.type == "cuda":
+            return DeviceGPU(device.index)
+        return DeviceMPS() if device.type == "mps" else DeviceCPU()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in COMPOSER_ONLY:
+            raise AttributeError(
+                f"state.{name} is an attribute of Composer's State that this Trainer's State does not have "
+                "(docs/coming-from-composer.md lists what it has)."
+            )
+        raise AttributeError(f"'State' object has no attribute {name!r}")
 
 
 def require_fabric(state: State) -> Fabric:
