@@ -58,4 +58,4 @@ def test_two_ranks_with_different_token_counts_step_on_the_mean_over_every_token
 def test_weighting_by_samples_is_a_different_step(tmp_path: Path, reference: list[torch.Tensor]) -> None:
     """The check has teeth: the default weighting (each microbatch's share of the samples) gives other weights."""
     (result,) = _train(tmp_path, 1, 1, "samples")
-    assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(result["params"], reference))
+    assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(result["params"], reference, strict=True))
