@@ -125,6 +125,30 @@ def _train(
     return output, {int(batch): float(loss) for batch, loss in TRAIN_LINE.findall(output)}
 
 
+def _with_hf_checkpointer(workspace: Path, save_folder: Path, hf_folder: Path) -> dict[str, Any]:
+    """The config's callbacks and llm-foundry's own ``hf_checkpointer``, every 3 batches into ``hf_folder``."""
+    hf_checkpointer = {"save_folder": str(hf_folder), "save_interval": "3ba", "precision": "float32"}
+    return _config(workspace, save_folder)["callbacks"] | {"hf_checkpointer": hf_checkpointer}
+
+
+def _assert_hugging_face_folders_hold_the_checkpoints_weights(hf_folder: Path, save_folder: Path) -> None:
+    """Folders at batches 3 and 6; the last loads with transformers (MPT's code beside the weights) and holds the
+    weights of the run's own checkpoint at batch 6."""
+    assert sorted(path.name for path in (hf_folder / "huggingface").iterdir()) == ["ba3", "ba6"]
+    compare = (
+        "import sys, torch, transformers\n"
+        "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+        "saved = torch.load(sys.argv[2], weights_only=False)['model']\n"
+        "ours = {f'model.{name}': tensor for name, tensor in model.state_dict().items()}\n"
+        "print(type(model).__name__, all(torch.equal(ours[name], saved[name]) for name in ours), len(ours))\n"
+    )
+    arguments = [str(hf_folder / "huggingface" / "ba6"), str(save_folder / "ep0-ba6-rank0.pt")]
+    job = subprocess.run([str(PYTHON), "-c", compare, *arguments], capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-3000:]
+    name, equal, tensors = job.stdout.split()[-3:]
+    assert (name, equal) == ("MPTForCausalLM", "True") and int(tensors) > 10
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(workspace: Path) -> tuple[str, dict[int, float], Path]:
     save_folder = workspace / "uninterrupted"
@@ -161,8 +185,7 @@ def test_two_processes_under_fabric_run_model_log_the_one_process_losses_and_wri
     weights) load with transformers and hold the trained weights of the run's own checkpoint."""
     _, reference, _ = uninterrupted
     save_folder, hf_folder = workspace / "two-processes", workspace / "two-processes-hf"
-    hf_checkpointer = {"save_folder": str(hf_folder), "save_interval": "3ba", "precision": "float32"}
-    callbacks = _config(workspace, save_folder)["callbacks"] | {"hf_checkpointer": hf_checkpointer}
+    callbacks = _with_hf_checkpointer(workspace, save_folder, hf_folder)
     output, losses = _train(workspace, save_folder, processes=2, callbacks=callbacks)
     assert "device_train_batch_size: 4" in output  # each rank trains half of the global batch of 8
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
@@ -170,34 +193,25 @@ def test_two_processes_under_fabric_run_model_log_the_one_process_losses_and_wri
     # precision; later, Adam's division by tiny gradients magnifies the ranks' different summation order
     assert [losses[1], losses[2]] == pytest.approx([reference[1], reference[2]], rel=1e-5)
     assert [losses[batch] for batch in range(3, 7)] == pytest.approx([reference[b] for b in range(3, 7)], rel=1e-3)
-    assert sorted(path.name for path in (hf_folder / "huggingface").iterdir()) == ["ba3", "ba6"]
-    compare = (
-        "import sys, torch, transformers\n"
-        "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
-        "saved = torch.load(sys.argv[2], weights_only=False)['model']\n"
-        "ours = {f'model.{name}': tensor for name, tensor in model.state_dict().items()}\n"
-        "print(type(model).__name__, all(torch.equal(ours[name], saved[name]) for name in ours), len(ours))\n"
-    )
-    arguments = [str(hf_folder / "huggingface" / "ba6"), str(save_folder / "ep0-ba6-rank0.pt")]
-    job = subprocess.run([str(PYTHON), "-c", compare, *arguments], capture_output=True, text=True, timeout=300)
-    assert job.returncode == 0, job.stderr[-3000:]
-    name, equal, tensors = job.stdout.split()[-3:]
-    assert (name, equal) == ("MPTForCausalLM", "True") and int(tensors) > 10
+    _assert_hugging_face_folders_hold_the_checkpoints_weights(hf_folder, save_folder)
 
 
 FSDP = {"sharding_strategy": "FULL_SHARD", "mixed_precision": "FULL", "activation_checkpointing": False,
         "activation_cpu_offload": False, "limit_all_gathers": True}  # fmt: skip
 
 
-def test_fsdp_full_shard_on_two_processes_logs_the_one_process_losses(
+def test_fsdp_full_shard_on_two_processes_logs_the_one_process_losses_and_writes_hugging_face_folders(
     workspace: Path, uninterrupted: tuple[str, dict[int, float], Path]
 ) -> None:
     """llm-foundry's ``fsdp_config`` (FSDP2 here, each rank holding half of every parameter), the model built on the
-    CPU: the same training as one process."""
+    CPU: the same training as one process; its ``hf_checkpointer`` gathers the shards into loadable folders."""
     _, reference, _ = uninterrupted
-    _, losses = _train(workspace, workspace / "fsdp", processes=2, fsdp_config=FSDP)
+    save_folder, hf_folder = workspace / "fsdp", workspace / "fsdp-hf"
+    callbacks = _with_hf_checkpointer(workspace, save_folder, hf_folder)
+    _, losses = _train(workspace, save_folder, processes=2, fsdp_config=FSDP, callbacks=callbacks)
     assert [losses[1], losses[2]] == pytest.approx([reference[1], reference[2]], rel=1e-5)
     assert [losses[batch] for batch in range(3, 7)] == pytest.approx([reference[b] for b in range(3, 7)], rel=1e-3)
+    _assert_hugging_face_folders_hold_the_checkpoints_weights(hf_folder, save_folder)
 
 
 def test_fsdp_with_the_model_built_on_the_meta_device_takes_mpts_own_init(
