@@ -96,7 +96,6 @@ COMPOSER = DropIn(
             names={
                 "CheckpointSaver": "fabric.trainer.checkpoint.saver:CheckpointSaver",
                 "FreeOutputs": Refused("outputs are released after each batch already; nothing to add."),
-                "Generate": Refused("not provided yet; generate from state.model in a callback of your own."),
                 "ImageVisualizer": Refused("not provided; log images from a callback of your own."),
                 "LoadCheckpoint": Refused("use Trainer(load_path=...)."),
                 "MLPerfCallback": Refused("not provided."),

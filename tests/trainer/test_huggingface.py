@@ -396,3 +396,60 @@ def test_hugging_face_metric_arguments_that_cannot_be_named_are_refused() -> Non
         HuggingFaceModel(gpt2, metrics=[LanguageCrossEntropy(), LanguageCrossEntropy()])
     with pytest.raises(TypeError, match=r"eval_metrics= takes a list of metrics or a dict"):
         HuggingFaceModel(gpt2, eval_metrics="LanguageCrossEntropy")
+
+
+def test_generate_logs_the_greedy_continuation_of_each_prompt_at_its_interval_and_at_the_end() -> None:
+    """Composer's ``Generate`` callback: at batch 2 and when training ends (batch 3) rank 0 logs the table
+    ``generations``; each row is what greedy generation from the trained model gives for that prompt alone (the
+    prompts were batched, left-padded); the tokenizer's padding side is restored."""
+    from fabric.trainer.callbacks import Generate
+    from fabric.trainer.loggers.in_memory import InMemoryLogger
+
+    tokenizer, rows = _tokenizer(), _text_rows(_tokenizer())
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=12, n_positions=16, eos_token_id=1)
+    torch.manual_seed(0)
+    model = HuggingFaceModel(transformers.GPT2LMHeadModel(config), tokenizer=tokenizer)
+    memory, generate = InMemoryLogger(), Generate(["w1 w2 w3", "w4"], interval="2ba", max_new_tokens=3, do_sample=False)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(rows, batch_size=4),
+        max_duration="3ba",
+        callbacks=generate,
+        loggers=memory,
+        optimizers=torch.optim.AdamW(model.parameters(), lr=1e-2),
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    trainer.fit()
+    table = memory.tables["generations"]
+    assert generate.last_generate_batch == 3 and table["step"] == 3
+    assert table["columns"] == ["prompt", "generation"] and [row[0] for row in table["rows"]] == ["w1 w2 w3", "w4"]
+    assert tokenizer.padding_side == "right"
+    model.eval()
+    for prompt, generation in table["rows"]:
+        encoded = tokenizer(prompt, return_tensors="pt")
+        tokens = model.model.generate(**encoded, max_new_tokens=3, do_sample=False)[0]
+        assert generation == tokenizer.decode(tokens[encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+        assert generation.strip()  # something was generated
+
+
+def test_generate_refuses_a_model_it_cannot_generate_with_and_bad_prompts() -> None:
+    from fabric.trainer.callbacks import Generate
+
+    with pytest.raises(ValueError, match=r"Generate\(prompts='hello'\): give a non-empty list of strings"):
+        Generate("hello", interval="1ba")
+    with pytest.raises(ValueError, match=r"Generate\(batch_size=0\) must be a positive int"):
+        Generate(["a"], interval="1ba", batch_size=0)
+    from fabric.trainer import ComposerClassifier
+
+    data = [(torch.zeros(2), torch.tensor(0))] * 4
+    trainer = Trainer(
+        model=ComposerClassifier(torch.nn.Linear(2, 2), num_classes=2),
+        train_dataloader=DataLoader(data, batch_size=2),
+        max_duration="1ba",
+        callbacks=Generate(["a"], interval="1ba"),
+        progress_bar=False,
+        accelerator="cpu",
+    )
+    with pytest.raises(ValueError, match=r"Generate needs a HuggingFaceModel with a tokenizer .*ComposerClassifier"):
+        trainer.fit()

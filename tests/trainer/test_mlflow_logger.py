@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,14 @@ def _one_epoch_trainer(model: nn.Module, logger: MLFlowLogger, samples: int = 16
         accelerator="cpu",
         **options,
     )
+
+
+def test_a_table_is_the_runs_json_artifact_in_mlflows_table_format(store: str, tmp_path: Path) -> None:
+    """``logger.log_table`` (the Generate callback's generations) becomes the run's artifact ``<name>.json``."""
+    logger = MLFlowLogger(experiment_name="tables", tracking_uri=store)
+    logger.log_table(["prompt", "generation"], [["w1", "w2 w3"], ["w4", "w5"]], "generations", step=3)
+    logger.close()
+    client = mlflow.tracking.MlflowClient(tracking_uri=store)
+    path = client.download_artifacts(logger.run_id, "generations.json", str(tmp_path))
+    table = json.loads(Path(path).read_text())
+    assert table["columns"] == ["prompt", "generation"] and table["data"] == [["w1", "w2 w3"], ["w4", "w5"]]

@@ -374,3 +374,18 @@ def test_every_destination_hears_of_an_exception_ending_fit_or_eval_once_and_of_
     with pytest.raises(RuntimeError, match="eval fails on purpose"):
         trainer.fit(duration="1ep", eval_dataloader=loader)  # evaluates at the end of the epoch
     assert [len(recorder.exceptions) for recorder in recorders] == [2, 2]
+
+
+def test_log_table_sends_the_rows_at_the_current_batch_and_refuses_rows_of_another_length() -> None:
+    from fabric.trainer.core.logger import Logger
+
+    state = State(model=nn.Linear(1, 1))
+    state.timestamp = state.timestamp.to_next_batch(4, 0)
+    memory = InMemoryLogger()
+    logger = Logger(state, [memory])
+    logger.log_table(["prompt", "generation"], [("a", "b c"), ("d", "e")], name="generations")
+    assert memory.tables["generations"] == {"columns": ["prompt", "generation"], "rows": [["a", "b c"], ["d", "e"]],
+                                            "step": 1}  # fmt: skip
+    with pytest.raises(ValueError, match=r"log_table\('t'\): rows \[1\] do not have the 2 columns \['x', 'y'\]"):
+        logger.log_table(["x", "y"], [[1, 2], [3]], name="t")
+    assert "t" not in memory.tables

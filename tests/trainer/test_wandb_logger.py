@@ -183,3 +183,14 @@ def test_only_rank_zero_logs_and_bad_options_fail_at_construction() -> None:
         WandBLogger(init_kwargs={"project": "p"})
     with pytest.raises(TypeError, match="tags must be a list of strings, got the string 'a'"):
         WandBLogger(tags="a")
+
+
+def test_a_table_is_a_wandb_table_in_the_runs_history(tmp_path: Path, offline: dict[str, Any]) -> None:
+    """``logger.log_table`` (the Generate callback's generations) becomes a ``wandb.Table`` logged at its step."""
+    logger = WandBLogger(project="tables", init_kwargs=offline)
+    logger.log_table(["prompt", "generation"], [["w1", "w2 w3"], ["w4", "w5"]], "generations", step=3)
+    logger.close()
+    wandb.teardown()
+    (table_file,) = tmp_path.glob("wandb/offline-run-*/files/media/table/generations_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["prompt", "generation"] and table["data"] == [["w1", "w2 w3"], ["w4", "w5"]]

@@ -1,5 +1,5 @@
 """The Trainer's built-in callbacks: throughput, learning rates, norms, early stopping, NaN checks, ETA, memory,
-system metrics, activations, out-of-memory snapshots, export for inference and Hugging Face folders.
+system metrics, activations, out-of-memory snapshots, export for inference, Hugging Face folders and generations.
 
 Names load on first use, so ``import fabric.trainer.callbacks`` stays cheap.
 """
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from fabric.trainer.callbacks.activation_monitor import ActivationMonitor
     from fabric.trainer.callbacks.early_stopper import EarlyStopper
     from fabric.trainer.callbacks.export_for_inference import ExportForInference, ExportForInferenceCallback
+    from fabric.trainer.callbacks.generate import Generate
     from fabric.trainer.callbacks.huggingface_checkpointer import HuggingFaceCheckpointer
     from fabric.trainer.callbacks.lr_monitor import LRMonitor
     from fabric.trainer.callbacks.memory_monitor import MemoryMonitor
@@ -31,6 +32,7 @@ __all__ = [
     "EarlyStopper",
     "ExportForInference",
     "ExportForInferenceCallback",
+    "Generate",
     "HuggingFaceCheckpointer",
     "LRMonitor",
     "MemoryMonitor",
@@ -50,6 +52,7 @@ __getattr__ = lazy_exports(
         "EarlyStopper": "fabric.trainer.callbacks.early_stopper",
         "ExportForInference": "fabric.trainer.callbacks.export_for_inference",
         "ExportForInferenceCallback": "fabric.trainer.callbacks.export_for_inference",
+        "Generate": "fabric.trainer.callbacks.generate",
         "HuggingFaceCheckpointer": "fabric.trainer.callbacks.huggingface_checkpointer",
         "LRMonitor": "fabric.trainer.callbacks.lr_monitor",
         "MemoryMonitor": "fabric.trainer.callbacks.memory_monitor",

@@ -36,6 +36,10 @@ class LogSink:
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Record the run's configuration once."""
 
+    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str, step: int) -> None:
+        """Record a table (Composer's: e.g. the ``Generate`` callback's prompts and generations); a destination
+        that cannot hold tables leaves it out, as in Composer."""
+
     def log_exception(self, exception: BaseException) -> None:
         """``fit()`` or ``eval()`` is ending with ``exception`` (Composer's name): a tracker marks its run failed
         (or killed, for ``KeyboardInterrupt``/``SystemExit``), so a crashed run never reads as finished."""
@@ -63,6 +67,19 @@ class Logger(Generic[SinkT]):
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         for destination in self.destinations:
             destination.log_hyperparameters(hyperparameters)
+
+    def log_table(
+        self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str = "Table", step: int | None = None
+    ) -> None:
+        """Send a table (``columns`` and ``rows`` of as many values) to every destination, at ``step`` (default:
+        batches trained so far); a row of another length is refused before any destination sees it."""
+        columns, rows = list(columns), [list(row) for row in rows]
+        wrong = [index for index, row in enumerate(rows) if len(row) != len(columns)]
+        if wrong:
+            raise ValueError(f"log_table({name!r}): rows {wrong} do not have the {len(columns)} columns {columns}.")
+        at = int(self.state.timestamp.batch) if step is None else step
+        for destination in self.destinations:
+            destination.log_table(columns, rows, name, at)
 
     def log_exception(self, exception: BaseException) -> None:
         """Tell every destination that the run is ending with ``exception`` (before it propagates)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import override
@@ -19,7 +19,9 @@ TIMESERIES_UNITS = ("epoch", "batch", "sample", "token", "batch_in_epoch", "samp
 
 
 class InMemoryLogger(LoggerDestination):
-    """Records metrics as ``data[name] = [(step, value), ...]`` and the latest value of each name.
+    """Records metrics as ``data[name] = [(step, value), ...]``, the latest value of each name, and the latest table
+    of each name as ``tables[name] = {"columns": [...], "rows": [[...], ...], "step": step}`` (Composer keeps a pandas
+    JSON string there; ``pandas.DataFrame(table["rows"], columns=table["columns"])`` gives the same frame).
 
     Every rank keeps one (``all_ranks``), so a test can check what each process logged. Within a Trainer it also
     records the clock at each value, so :meth:`get_timeseries` can plot a metric against epochs, batches, samples
@@ -32,6 +34,7 @@ class InMemoryLogger(LoggerDestination):
         self.data: dict[str, list[tuple[int, float]]] = {}
         self.most_recent_values: dict[str, float] = {}
         self.hyperparameters: dict[str, Any] = {}
+        self.tables: dict[str, dict[str, Any]] = {}
         self._state: State | None = None
         self._timestamps: dict[str, list[Timestamp | None]] = {}
 
@@ -50,6 +53,10 @@ class InMemoryLogger(LoggerDestination):
     @override
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         self.hyperparameters.update(hyperparameters)
+
+    @override
+    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str, step: int) -> None:
+        self.tables[name] = {"columns": list(columns), "rows": [list(row) for row in rows], "step": step}
 
     def get_timeseries(self, metric: str) -> dict[str, list[Any]]:
         """``metric``'s values over time: ``{metric: [values], "step": [...], "epoch": [...], "batch": [...], ...}``,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -93,6 +93,13 @@ class MLFlowLogger(LoggerDestination):
         params = [Param(name, str(value)) for name, value in _flatten(hyperparameters).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per call
             client.log_batch(self.run_id, params=params[start : start + 100])
+
+    @override
+    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str, step: int) -> None:
+        """The table as the run's artifact ``<name>.json`` (MLflow's table format, shown in its UI)."""
+        client = self._start()
+        data = {column: [row[index] for row in rows] for index, column in enumerate(columns)}
+        client.log_table(self.run_id, data=data, artifact_file=f"{name}.json")
 
     @override
     def batch_end(self, state: State, logger: Logger) -> None:

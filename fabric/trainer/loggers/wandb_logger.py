@@ -86,6 +86,12 @@ class WandBLogger(LoggerDestination):
         self._start().config.update(dict(hyperparameters), allow_val_change=True)
 
     @override
+    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str, step: int) -> None:
+        import wandb
+
+        self._start().log({name: wandb.Table(columns=list(columns), rows=[list(row) for row in rows])}, step=step)
+
+    @override
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self._log_new_checkpoints(state)
 
