@@ -38,6 +38,7 @@ TRAINER_LAYERS = {
     "fabric.trainer.loggers": 1,
     "fabric.trainer.metrics": 1,
     "fabric.trainer.model": 1,
+    "fabric.trainer.huggingface": 1,  # a model type, as model.py
     "fabric.trainer.microbatch": 1,
     "fabric.trainer.data_spec": 1,
     "fabric.trainer.export": 1,

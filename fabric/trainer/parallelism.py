@@ -51,6 +51,7 @@ model is refused. Without an ``"fsdp"`` section its defaults apply.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +140,15 @@ ACCEPTED = ("sharding_strategy", "state_dict_type", "mixed_precision", *_DEGREE_
 TP_KEYS = ("tensor_parallel_degree", "layer_plan")
 
 
+@dataclass(frozen=True)
+class TPConfig:
+    """Composer's ``TPConfig`` (``parallelism_config={"tp": TPConfig(...)}``, as llm-foundry builds it): the same
+    as the ``"tp"`` dict with these keys."""
+
+    tensor_parallel_degree: int = 1
+    layer_plan: Mapping[str, Any] | None = None
+
+
 def strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStrategy | None:
     """The strategy Composer's ``parallelism_config`` describes for ``model``; None without fsdp or tp sections."""
     if parallelism_config is None:
@@ -152,6 +162,8 @@ def strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStrategy 
     if unknown:
         raise ValueError(f"parallelism_config has {unknown}; accepted sections: 'fsdp', 'tp'.")
     fsdp, tp = parallelism_config.get("fsdp"), parallelism_config.get("tp")
+    if isinstance(tp, TPConfig):
+        tp = {"tensor_parallel_degree": tp.tensor_parallel_degree, "layer_plan": tp.layer_plan}
     if fsdp is None and tp is None:
         return None
     for name, section in (("fsdp", fsdp), ("tp", tp)):

@@ -664,6 +664,10 @@ def test_parallelism_config_tp_applies_the_layer_plan_over_the_tensor_parallel_d
     assert units == list(model.blocks)  # Composer's fsdp_wrap_fn still chooses the FSDP units
     only_tp = translate_fabric_choices({}, None, None, {"tp": config["tp"]}, Stack())["strategy"]
     assert only_tp.planned_mesh() == MeshPlan(tensor_parallel=2)
+    from fabric.trainer.parallelism import TPConfig  # Composer's object, as llm-foundry passes it
+
+    as_object = translate_fabric_choices({}, None, None, {"tp": TPConfig(**config["tp"])}, Stack())["strategy"]
+    assert as_object.planned_mesh() == MeshPlan(tensor_parallel=2)
 
 
 @pytest.mark.parametrize(

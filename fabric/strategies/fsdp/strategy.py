@@ -49,6 +49,7 @@ from fabric.strategies.mesh import AUTO, DATA_PARALLEL_DIMS, MeshPlan
 from fabric.strategies.parallel import ParallelStrategy, split_common_arguments
 from fabric.strategies.strategy import CheckpointFilter
 from fabric.utilities.cli_contract import CLI_MESH
+from fabric.utilities.grad_norm import clip_grad_norm_
 from fabric.utilities.init import DeferredContexts
 
 StateDictType = Literal["sharded", "full"]
@@ -400,27 +401,11 @@ class FSDPStrategy(ParallelStrategy):
         norm_type: float = 2.0,
         error_if_nonfinite: bool = True,
     ) -> torch.Tensor:
-        """Clip by the norm over all ranks' shards; returned as a plain tensor, the same on every rank.
-
-        Parameters on different meshes (tensor-parallel layers beside FSDP-only ones) cannot meet in one
-        norm computation: each mesh's norm is taken on its own and the parts combined.
-        """
+        """Clip by the norm over all ranks' shards (parameters on different meshes too, see
+        :mod:`fabric.utilities.grad_norm`); returned as a plain tensor, the same on every rank."""
         self.precision.unscale_gradients(optimizer)
         error_if_nonfinite = error_if_nonfinite and not self.precision.skips_non_finite_steps
-        groups: dict[Any, list[torch.Tensor]] = {}
-        for parameter in _optimizer_parameters(optimizer):
-            if parameter.grad is not None:
-                groups.setdefault(getattr(parameter, "device_mesh", None), []).append(parameter)
-        parts = []
-        for parameters in groups.values():
-            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters], norm_type)  # type: ignore[misc]
-            parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        total = torch.linalg.vector_norm(torch.stack(parts), norm_type) if parts else torch.tensor(0.0)
-        if error_if_nonfinite and not torch.isfinite(total):
-            raise RuntimeError(f"The total norm of order {norm_type} of the gradients is non-finite ({total.item()}).")
-        for parameters in groups.values():
-            torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
-        return total
+        return clip_grad_norm_(_optimizer_parameters(optimizer), max_norm, norm_type, error_if_nonfinite)
 
     # --- checkpoints -----------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.events import Event
 from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
+from fabric.utilities.grad_norm import clip_grad_norm_
 
 CLIPPING_TYPES = ("norm", "value", "adaptive")
 #: AGC's floor on a unit's weight norm, so freshly zero-initialised units can still move (Brock et al.).
@@ -67,7 +68,7 @@ def apply_gradient_clipping(
     _check_clipping(clipping_type, clipping_threshold)
     tensors = list(parameters.parameters() if isinstance(parameters, nn.Module) else parameters)
     if clipping_type == "norm":
-        torch.nn.utils.clip_grad_norm_(tensors, max_norm=clipping_threshold)
+        clip_grad_norm_(tensors, max_norm=clipping_threshold)  # tensor-parallel and FSDP-only DTensors together
     elif clipping_type == "value":
         torch.nn.utils.clip_grad_value_(tensors, clip_value=clipping_threshold)
     else:
