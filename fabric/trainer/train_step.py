@@ -155,7 +155,7 @@ class TrainStep:
         if self.auto_microbatching:
             total_loss = self._train_with_auto_microbatches(full_batch, samples)
         elif size is None or size >= samples:  # the whole batch in one pass, the common case
-            total_loss = self._train_microbatch(full_batch, self._weight(full_batch))
+            total_loss = self._train_microbatch(full_batch, self._whole_batch_weight(full_batch))
         else:
             total_loss = self._train_microbatches(full_batch, samples, size)
         state.batch = full_batch
@@ -201,6 +201,10 @@ class TrainStep:
             )
         return tokens
 
+    def _whole_batch_weight(self, batch: Any) -> float:
+        """1 for a batch trained whole, unless weighted by tokens (then the share of the ranks' mean count)."""
+        return self._weight(batch) if self.accumulate_on_tokens else 1.0
+
     def _weight(self, microbatch: Any) -> float:
         """The factor of a microbatch's mean loss: its share of the batch's samples, or of the ranks' tokens."""
         if self.accumulate_on_tokens:
@@ -210,7 +214,7 @@ class TrainStep:
 
     def _train_microbatches(self, batch: Any, samples: int, microbatch_size: int | None) -> torch.Tensor:
         if microbatch_size is None or microbatch_size >= samples:
-            return self._train_microbatch(batch, self._weight(batch))
+            return self._train_microbatch(batch, self._whole_batch_weight(batch))
         microbatches = self.data_spec.split_batch(batch, microbatch_size)
         last = len(microbatches) - 1
         total_loss: torch.Tensor | None = None
