@@ -154,3 +154,40 @@ def test_what_cannot_work_is_refused_in_one_line_naming_the_value() -> None:
         pass
     with pytest.raises(ValueError, match=r"BitsandbytesPrecision replaces whole layers .* FSDPStrategy shards"):
         Fabric(accelerator="cpu", devices=2, strategy="fsdp", plugins=BitsandbytesPrecision("nf4", torch.bfloat16))
+
+
+@pytest.mark.parametrize("mode", [mode for mode in MODES if not mode.startswith("int8")])
+def test_a_4bit_layer_narrower_than_a_quantization_block_computes_in_eval_mode(mode: str) -> None:
+    """On a CPU with AVX512-BF16, bitsandbytes repacks 4-bit weights for a faster kernel at an eval forward without
+    gradients, which needs the input width to be a multiple of 64: a layer of 32 inputs failed there (litgpt's
+    ``generate`` on a small model). It keeps the general kernel and computes with its dequantized weight."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 96)).requires_grad_(False)
+    bias = model[0].bias.clone()
+    fabric = Fabric(accelerator="cpu", plugins=BitsandbytesPrecision(mode, COMPUTE_DTYPES[mode]))
+    quantized = fabric.setup(model).eval()
+    layer = quantized.module[0]
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        expected = x @ _dequantized(layer).T + bias
+        output = quantized(x)
+    assert (output.float() - expected).abs().mean() / expected.abs().mean() < 0.02
+
+
+@pytest.mark.parametrize("mode", [mode for mode in MODES if not mode.startswith("int8")])
+def test_a_4bit_layer_trains_after_an_eval_forward(mode: str) -> None:
+    """bitsandbytes repacked 4-bit weights for good for its AVX512-BF16 CPU kernel at an eval forward, and the next
+    training forward failed at the layer's trainable bias (litgpt's fine-tune validates on the way)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64))
+    model[0].weight.requires_grad_(False)
+    fabric = Fabric(accelerator="cpu", plugins=BitsandbytesPrecision(mode, COMPUTE_DTYPES[mode]))
+    quantized = fabric.setup(model)
+    x = torch.randn(4, 64)
+    quantized.eval()
+    with torch.no_grad():
+        before = quantized(x)
+    quantized.train()
+    loss = quantized(x).float().pow(2).mean()
+    loss.backward()
+    assert quantized.module[0].bias.grad is not None and torch.isfinite(before).all()

@@ -162,6 +162,12 @@ def quantized_linear_class(mode: str, compute_dtype: torch.dtype) -> type[nn.Lin
                     quant_type=quant_type,
                     device=device,
                 )
+                # bitsandbytes 0.50 repacks a 4-bit weight, for good, for its AVX512-BF16 CPU kernel at the first
+                # eval forward without gradients: a layer narrower than the quantization block (64) fails there
+                # ("shape '[96, 0]' is invalid"), and training after that evaluation (a fine-tune that validates
+                # or generates on the way) fails at the repacked layer's bias ("a view of a leaf Variable ... in an
+                # in-place operation"). The general kernel serves both.
+                self.support_avx512bf16_for_cpu = False
             else:
                 base.__init__(self, in_features, out_features, bias, has_fp16_weights=False, device=device)
             if self.bias is not None:
