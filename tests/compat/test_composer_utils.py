@@ -10,6 +10,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
+import torch
 from drop_in_checks import served
 
 from fabric.compat.composer_names import COMPOSER
@@ -117,3 +118,41 @@ def test_format_name_with_dist_and_time_fills_composers_fields(monkeypatch: pyte
     assert name == "gpt/ep2-ba30-sp480-in5-80/rank3-of-4-local1-of-2-node1-final"
     with pytest.raises(KeyError, match="step"):
         format_name_with_dist_and_time("{step}", "gpt", timestamp)
+
+
+def test_create_interval_scheduler_answers_at_the_checkpoint_events_by_default() -> None:
+    """Composer's ``create_interval_scheduler`` (llm-foundry's ``hf_checkpointer`` builds its save interval with it):
+    every 2 batches, at ``BATCH_CHECKPOINT`` (after the batch's evaluation), or at ``BATCH_END`` with
+    ``checkpoint_events=False``; a ``final_events`` other than those events is refused."""
+    from fabric.trainer.core.events import Event
+    from fabric.trainer.core.state import State
+    from fabric.trainer.intervals import create_interval_scheduler
+
+    state = State(model=torch.nn.Linear(1, 1), max_duration=Time(4, TimeUnit.BATCH))
+    at_checkpoints = create_interval_scheduler("2ba")
+    at_ends = create_interval_scheduler("2ba", checkpoint_events=False)
+    fired: dict[str, list[int]] = {"checkpoint": [], "end": []}
+    for _ in range(4):
+        state.timestamp = state.timestamp.to_next_batch(1, 0)
+        batch = int(state.timestamp.batch)
+        for event in (Event.BATCH_END, Event.BATCH_CHECKPOINT):
+            if at_checkpoints(state, event):
+                fired["checkpoint"].append(batch)
+                assert event is Event.BATCH_CHECKPOINT
+            if at_ends(state, event):
+                fired["end"].append(batch)
+                assert event is Event.BATCH_END
+    assert fired == {"checkpoint": [2, 4], "end": [2, 4]}
+    with pytest.raises(ValueError, match=r"final_events=.*fires at \['BATCH_CHECKPOINT', 'EPOCH_CHECKPOINT'\]"):
+        create_interval_scheduler("2ba", final_events={Event.FIT_END})
+
+
+def test_a_remote_uploader_is_none_for_a_local_folder_and_a_url_is_refused_naming_save_folder() -> None:
+    from fabric.plugins.io.file_helpers import maybe_create_remote_uploader_downloader_from_uri
+    from fabric.utilities.lazy import MissingConditionalImportError
+
+    assert maybe_create_remote_uploader_downloader_from_uri("/tmp/run/hf", loggers=[]) is None
+    with pytest.raises(ValueError, match=r"'s3://bucket/hf': remote folders are written through fsspec URLs here"):
+        maybe_create_remote_uploader_downloader_from_uri("s3://bucket/hf", loggers=[])
+    error = MissingConditionalImportError(extra_deps_group="openai", conda_package="openai")
+    assert isinstance(error, ImportError) and "pip install openai" in str(error)
