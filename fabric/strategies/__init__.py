@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from fabric.strategies.mesh import MeshPlan
     from fabric.strategies.model_parallel import ModelParallelStrategy
     from fabric.strategies.parallel import ParallelStrategy
+    from fabric.strategies.pipeline import PipelinePlan
     from fabric.strategies.single_device import SingleDeviceStrategy
     from fabric.strategies.strategy import Strategy
 
@@ -27,6 +28,7 @@ __all__ = [
     "MeshPlan",
     "ModelParallelStrategy",
     "ParallelStrategy",
+    "PipelinePlan",
     "SingleDeviceStrategy",
     "Strategy",
 ]
@@ -40,6 +42,7 @@ __getattr__ = lazy_exports(
         "MeshPlan": "fabric.strategies.mesh",
         "ModelParallelStrategy": "fabric.strategies.model_parallel",
         "ParallelStrategy": "fabric.strategies.parallel",
+        "PipelinePlan": "fabric.strategies.pipeline",
         "SingleDeviceStrategy": "fabric.strategies.single_device",
         "Strategy": "fabric.strategies.strategy",
     },

@@ -1,5 +1,5 @@
-"""Model parallelism on the N-D device mesh: tensor parallelism by the user's ``parallelize_fn``, FSDP2 (or HSDP)
-over the data-parallel dimensions.
+"""Model parallelism on the N-D device mesh: pipeline stages (:mod:`fabric.strategies.pipeline`), tensor parallelism
+by the user's ``parallelize_fn``, FSDP2 (or HSDP) over the data-parallel dimensions.
 
 The mesh is the one :class:`~fabric.strategies.mesh.MeshPlan` describes; Lightning's
 ``ModelParallelStrategy(data_parallel_size, tensor_parallel_size)`` is ``MeshPlan(data_parallel=...,
@@ -7,7 +7,9 @@ tensor_parallel=...)``. The user's ``parallelize_fn(model, device_mesh)`` splits
 ``device_mesh["tensor_parallel"]`` (DTensor's ``parallelize_module`` with Colwise/Rowwise plans); the strategy then
 shards the result with ``fully_shard`` over the data-parallel dimensions (``data_parallel``, with
 ``data_parallel_replicate`` when there are replicas), unless ``parallelize_fn`` applied ``fully_shard`` itself.
-Data is split over the data-parallel dimensions only: the ranks of one tensor-parallel group read the same batches.
+Data is split over the data-parallel dimensions only: the ranks of one tensor-parallel group (and of one pipeline)
+read the same batches. With a :class:`~fabric.strategies.pipeline.PipelinePlan` each rank first keeps only its stage
+of the model; ``parallelize_fn`` and FSDP then apply to that stage.
 
 Everything after the sharding is :class:`~fabric.strategies.fsdp.FSDPStrategy`'s: optimizers built
 before setup are re-pointed, meta-device models are materialised, and checkpoints are DCP directories
@@ -16,18 +18,28 @@ before setup are re-pointed, meta-device models are materialised, and checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any, Literal
 
+import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+from torch.optim import Optimizer
 from typing_extensions import Unpack, override
 
+from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.strategies.fsdp.options import ShardPolicy
 from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
 from fabric.strategies.mesh import AUTO, MeshPlan
 from fabric.strategies.parallel import ParallelArgs, refuse_unexpected_arguments
+from fabric.strategies.pipeline import PipelineModule, PipelinePlan, build_schedule, keep_stage
+from fabric.strategies.strategy import CheckpointFilter
+from fabric.utilities.grad_norm import clip_grad_norm_
 
 #: ``parallelize_fn(model, device_mesh) -> model``: applies tensor parallelism (and optionally FSDP) in place.
 ParallelizeFn = Callable[[nn.Module, DeviceMesh], nn.Module]
@@ -62,6 +74,9 @@ class ModelParallelStrategy(FSDPStrategy):
             ``data_parallel_size`` leaves.
         mesh: the whole mesh as a :class:`~fabric.strategies.mesh.MeshPlan` instead of the two sizes, e.g.
             ``MeshPlan(data_parallel_replicate=2, data_parallel=2, tensor_parallel=2)`` (HSDP x TP).
+        pipeline: a :class:`~fabric.strategies.pipeline.PipelinePlan` for a mesh with ``pipeline_parallel`` above 1:
+            where the model is cut into stages, the loss, the microbatches and the schedule. ``parallelize_fn`` is
+            then optional (no tensor parallelism).
         reshard_after_forward, state_dict_type, shard_modules, activation_checkpointing, mixed_precision,
             sync_module_states: as in :class:`~fabric.strategies.fsdp.FSDPStrategy`, applied after
             ``parallelize_fn`` (unless it sharded itself).
@@ -76,6 +91,7 @@ class ModelParallelStrategy(FSDPStrategy):
         tensor_parallel_size: MeshSize = "auto",
         *,
         mesh: MeshPlan | None = None,
+        pipeline: PipelinePlan | None = None,
         reshard_after_forward: bool = True,
         state_dict_type: StateDictType = "sharded",
         shard_modules: ShardPolicy | None = None,
@@ -84,11 +100,20 @@ class ModelParallelStrategy(FSDPStrategy):
         sync_module_states: bool = False,
         **common: Unpack[ParallelArgs],
     ) -> None:
-        if not callable(parallelize_fn):
+        if pipeline is not None and not isinstance(pipeline, PipelinePlan):
             raise ValueError(
-                f"ModelParallelStrategy needs parallelize_fn, a callable (model, device_mesh) -> model; got "
-                f"{parallelize_fn!r}. Pass strategy=ModelParallelStrategy(parallelize_fn=...) instead of "
-                "strategy='model_parallel'."
+                f"pipeline={pipeline!r} is not valid. Accepted: a fabric.strategies.PipelinePlan, or None."
+            )
+        if not callable(parallelize_fn) and not (pipeline is not None and parallelize_fn is None):
+            raise ValueError(
+                f"ModelParallelStrategy needs parallelize_fn, a callable (model, device_mesh) -> model (or a "
+                f"pipeline= plan); got {parallelize_fn!r}. Pass strategy=ModelParallelStrategy(parallelize_fn=...) "
+                "instead of strategy='model_parallel'."
+            )
+        if pipeline is not None and state_dict_type == "full":
+            raise ValueError(
+                "ModelParallelStrategy(pipeline=..., state_dict_type='full') cannot gather one file on rank 0: each "
+                "rank holds one stage. Keep state_dict_type='sharded' and join a save with `fabric consolidate`."
             )
         _check_size("data_parallel_size", data_parallel_size)
         _check_size("tensor_parallel_size", tensor_parallel_size)
@@ -100,7 +125,7 @@ class ModelParallelStrategy(FSDPStrategy):
                 "thing; give the degrees in the MeshPlan only."
             )
         if mesh is not None:
-            _refuse_unavailable_dimensions(mesh)
+            _refuse_unavailable_dimensions(mesh, pipeline)
         refuse_unexpected_arguments(type(self), common)  # FSDPStrategy would take the others as Lightning's
         super().__init__(
             reshard_after_forward=reshard_after_forward,
@@ -115,6 +140,11 @@ class ModelParallelStrategy(FSDPStrategy):
         self.data_parallel_size = data_parallel_size
         self.tensor_parallel_size = tensor_parallel_size
         self.mesh_plan_given = mesh
+        self.pipeline = pipeline
+        self._pipelines: weakref.WeakSet[PipelineModule] = weakref.WeakSet()
+        if pipeline is not None:
+            self.huggingface_refusal = PIPELINE_REFUSALS["huggingface"]
+            self.trainer_refusal = PIPELINE_REFUSALS["trainer"]
 
     @override
     def _check_mesh(self, plan: MeshPlan) -> None:
@@ -123,21 +153,69 @@ class ModelParallelStrategy(FSDPStrategy):
                 f"ModelParallelStrategy(data_parallel_size={self.data_parallel_size!r}, tensor_parallel_size="
                 f"{self.tensor_parallel_size!r}) conflicts with the CLI's --mesh={plan.as_text()}. Remove one of them."
             )
-        _refuse_unavailable_dimensions(plan)
+        _refuse_unavailable_dimensions(plan, self.pipeline)
+
+    @override
+    def configuration_error(self) -> str | None:
+        own_error = super().configuration_error()
+        if own_error is not None or self.pipeline is None:
+            return own_error
+        plan = self.mesh_plan()
+        degrees = plan.resolved_degrees
+        try:
+            _refuse_unavailable_dimensions(plan, self.pipeline)
+            self.pipeline.check_degree(degrees["pipeline_parallel"])
+        except ValueError as error:
+            return f"{type(self).__name__}: {error}"
+        if degrees["tensor_parallel"] > 1 and self.parallelize_fn is None:
+            return (
+                f"ModelParallelStrategy: the mesh {plan.describe()} has tensor_parallel={degrees['tensor_parallel']} "
+                "but no parallelize_fn to split the layers; pass parallelize_fn=."
+            )
+        return None
 
     @override
     def planned_mesh(self) -> MeshPlan:
+        """The mesh given, else Lightning's two sizes; with a pipeline plan and neither, one stage per
+        ``pipeline_parallel`` rank and FSDP over what is left."""
         if self.mesh_plan_given is not None:
             return self.mesh_plan_given
-        return lightning_mesh(self.num_nodes, self.data_parallel_size, self.tensor_parallel_size)
+        sizes = (self.data_parallel_size, self.tensor_parallel_size)
+        if self.pipeline is None:
+            return lightning_mesh(self.num_nodes, *sizes)
+        plan = MeshPlan() if sizes == (AUTO, AUTO) else lightning_mesh(self.num_nodes, *sizes)
+        return replace(plan, pipeline_parallel=self.pipeline.num_stages)
 
     @property
     def tensor_parallel_mesh(self) -> DeviceMesh:
         return self.mesh["tensor_parallel"]
 
+    @property
+    def pipeline_stage(self) -> int:
+        """This rank's stage (its position along ``pipeline_parallel``); 0 without pipeline parallelism."""
+        if self.mesh_plan().pipeline_parallel == 1:
+            return 0
+        return self.mesh["pipeline_parallel"].get_local_rank()
+
+    @override
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Keep this rank's pipeline stage (with a pipeline plan), parallelize and shard it; with a plan the
+        forward runs through a :class:`~fabric.strategies.pipeline.PipelineModule`."""
+        stage_module = super().setup_module(module)
+        if self.pipeline is None:
+            return stage_module
+        group = self.mesh["pipeline_parallel"].get_group()
+        schedule = build_schedule(stage_module, self.pipeline, self.pipeline_stage, group, self.root_device)
+        pipeline = PipelineModule(stage_module, schedule, self.pipeline, self.pipeline_stage, group)
+        self._pipelines.add(pipeline)
+        return pipeline
+
     @override
     def _shard(self, module: nn.Module) -> nn.Module:
-        assert self.parallelize_fn is not None  # checked at construction
+        if self.pipeline is not None:
+            keep_stage(module, self.pipeline.split_points, self.pipeline_stage)
+        if self.parallelize_fn is None:  # pipeline stages without tensor parallelism
+            return super()._shard(module)
         parallelized = self.parallelize_fn(module, self.mesh)
         if not isinstance(parallelized, nn.Module):
             raise TypeError(
@@ -147,6 +225,63 @@ class ModelParallelStrategy(FSDPStrategy):
             return parallelized
         return super()._shard(parallelized)  # activation checkpointing, FSDP units, the root
 
+    @override
+    def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """With a pipeline the backward already ran in ``model(inputs, target=targets)``: its loss is accepted and
+        nothing runs; any other tensor is refused (its backward would not reach the other stages)."""
+        if self.pipeline is None:
+            super().backward(tensor, module, *args, **kwargs)
+            return
+        if not any(pipeline.returned(tensor) for pipeline in self._pipelines):
+            raise ValueError(
+                "Under pipeline parallelism the backward runs inside model(inputs, target=targets), with the "
+                "PipelinePlan's loss_fn; fabric.backward takes only the loss that call returned."
+            )
+
+    @override
+    def clip_gradients_norm(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor:
+        """The norm over every stage's gradients: each stage's part is combined over the pipeline's ranks."""
+        if self.pipeline is None:
+            return super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
+        self.precision.unscale_gradients(optimizer)
+        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_non_finite_steps
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        across = self.mesh["pipeline_parallel"].get_group()
+        return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, across=across)
+
+    @override
+    def save_checkpoint(
+        self,
+        path: PathType,
+        state: dict[str, Any],
+        filter: Mapping[str, CheckpointFilter] | None = None,
+        storage_options: StorageOptions = None,
+        async_save: bool = False,
+    ) -> Future[None]:
+        """Under pipeline parallelism each optimizer's parameter groups list the parameters of every stage, so the
+        directory is the one any other mesh saves (a group listing one stage's would be read by all)."""
+        if self.pipeline is not None:
+            state = {key: self._whole_pipeline_state(value) for key, value in state.items()}
+        return super().save_checkpoint(path, state, filter, storage_options, async_save)
+
+    def _whole_pipeline_state(self, value: Any) -> Any:
+        if not isinstance(value, Optimizer):
+            return value
+        optimizer_state: dict[str, Any] = dict(get_optimizer_state_dict(self.owner_of(value), value))
+        group = self.mesh["pipeline_parallel"].get_group()
+        for param_group in optimizer_state["param_groups"]:
+            stages: list[list[str]] = [[] for _ in range(self.mesh["pipeline_parallel"].size())]
+            torch.distributed.all_gather_object(stages, param_group["params"], group=group)
+            param_group["params"] = [name for stage in stages for name in stage]
+        return optimizer_state
+
     def __repr__(self) -> str:
         return (
             f"ModelParallelStrategy(devices={len(self._parallel_devices or [])}, "
@@ -154,15 +289,27 @@ class ModelParallelStrategy(FSDPStrategy):
         )
 
 
+#: What pipeline stages cannot do here, and what to do instead.
+PIPELINE_REFUSALS = {
+    "huggingface": "each rank holds one pipeline stage; save a sharded checkpoint (fabric.save) and convert the "
+    "consolidated file instead.",
+    "trainer": "the Trainer does not run pipeline parallelism yet (its loop computes the loss outside the model); "
+    "use Fabric's loop with model(inputs, target=targets).",
+}
+
 #: Mesh dimensions a degree above 1 of which this strategy cannot honour yet, and why.
 UNAVAILABLE_DIMENSIONS = {
-    "pipeline_parallel": "pipeline parallelism is not available yet (issue 43)",
     "context_parallel": "torch's context_parallel shards the CUDA attention kernels only (on CPU its backward has no "
     "sharding strategy for aten._scaled_dot_product_flash_attention_for_cpu_backward), and it is not wired here yet",
 }
 
 
-def _refuse_unavailable_dimensions(mesh: MeshPlan) -> None:
+def _refuse_unavailable_dimensions(mesh: MeshPlan, pipeline: PipelinePlan | None) -> None:
     for name, reason in UNAVAILABLE_DIMENSIONS.items():
         if mesh.degrees[name] != 1:
             raise ValueError(f"MeshPlan({name}={mesh.degrees[name]!r}) cannot be honoured: {reason}.")
+    if mesh.pipeline_parallel != 1 and pipeline is None:
+        raise ValueError(
+            f"MeshPlan(pipeline_parallel={mesh.pipeline_parallel!r}) needs to know where to cut the model: pass "
+            "ModelParallelStrategy(pipeline=PipelinePlan(split_points=[...], loss_fn=...))."
+        )

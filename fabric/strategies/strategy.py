@@ -75,9 +75,9 @@ class Strategy:
     backward_is_plain: ClassVar[bool] = True
     #: Why ``fabric.save(..., format="huggingface")`` and loading such a folder cannot work with this strategy
     #: (one line naming what to do instead), or None where they work.
-    huggingface_refusal: ClassVar[str | None] = None
+    huggingface_refusal: str | None = None
     #: Why the Trainer cannot run on this strategy (one line naming what to do instead), or None where it can.
-    trainer_refusal: ClassVar[str | None] = None
+    trainer_refusal: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

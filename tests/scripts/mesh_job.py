@@ -6,10 +6,11 @@ of each step and writes ``OUT/reference.pt`` (the loss of every step, the weight
 ``python mesh_job.py OUT trainer REPLICATE SHARD TENSOR``: the same ``STEPS`` through Composer's ``Trainer`` with
 ``parallelism_config`` (the degrees, and a ``tp`` section with the same layer plan); writes ``OUT/trainer-TAG.pt``.
 
-``python mesh_job.py OUT train REPLICATE SHARD TENSOR [LOAD_DIR]``: ``REPLICATE x SHARD x TENSOR`` processes (HSDP x TP
-through ``ModelParallelStrategy(mesh=MeshPlan(...))``, or ``FSDPStrategy(mesh=...)`` when TENSOR is 1) train ``STEPS``
-steps from batches of ``setup_dataloaders`` and save ``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh
-model loads it and trains ``EXTRA`` steps more. Rank 0 writes ``OUT/TAG.pt``: losses and full weights.
+``python mesh_job.py OUT train PIPELINE REPLICATE SHARD TENSOR [LOAD_DIR]``: ``PIPELINE x REPLICATE x SHARD x TENSOR``
+processes (pipeline stages x HSDP x TP through ``ModelParallelStrategy(mesh=MeshPlan(...),
+pipeline=PipelinePlan(...))``, or ``FSDPStrategy(mesh=...)`` when PIPELINE and TENSOR are 1) train ``STEPS`` steps
+from batches of ``setup_dataloaders`` and save ``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh
+model loads it and trains ``EXTRA`` steps more. Rank 0 writes ``OUT/TAG.pt``: losses and full weights (of every stage).
 """
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ class Transformer(nn.Module):
         self.head = nn.Linear(DIM, VOCAB)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embedding(tokens)
+        # a part is None on the ranks of other pipeline stages (torchtitan's convention)
+        x = self.embedding(tokens) if self.embedding is not None else tokens
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        x = self.norm(x) if self.norm is not None else x
+        return self.head(x) if self.head is not None else x
 
 
 def make_model(seed: int = 0) -> Transformer:
@@ -77,9 +80,12 @@ def parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     return model
 
 
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
 def loss_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    return next_token_loss(model(tokens[:, :-1]), tokens[:, 1:])
 
 
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -108,11 +114,18 @@ if mode == "reference":
     sys.exit(0)
 
 from fabric import Fabric  # noqa: E402
-from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy  # noqa: E402
+from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy, PipelinePlan  # noqa: E402
 
-replicate, shard, tensor = (int(value) for value in sys.argv[3:6])
-tag = f"{replicate}x{shard}x{tensor}"
+if mode == "trainer":
+    pipeline, (replicate, shard, tensor) = 1, (int(value) for value in sys.argv[3:6])
+    load_dir = None
+else:
+    pipeline, replicate, shard, tensor = (int(value) for value in sys.argv[3:7])
+    load_dir = sys.argv[7] if len(sys.argv) > 7 else None
+tag = f"{replicate}x{shard}x{tensor}" if pipeline == 1 else f"pp{pipeline}x{replicate}x{shard}x{tensor}"
 loader_batch = GLOBAL_BATCH // (replicate * shard)
+#: Where each pipeline degree cuts the model, and its schedule (the microbatches: 2, or one per stage).
+CUTS = {2: (["blocks.1"], "1F1B"), 4: (["blocks.0", "blocks.1", "norm"], "GPipe")}
 
 if mode == "trainer":  # Composer's Trainer with parallelism_config describing the same mesh
     from fabric.trainer import Trainer
@@ -150,11 +163,19 @@ if mode == "trainer":  # Composer's Trainer with parallelism_config describing t
         torch.save({"weights": weights, "strategy": strategy_name}, out_dir / f"trainer-{tag}.pt")
     sys.exit(0)
 
-plan = MeshPlan(data_parallel_replicate=replicate, data_parallel=shard, tensor_parallel=tensor)
-strategy = (
-    FSDPStrategy(mesh=plan, shard_modules={Block}) if tensor == 1 else ModelParallelStrategy(parallelize, mesh=plan)
+plan = MeshPlan(
+    pipeline_parallel=pipeline, data_parallel_replicate=replicate, data_parallel=shard, tensor_parallel=tensor
 )
-fabric = Fabric(accelerator="cpu", devices=replicate * shard * tensor, strategy=strategy)
+strategy: FSDPStrategy
+if pipeline > 1:
+    split_points, schedule = CUTS[pipeline]
+    stages = PipelinePlan(split_points, next_token_loss, microbatches=max(2, pipeline), schedule=schedule)
+    strategy = ModelParallelStrategy(parallelize if tensor > 1 else None, mesh=plan, pipeline=stages)
+elif tensor > 1:
+    strategy = ModelParallelStrategy(parallelize, mesh=plan)
+else:
+    strategy = FSDPStrategy(mesh=plan, shard_modules={Block})
+fabric = Fabric(accelerator="cpu", devices=plan.resolve(plan.size).size, strategy=strategy)
 fabric.launch()
 loader = fabric.setup_dataloaders(DataLoader(TensorDataset(tokens), batch_size=loader_batch))
 
@@ -165,12 +186,23 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: range) -> l
     for step, (batch,) in enumerate(loader):
         if step not in steps:
             continue
-        loss = loss_of(model, batch)
         optimizer.zero_grad()
+        # with pipeline stages, the forward and backward of every stage run in the model's call
+        loss = model(batch[:, :-1], target=batch[:, 1:]) if pipeline > 1 else loss_of(model, batch)
         fabric.backward(loss)
         optimizer.step()
         losses.append(fabric.all_reduce(loss.detach(), reduce_op="mean").item())
     return losses
+
+
+def all_weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Full weights of the whole model: under pipeline parallelism each stage's, gathered from every rank."""
+    own = full_weights(module)
+    if pipeline == 1:
+        return own
+    stages: list[dict[str, torch.Tensor]] = [{} for _ in range(fabric.world_size)]
+    torch.distributed.all_gather_object(stages, own)
+    return {name: value for stage in stages for name, value in stage.items()}
 
 
 model = make_model()
@@ -180,19 +212,19 @@ report: dict[str, object] = {
     "mesh": dict(zip(strategy.mesh.mesh_dim_names or (), strategy.mesh.shape, strict=True)),
     "data_parallel_shard": strategy.data_parallel_shard,
     "losses": train(model, optimizer, range(STEPS)),
-    "weights": full_weights(model.module),
+    "weights": all_weights(model.module),
 }
 fabric.save(out_dir / f"ckpt-{tag}", {"model": model, "optimizer": optimizer, "step": STEPS})
 
-if len(sys.argv) > 6:  # continue from a checkpoint another mesh shape saved
+if load_dir is not None:  # continue from a checkpoint another mesh shape saved
     fresh = make_model(seed=123)  # other initial weights: all must come from the checkpoint
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=LR)
     fresh, fresh_optimizer = fabric.setup(fresh, fresh_optimizer)
     state = {"model": fresh, "optimizer": fresh_optimizer, "step": 0}
-    fabric.load(sys.argv[6], state)
-    report["loaded_weights"] = full_weights(fresh.module)
+    fabric.load(load_dir, state)
+    report["loaded_weights"] = all_weights(fresh.module)
     report["resumed_losses"] = train(fresh, fresh_optimizer, range(int(state["step"]), STEPS + EXTRA))
-    report["final"] = full_weights(fresh.module)
+    report["final"] = all_weights(fresh.module)
 
 shards = fabric.all_gather(torch.tensor(report["data_parallel_shard"]))
 report["data_parallel_shards"] = shards.tolist()

@@ -83,7 +83,8 @@ def test_fsdp_alone_refuses_a_tensor_parallel_degree_naming_the_strategy_that_ta
     [
         (
             {"pipeline_parallel": 2},
-            r"MeshPlan\(pipeline_parallel=2\) cannot be honoured: pipeline parallelism is not available yet",
+            r"MeshPlan\(pipeline_parallel=2\) needs to know where to cut the model: pass "
+            r"ModelParallelStrategy\(pipeline=PipelinePlan\(split_points=\[...\], loss_fn=...\)\)",
         ),
         (
             {"context_parallel": 2},

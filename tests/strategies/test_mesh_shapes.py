@@ -1,7 +1,8 @@
 """Every mesh shape trains like one process, and a checkpoint saved on one shape continues on the next.
 
 Real gloo processes (tests/scripts/mesh_job.py): a small causal transformer trains 3 AdamW steps on each shape of a
-chain, each launch also loading the checkpoint the previous shape saved and training 2 steps more; Composer's Trainer
+chain (HSDP, TP, pipeline stages and their combinations, then shrinking 8 -> 4 -> 2 -> 1 processes), each launch also
+loading the checkpoint the previous shape saved and training 2 steps more; Composer's Trainer
 trains the same steps from a ``parallelism_config``. A plain-torch
 process that sees each step's whole global batch is the reference (tolerances: float32 reduction order).
 """
@@ -20,15 +21,32 @@ import torch
 pytestmark = pytest.mark.end_to_end
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "mesh_job.py"
-#: (replicate, shard, tensor) in launch order; each loads the checkpoint of the one before it.
-CHAIN = [(2, 2, 1), (4, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2), (2, 4, 1)]
+#: (pipeline, replicate, shard, tensor) in launch order; each loads the checkpoint of the one before it. Pipelines:
+#: 2 stages with 1F1B, 4 with GPipe (tests/scripts/mesh_job.py's CUTS).
+CHAIN = [
+    (1, 2, 2, 1),
+    (1, 4, 1, 1),
+    (1, 1, 2, 2),
+    (1, 2, 1, 2),
+    (1, 2, 2, 2),
+    (1, 2, 4, 1),
+    (2, 1, 2, 1),  # PP x FSDP, from 8 processes to 4
+    (2, 1, 1, 2),  # PP x TP
+    (4, 1, 1, 1),
+    (2, 1, 1, 1),  # 4 stages to 2 processes
+    (1, 1, 1, 1),  # and to one
+]
 #: Composer's Trainer with parallelism_config: HSDP (both degrees given) x a tp section's layer plan.
 TRAINER_SHAPE = (2, 1, 2)
 LOSS_TOLERANCE, WEIGHT_TOLERANCE = 1e-5, 2e-5
 
 
-def _tag(shape: tuple[int, int, int]) -> str:
-    return "x".join(map(str, shape))
+def _tag(shape: tuple[int, ...]) -> str:
+    """The job's name for a shape: ``REPLICATExSHARDxTENSOR``, prefixed ``ppN`` with pipeline stages."""
+    if len(shape) == 3:
+        return "x".join(map(str, shape))
+    pipeline, *rest = shape
+    return _tag(tuple(rest)) if pipeline == 1 else f"pp{pipeline}x" + "x".join(map(str, rest))
 
 
 def _run(*args: str) -> None:
@@ -55,15 +73,17 @@ def _max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tens
 
 
 @pytest.mark.parametrize("shape", CHAIN, ids=_tag)
-def test_the_shape_trains_like_one_process(runs: Path, shape: tuple[int, int, int]) -> None:
-    replicate, shard, tensor = shape
+def test_the_shape_trains_like_one_process(runs: Path, shape: tuple[int, int, int, int]) -> None:
+    pipeline, replicate, shard, tensor = shape
     report = torch.load(runs / f"{_tag(shape)}.pt")
     reference = torch.load(runs / "reference.pt")
-    replicas = {"data_parallel_replicate": replicate} if replicate > 1 else {}  # built only when above 1
-    assert report["mesh"] == replicas | {"data_parallel": shard, "tensor_parallel": tensor}
-    # data splits over replicate x shard; the ranks of a tensor-parallel group (neighbours) share their share
+    built = {"pipeline_parallel": pipeline, "data_parallel_replicate": replicate}
+    built = {name: degree for name, degree in built.items() if degree > 1}  # built only when above 1
+    assert report["mesh"] == built | {"data_parallel": shard, "tensor_parallel": tensor}
+    # data splits over replicate x shard; the ranks of a tensor-parallel group (neighbours) and of a pipeline share
     assert report["data_parallel_shards"] == [
-        [replicate * shard, rank // tensor] for rank in range(len(report["data_parallel_shards"]))
+        [replicate * shard, (rank // tensor) % (replicate * shard)]
+        for rank in range(pipeline * replicate * shard * tensor)
     ]
     assert report["losses"] == pytest.approx(reference["losses"][:3], rel=LOSS_TOLERANCE)
     assert _max_difference(report["weights"], reference["weights"]) < WEIGHT_TOLERANCE
@@ -90,9 +110,10 @@ def test_the_trainer_with_composers_parallelism_config_trains_like_one_process(r
     assert _max_difference(report["weights"], reference["weights"]) < WEIGHT_TOLERANCE
 
 
-def test_consolidate_writes_the_weights_an_hsdp_by_tp_mesh_saved(runs: Path) -> None:
-    checkpoint = runs / "ckpt-2x2x2"
-    output = runs / "consolidated.pt"
+@pytest.mark.parametrize("shape", [(1, 2, 2, 2), (2, 1, 1, 2)], ids=_tag)
+def test_consolidate_writes_the_weights_the_mesh_saved(runs: Path, shape: tuple[int, int, int, int]) -> None:
+    checkpoint = runs / f"ckpt-{_tag(shape)}"
+    output = runs / f"consolidated-{_tag(shape)}.pt"
     done = subprocess.run(
         [sys.executable, "-m", "fabric_cli", "consolidate", str(checkpoint), str(output)],
         capture_output=True,
@@ -101,7 +122,8 @@ def test_consolidate_writes_the_weights_an_hsdp_by_tp_mesh_saved(runs: Path) -> 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     consolidated = torch.load(output, weights_only=True)
-    saved = torch.load(runs / "2x2x2.pt")["weights"]
+    saved = torch.load(runs / f"{_tag(shape)}.pt")["weights"]  # every stage's
     assert consolidated["step"] == 3
+    assert sorted(consolidated["model"]) == sorted(saved)
     for name, value in saved.items():
         assert torch.equal(consolidated["model"][name], value), name

@@ -149,6 +149,8 @@ class FSDPStrategy(ParallelStrategy):
         self._mesh: DeviceMesh | None = None
         # Original parameter -> its sharded replacement, so optimizers built before setup can be re-pointed.
         self._replacements: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
+        # Original parameters the set-up left to other ranks (other pipeline stages): dropped from optimizers.
+        self._held_elsewhere: dict[int, weakref.ref[nn.Parameter]] = {}
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
     # --- configuration -------------------------------------------------------------------------------
@@ -264,7 +266,10 @@ class FSDPStrategy(ParallelStrategy):
             self.refuse_forward_until_loaded(module, uninitialised, reason)
         sharded = dict(module.named_parameters())
         for name, original in originals.items():
-            self._replacements[id(original)] = (weakref.ref(original), sharded[name])
+            if name in sharded:
+                self._replacements[id(original)] = (weakref.ref(original), sharded[name])
+            else:
+                self._held_elsewhere[id(original)] = weakref.ref(original)
         self._set_up_modules.add(module)
         return module
 
@@ -351,15 +356,21 @@ class FSDPStrategy(ParallelStrategy):
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Re-point an optimizer built from the original parameters at their sharded replacements."""
+        """Re-point an optimizer built from the original parameters at their sharded replacements (and drop
+        those another rank holds: other pipeline stages' parameters)."""
         if not any(isinstance(p, DTensor) for p in _optimizer_parameters(optimizer)) and optimizer.state:
             raise ValueError(
                 "This optimizer has already stepped on unsharded parameters; its state cannot be moved onto the "
                 "shards. Call fabric.setup(model, optimizer) before training."
             )
         for group in optimizer.param_groups:
-            group["params"] = [self._sharded(parameter) for parameter in group["params"]]
+            kept = (parameter for parameter in group["params"] if not self._is_held_elsewhere(parameter))
+            group["params"] = [self._sharded(parameter) for parameter in kept]
         return optimizer
+
+    def _is_held_elsewhere(self, parameter: torch.Tensor) -> bool:
+        original = self._held_elsewhere.get(id(parameter))
+        return original is not None and original() is parameter
 
     def _sharded(self, parameter: torch.Tensor) -> torch.Tensor:
         if isinstance(parameter, DTensor):

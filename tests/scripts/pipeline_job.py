@@ -1,0 +1,57 @@
+"""Pipeline parallelism through Fabric's loop on 2 real ranks (gloo), for tests/strategies/test_pipeline.py.
+
+``python pipeline_job.py OUT SCHEDULE``: an ``nn.Sequential`` MLP cut after its second layer trains 3 SGD steps with
+gradient clipping through ``ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2), pipeline=PipelinePlan(...))``;
+then the loop's misuses are tried and their messages kept. The model and batches are the reference's
+(pipeline_job_reference.py). Each rank writes ``OUT/rank-R.pt``: the losses it was
+returned, the clipped norms, its stage's weights, an evaluation's outputs and the messages.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pipeline_job_reference import MAX_NORM, STEPS, batches, make_model
+
+from fabric import Fabric
+from fabric.strategies import MeshPlan, ModelParallelStrategy, PipelinePlan
+
+MICROBATCHES = 4
+
+out_dir, schedule = Path(sys.argv[1]), sys.argv[2]
+plan = PipelinePlan(["2"], F.mse_loss, microbatches=MICROBATCHES, schedule=schedule)
+strategy = ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2, data_parallel=1), pipeline=plan)
+fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
+fabric.launch()
+model = make_model()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = fabric.setup(model, optimizer)
+report: dict[str, object] = {"losses": [], "norms": [], "messages": {}}
+for inputs, targets in batches()[:STEPS]:
+    loss = model(inputs, target=targets)
+    fabric.backward(loss)
+    report["norms"].append(fabric.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())  # type: ignore[attr-defined]
+    optimizer.step()
+    optimizer.zero_grad()
+    report["losses"].append(loss.item())  # type: ignore[attr-defined]
+report["weights"] = {name: value.full_tensor().detach() for name, value in model.module.state_dict().items()}
+report["optimizer_parameters"] = sum(len(group["params"]) for group in optimizer.param_groups)
+inputs, targets = batches()[3]
+with torch.no_grad():
+    report["eval_loss"] = model(inputs, target=targets).item()
+    report["eval_output"] = model(inputs)
+messages: dict[str, str] = report["messages"]  # type: ignore[assignment]
+for name, misuse in {
+    "no target": lambda: model(inputs),
+    "uneven batch": lambda: model(inputs[:6], target=targets[:6]),
+    "other tensor": lambda: fabric.backward((model.module[-1 if fabric.global_rank else 0].weight ** 2).sum()),
+    "huggingface": lambda: fabric.save(out_dir / "hf", {"model": model}, format="huggingface"),
+}.items():
+    try:
+        misuse()
+    except ValueError as error:
+        messages[name] = str(error)
+torch.save(report, out_dir / f"rank-{fabric.global_rank}.pt")

@@ -1,0 +1,215 @@
+"""Pipeline parallelism: the plan's checks, the cut of a model into stages, and Fabric's loop on 2 real ranks.
+
+The loop runs in tests/scripts/pipeline_job.py (an MLP cut in 2 stages, both schedules) against a plain one-process
+reference of the same batches; the mesh shapes that compose pipelines with FSDP and TP, and checkpoints across them,
+are in tests/strategies/test_mesh_shapes.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fabric import Fabric
+from fabric.strategies import MeshPlan, ModelParallelStrategy, PipelinePlan
+from fabric.strategies.pipeline import keep_stage
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "pipeline_job.py"
+
+
+class GPT(nn.Module):
+    """Embedding, blocks, head: a forward that skips the parts another stage holds (torchtitan's convention)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(10, 4)
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(4))
+        self.head = nn.Linear(4, 10)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(tokens) if self.embedding is not None else tokens
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x) if self.head is not None else x
+
+
+def _parameter_names(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_parameters()]
+
+
+# --- the plan ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"split_points": "blocks.2"}, r"split_points='blocks.2'\) is not valid. Accepted: a sequence of submodule"),
+        ({"split_points": []}, r"split_points=\[\]\) is not valid"),
+        ({"split_points": ["a", "a"]}, r"names a submodule twice"),
+        ({"loss_fn": "mse"}, r"PipelinePlan\(loss_fn='mse'\) is not valid. Accepted: \(output, target\) -> loss"),
+        ({"microbatches": 0}, r"PipelinePlan\(microbatches=0\) is not valid. Accepted: a positive int or None"),
+        ({"schedule": "zb"}, r"PipelinePlan\(schedule='zb'\) is not valid. Accepted: \['GPipe', '1F1B'\]"),
+    ],
+)
+def test_a_bad_plan_is_refused_naming_the_value(arguments: dict[str, object], message: str) -> None:
+    given: dict[str, object] = {"split_points": ["blocks.2"], "loss_fn": F.mse_loss} | arguments
+    with pytest.raises(ValueError, match=message):
+        PipelinePlan(**given)  # type: ignore[arg-type]
+
+
+def test_the_stages_must_be_the_pipeline_degree_when_fabric_is_built() -> None:
+    plan = PipelinePlan(["blocks.1", "blocks.3"], F.mse_loss)
+    strategy = ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2), pipeline=plan)
+    with pytest.raises(ValueError, match=r"makes 3 stages, but the mesh has pipeline_parallel=2"):
+        Fabric(accelerator="cpu", devices=4, strategy=strategy)
+    one_per_stage = PipelinePlan(["blocks.1", "blocks.3"], F.mse_loss, microbatches=2)
+    strategy = ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=3), pipeline=one_per_stage)
+    with pytest.raises(ValueError, match=r"microbatches=2, schedule='1F1B'\) needs at least one microbatch per stage"):
+        Fabric(accelerator="cpu", devices=3, strategy=strategy)
+
+
+def test_pipeline_settings_that_cannot_work_are_refused_at_construction() -> None:
+    plan = PipelinePlan(["blocks.2"], F.mse_loss)
+    with pytest.raises(ValueError, match=r"state_dict_type='full'\) cannot gather one file on rank 0"):
+        ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2), pipeline=plan, state_dict_type="full")
+    with pytest.raises(ValueError, match=r"pipeline=\['blocks.2'\] is not valid. Accepted: a fabric.strategies"):
+        ModelParallelStrategy(pipeline=["blocks.2"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"needs parallelize_fn.*\(or a pipeline= plan\)"):
+        ModelParallelStrategy(mesh=MeshPlan(tensor_parallel=2))
+    strategy = ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2, tensor_parallel=2), pipeline=plan)
+    with pytest.raises(ValueError, match=r"has tensor_parallel=2 but no parallelize_fn to split the layers"):
+        Fabric(accelerator="cpu", devices=4, strategy=strategy)
+
+
+def test_the_trainer_refuses_a_pipeline_naming_fabrics_loop() -> None:
+    from fabric.trainer import Trainer
+
+    plan = PipelinePlan(["blocks.2"], F.mse_loss)
+    strategy = ModelParallelStrategy(pipeline=plan)  # no mesh given: one rank per stage, FSDP over the rest
+    fabric = Fabric(accelerator="cpu", devices=4, strategy=strategy)
+    assert strategy.mesh_plan().degrees == {
+        "pipeline_parallel": 2,
+        "data_parallel_replicate": 1,
+        "data_parallel": 2,
+        "context_parallel": 1,
+        "tensor_parallel": 1,
+    }
+    with pytest.raises(ValueError, match=r"cannot run on ModelParallelStrategy yet: .*model\(inputs, target=targets\)"):
+        Trainer(GPT(), fabric=fabric)
+
+
+# --- the cut -------------------------------------------------------------------------------------------
+
+
+def test_each_stage_keeps_its_parts_under_the_models_own_names() -> None:
+    names = _parameter_names(GPT())
+    stages = []
+    for stage in range(3):
+        model = GPT()
+        keep_stage(model, ["blocks.1", "blocks.3"], stage)
+        stages.append(_parameter_names(model))
+    assert stages[0] == ["embedding.weight", "blocks.0.weight", "blocks.0.bias"]
+    assert stages[1] == ["blocks.1.weight", "blocks.1.bias", "blocks.2.weight", "blocks.2.bias"]
+    assert stages[2] == ["blocks.3.weight", "blocks.3.bias", "head.weight", "head.bias"]
+    assert sorted(itertools.chain(*stages)) == sorted(names)  # every parameter in exactly one stage
+
+
+def test_stages_chained_compute_what_the_whole_model_computes() -> None:
+    torch.manual_seed(0)
+    whole = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 2))
+    stages = []
+    for stage in range(2):
+        model = nn.Sequential(*whole)  # the same layers, so the same weights
+        keep_stage(model, ["2"], stage)
+        stages.append(model)
+    inputs = torch.randn(4, 3)
+    assert torch.equal(stages[1](stages[0](inputs)), whole(inputs))
+    assert list(dict(stages[1].named_children())) == ["2", "3", "4"]  # a Sequential keeps its indexes as names
+
+
+@pytest.mark.parametrize(
+    ("split_points", "message"),
+    [
+        (["blocks.7"], r"'blocks.7' names no submodule of GPT \(its top-level modules: embedding, blocks, head\)"),
+        (["blocks.3", "blocks.1"], r"are not in the order the model registers its submodules"),
+        (["blocks", "blocks.1"], r"'blocks' contains another split point"),
+    ],
+)
+def test_a_split_point_that_cannot_cut_the_model_is_named(split_points: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        keep_stage(GPT(), split_points, 0)
+
+
+def test_a_parameter_no_stage_can_own_is_named() -> None:
+    model = GPT()
+    model.position = nn.Parameter(torch.zeros(4))
+    with pytest.raises(ValueError, match=r"GPT holds the parameter 'position' itself.*move it into a submodule"):
+        keep_stage(model, ["blocks.2"], 0)
+
+
+# --- Fabric's loop on 2 ranks ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["1F1B", "GPipe"])
+def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp(f"pipeline-{request.param}")
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), request.param], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out, request.param
+
+
+def _reference() -> dict[str, object]:
+    """One process, the whole batch of each step: what both ranks together must compute."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import pipeline_job_reference as reference
+    finally:
+        sys.path.pop(0)
+    return reference.run()
+
+
+def test_two_stages_train_like_one_process(job: tuple[Path, str]) -> None:
+    out, _ = job
+    first, last = (torch.load(out / f"rank-{rank}.pt") for rank in (0, 1))
+    reference = _reference()
+    assert first["losses"] == last["losses"]  # the last stage's loss reaches the first
+    assert first["losses"] == pytest.approx(reference["losses"], rel=1e-6)
+    assert first["norms"] == last["norms"]  # one norm over both stages' gradients
+    assert first["norms"] == pytest.approx(reference["norms"], rel=1e-6)
+    assert max(reference["norms"]) > 0.5  # the clip really clipped  # type: ignore[type-var]
+    weights = first["weights"] | last["weights"]
+    assert sorted(first["weights"]) == ["0.bias", "0.weight"]
+    assert sorted(weights) == sorted(reference["weights"])  # type: ignore[arg-type]
+    for name, value in reference["weights"].items():  # type: ignore[attr-defined]
+        assert torch.allclose(weights[name], value, atol=1e-6), name
+    # each stage's optimizer holds its own parameters only
+    assert (first["optimizer_parameters"], last["optimizer_parameters"]) == (2, 4)
+
+
+def test_evaluation_gives_the_loss_everywhere_and_the_output_on_the_last_stage(job: tuple[Path, str]) -> None:
+    out, _ = job
+    first, last = (torch.load(out / f"rank-{rank}.pt") for rank in (0, 1))
+    reference = _reference()
+    assert first["eval_loss"] == last["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-6)
+    assert first["eval_output"] is None
+    assert torch.allclose(last["eval_output"], reference["eval_output"], atol=1e-6)  # type: ignore[arg-type]
+
+
+def test_the_loops_misuses_are_refused_in_one_line(job: tuple[Path, str]) -> None:
+    out, _ = job
+    messages = torch.load(out / "rank-0.pt")["messages"]
+    assert "needs the target: call model(inputs, target=targets), or run under torch.no_grad()" in messages["no target"]
+    assert "A batch of 6 samples does not split into 4 equal microbatches" in messages["uneven batch"]
+    assert "fabric.backward takes only the loss that call returned" in messages["other tensor"]
+    assert "a Hugging Face folder: each rank holds one pipeline stage" in messages["huggingface"]
