@@ -1,13 +1,16 @@
 """Step time and peak memory per rank of each mesh shape through Fabric, against the same mesh in torch's own APIs.
 
-For each shape (``REPLICATE x SHARD x TENSOR``) two jobs run on 4 CPU ranks (gloo), one after the other, each in its own
-processes, both started by ``torchrun`` (``--job fabric|raw --shape RxSxT``), so that only the strategy differs:
+For each shape (``REPLICATE x SHARD x TENSOR``, or ``ppPIPELINE x REPLICATE x SHARD x TENSOR``) two jobs run on 4 CPU
+ranks (gloo), one after the other, each in its own processes, both started by ``torchrun`` (``--job fabric|raw --shape
+SHAPE``), so that only the strategy differs:
 
-* **fabric**: ``FSDPStrategy(mesh=MeshPlan(...), shard_modules={Block})``, or with a tensor-parallel degree
-  ``ModelParallelStrategy(parallelize, mesh=MeshPlan(...), shard_modules={Block})``; ``fabric.setup``,
-  ``fabric.backward``;
-* **raw**: ``init_process_group``, ``init_device_mesh`` with the dimensions the shape needs, ``parallelize_module``
-  with the same plan, ``fully_shard`` on each block and the root, ``loss.backward()``.
+* **fabric**: ``FSDPStrategy(mesh=MeshPlan(...), shard_modules={Block})``, or with a tensor-parallel or pipeline degree
+  ``ModelParallelStrategy(parallelize, mesh=MeshPlan(...), shard_modules={Block}, pipeline=PipelinePlan(...))``;
+  ``fabric.setup``, ``fabric.backward``; with a pipeline ``loss = model(inputs, target=targets)`` (the loss also sent
+  to every stage, which the raw job does not do);
+* **raw**: ``init_process_group``, ``init_device_mesh`` with the dimensions the shape needs, the stage's blocks kept
+  by hand (torchtitan's way), ``parallelize_module`` with the same plan, ``fully_shard`` on each block and the root,
+  ``PipelineStage`` and ``Schedule1F1B`` (2 microbatches, or one per stage), ``loss.backward()`` without a pipeline.
 
 The model is a causal transformer (``--dim``, ``--layers``, 4 heads, sequences of ``--length``), AdamW, a global
 batch of 8 split over the data-parallel ranks. Per job: **step ms**, the median wall time of a step after 5 warm-up
@@ -30,7 +33,7 @@ from typing import Any
 
 from job_results import print_result, run_for_result
 
-SHAPES = ("2x2x1", "4x1x1", "1x4x1", "1x2x2", "2x1x2")
+SHAPES = ("2x2x1", "4x1x1", "1x4x1", "1x2x2", "2x1x2", "pp2x1x2x1", "pp2x1x1x2", "pp4x1x1x1")
 RESULT_PREFIX = "PARALLELISM_RESULT "
 WARMUP, HEADS, VOCAB, GLOBAL_BATCH, WORLD = 5, 4, 512, 8, 4
 
@@ -65,10 +68,10 @@ def _model(dim: int, layers: int) -> tuple[Any, type]:
             self.head = nn.Linear(dim, VOCAB)
 
         def forward(self, tokens: torch.Tensor) -> Any:
-            x = self.embedding(tokens)
+            x = self.embedding(tokens) if self.embedding is not None else tokens  # None: another pipeline stage's
             for block in self.blocks:
                 x = block(x)
-            return self.head(x)
+            return self.head(x) if self.head is not None else x
 
     torch.manual_seed(0)
     return Transformer(), Block
@@ -84,40 +87,81 @@ def _parallelize(model: Any, mesh: Any) -> Any:
     return model
 
 
+def _degrees(shape: str) -> tuple[int, int, int, int]:
+    """``RxSxT`` or ``ppPxRxSxT`` as (pipeline, replicate, shard, tensor)."""
+    parts = [int(part) for part in shape.removeprefix("pp").split("x")]
+    return (parts[0], *parts[1:]) if shape.startswith("pp") else (1, *parts)  # type: ignore[return-value]
+
+
+def _keep_stage_by_hand(model: Any, stage: int, stages: int) -> None:
+    """The raw job's cut (torchtitan's): this stage's share of the blocks, the embedding first, the head last."""
+    per_stage = len(model.blocks) // stages
+    for index in range(len(model.blocks)):
+        if index // per_stage != stage:
+            del model.blocks._modules[str(index)]
+    if stage != 0:
+        model.embedding = None
+    if stage != stages - 1:
+        model.head = None
+
+
+def _loss(logits: Any, targets: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
 def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
     """One rank of the job; rank 0 prints the result line."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
-    replicate, shard, tensor = (int(part) for part in shape.split("x"))
+    pipeline, replicate, shard, tensor = _degrees(shape)
+    microbatches = max(2, pipeline)
     model, block_class = _model(args.dim, args.layers)
-    backward: Any
+    step: Any
     barrier: Any
     if kind == "fabric":
         from fabric import Fabric
-        from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy
+        from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy, PipelinePlan
 
-        plan = MeshPlan(data_parallel_replicate=replicate, data_parallel=shard, tensor_parallel=tensor)
-        strategy: Any = (
-            FSDPStrategy(mesh=plan, shard_modules={block_class})
-            if tensor == 1
-            else ModelParallelStrategy(_parallelize, mesh=plan, shard_modules={block_class})
+        plan = MeshPlan(
+            pipeline_parallel=pipeline, data_parallel_replicate=replicate, data_parallel=shard, tensor_parallel=tensor
         )
+        strategy: Any
+        if pipeline == 1 and tensor == 1:
+            strategy = FSDPStrategy(mesh=plan, shard_modules={block_class})
+        else:
+            per_stage = args.layers // pipeline
+            stages = PipelinePlan([f"blocks.{per_stage * stage}" for stage in range(1, pipeline)], _loss, microbatches)
+            parallelize = _parallelize if tensor > 1 else None
+            pipelined = {"pipeline": stages} if pipeline > 1 else {}
+            strategy = ModelParallelStrategy(parallelize, mesh=plan, shard_modules={block_class}, **pipelined)
         fabric = Fabric(accelerator="cpu", devices=WORLD, strategy=strategy)
         fabric.launch()
         model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
         data_rank = fabric.strategy.data_parallel_shard[1]  # type: ignore[attr-defined]
-        backward, barrier = fabric.backward, fabric.barrier
+        barrier = fabric.barrier
+
+        def step(inputs: Any, targets: Any) -> None:
+            loss = model(inputs, target=targets) if pipeline > 1 else _loss(model(inputs), targets)
+            fabric.backward(loss)
+
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
         dist.init_process_group("gloo")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORLD))  # as Fabric shares the cores
         mesh = init_device_mesh(
-            "cpu", (replicate, shard, tensor), mesh_dim_names=("replicate", "data_parallel", "tensor_parallel")
+            "cpu",
+            (pipeline, replicate, shard, tensor),
+            mesh_dim_names=("pipeline", "replicate", "data_parallel", "tensor_parallel"),
         )
+        stage = mesh["pipeline"].get_local_rank()
+        if pipeline > 1:
+            _keep_stage_by_hand(model, stage, pipeline)
         if tensor > 1:
             _parallelize(model, mesh)
         data_mesh = mesh["replicate", "data_parallel"] if replicate > 1 else mesh["data_parallel"]
@@ -125,9 +169,20 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
             fully_shard(block, mesh=data_mesh)
         fully_shard(model, mesh=data_mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        data_rank = dist.get_rank() // tensor
+        data_rank = (dist.get_rank() // tensor) % (replicate * shard)
+        barrier = dist.barrier
+        if pipeline > 1:
+            device = torch.device("cpu")
+            pipe_stage = PipelineStage(model, stage, pipeline, device, group=mesh["pipeline"].get_group())
+            schedule = Schedule1F1B(pipe_stage, n_microbatches=microbatches, loss_fn=_loss)
 
-        backward, barrier = torch.Tensor.backward, dist.barrier
+        def step(inputs: Any, targets: Any) -> None:
+            if pipeline == 1:
+                _loss(model(inputs), targets).backward()
+            elif stage == 0:
+                schedule.step(inputs)
+            else:
+                schedule.step(target=targets if stage == pipeline - 1 else None, losses=[])
 
     local_batch = GLOBAL_BATCH // (replicate * shard)
     generator = torch.Generator().manual_seed(data_rank)
@@ -136,18 +191,16 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
     for _ in range(args.steps):
         barrier()
         start = time.perf_counter()
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad()
-        backward(loss)
+        step(tokens[:, :-1], tokens[:, 1:])
         optimizer.step()
         times.append(time.perf_counter() - start)
-    step = torch.tensor(statistics.median(times[WARMUP:]))
+    step_time = torch.tensor(statistics.median(times[WARMUP:]))
     rss = torch.tensor(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # kB on Linux
-    dist.all_reduce(step, op=dist.ReduceOp.MAX)
+    dist.all_reduce(step_time, op=dist.ReduceOp.MAX)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
-        print_result(RESULT_PREFIX, {"step_ms": step.item() * 1e3, "rss_mb": rss.item()})
+        print_result(RESULT_PREFIX, {"step_ms": step_time.item() * 1e3, "rss_mb": rss.item()})
     if kind == "raw":
         dist.destroy_process_group()
 
@@ -171,7 +224,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated RxSxT shapes")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated RxSxT or ppPxRxSxT shapes")
     parser.add_argument("--job", choices=("fabric", "raw"), help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -182,9 +235,7 @@ def main() -> None:
         f"causal transformer dim {args.dim}, {args.layers} layers, length {args.length}, global batch {GLOBAL_BATCH}, "
         f"AdamW, {WORLD} CPU ranks (gloo), {args.rounds} round(s)"
     )
-    print(
-        f"{'shape (RxSxT)':<16}{'raw ms':>9}{'fabric ms':>11}{'raw MB':>9}{'fabric MB':>11}{'MB ratio':>10}  time ratio"
-    )
+    print(f"{'shape':<16}{'raw ms':>9}{'fabric ms':>11}{'raw MB':>9}{'fabric MB':>11}{'MB ratio':>10}  time ratio")
     for shape in args.shapes.split(","):
         runs: dict[str, list[dict[str, float]]] = {"raw": [], "fabric": []}
         for _ in range(args.rounds):

@@ -167,6 +167,12 @@ class ModelParallelStrategy(FSDPStrategy):
             self.pipeline.check_degree(degrees["pipeline_parallel"])
         except ValueError as error:
             return f"{type(self).__name__}: {error}"
+        if self.precision.requires_fabric_backward:
+            return (
+                f"ModelParallelStrategy(pipeline=...) with precision={self.precision.name!r}: the pipeline runs the "
+                "backward inside the model's call, where the loss is not scaled; use '32-true', 'bf16-mixed' or "
+                "'bf16-true'."
+            )
         if degrees["tensor_parallel"] > 1 and self.parallelize_fn is None:
             return (
                 f"ModelParallelStrategy: the mesh {plan.describe()} has tensor_parallel={degrees['tensor_parallel']} "

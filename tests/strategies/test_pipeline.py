@@ -87,6 +87,9 @@ def test_pipeline_settings_that_cannot_work_are_refused_at_construction() -> Non
     strategy = ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2, tensor_parallel=2), pipeline=plan)
     with pytest.raises(ValueError, match=r"has tensor_parallel=2 but no parallelize_fn to split the layers"):
         Fabric(accelerator="cpu", devices=4, strategy=strategy)
+    strategy = ModelParallelStrategy(pipeline=plan)  # a GradScaler's loss scaling cannot reach the schedule's backward
+    with pytest.raises(ValueError, match=r"with precision='16-mixed': .* use '32-true', 'bf16-mixed' or 'bf16-true'"):
+        Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="16-mixed")
 
 
 def test_the_trainer_refuses_a_pipeline_naming_fabrics_loop() -> None:

@@ -309,10 +309,12 @@ def check_mesh_agrees(mesh: MeshPlan, replicate_only: bool) -> None:
     ``parallelize_fn``), and with ``replicate_only`` a mesh that shards nothing."""
     others = {name: degree for name, degree in mesh.degrees.items() if name not in DATA_PARALLEL_DIMS and degree != 1}
     if others:
+        taker = "ModelParallelStrategy(parallelize_fn, mesh=...)"
+        if "pipeline_parallel" in others:
+            taker = "ModelParallelStrategy(mesh=..., pipeline=PipelinePlan(...))"
         raise ValueError(
             f"FSDPStrategy(mesh={mesh!r}) shards over the data-parallel dimensions only; "
-            f"{', '.join(f'{name}={degree}' for name, degree in others.items())} needs "
-            "ModelParallelStrategy(parallelize_fn, mesh=...)."
+            f"{', '.join(f'{name}={degree}' for name, degree in others.items())} needs {taker}."
         )
     if replicate_only and mesh.data_parallel != 1:
         raise ValueError(
