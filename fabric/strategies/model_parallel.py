@@ -18,6 +18,7 @@ before setup are re-pointed, meta-device models are materialised, and checkpoint
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -35,9 +36,10 @@ from typing_extensions import Unpack, override
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.strategies.fsdp.options import ShardPolicy
 from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
-from fabric.strategies.mesh import AUTO, MeshPlan
+from fabric.strategies.mesh import AUTO, DATA_PARALLEL_DIMS, MeshPlan
 from fabric.strategies.parallel import ParallelArgs, refuse_unexpected_arguments
 from fabric.strategies.pipeline import PipelineModule, PipelinePlan, build_schedule, keep_stage
+from fabric.strategies.same_batches import check_first_batch, refuse_different_batches
 from fabric.strategies.strategy import CheckpointFilter
 from fabric.utilities.grad_norm import clip_grad_norm_
 
@@ -207,14 +209,23 @@ class ModelParallelStrategy(FSDPStrategy):
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Keep this rank's pipeline stage (with a pipeline plan), parallelize and shard it; with a plan the
         forward runs through a :class:`~fabric.strategies.pipeline.PipelineModule`."""
-        stage_module = super().setup_module(module)
-        if self.pipeline is None:
-            return stage_module
-        group = self.mesh["pipeline_parallel"].get_group()
-        schedule = build_schedule(stage_module, self.pipeline, self.pipeline_stage, group, self.root_device)
-        pipeline = PipelineModule(stage_module, schedule, self.pipeline, self.pipeline_stage, group)
-        self._pipelines.add(pipeline)
-        return pipeline
+        forward_module = super().setup_module(module)
+        if self.pipeline is not None:
+            group = self.mesh["pipeline_parallel"].get_group()
+            schedule = build_schedule(forward_module, self.pipeline, self.pipeline_stage, group, self.root_device)
+            forward_module = PipelineModule(forward_module, schedule, self.pipeline, self.pipeline_stage, group)
+            self._pipelines.add(forward_module)
+        plan = self.mesh_plan()
+        sharers = {name: degree for name, degree in plan.resolved_degrees.items() if name not in DATA_PARALLEL_DIMS}
+        sharers = {name: degree for name, degree in sharers.items() if degree > 1}
+        if sharers:  # ranks that hold parts of one model copy: a self-sharding loader would feed them different data
+            index = plan.data_parallel_index(self.global_rank)
+            described = " x ".join(f"{name}={degree}" for name, degree in sharers.items())
+            check_first_batch(
+                forward_module,
+                functools.partial(refuse_different_batches, data_parallel_index=index, sharers=described),
+            )
+        return forward_module
 
     @override
     def _shard(self, module: nn.Module) -> nn.Module:
