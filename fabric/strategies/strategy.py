@@ -55,6 +55,10 @@ CheckpointFilter = Callable[[str, Any], bool]
 
 #: Checkpoint entry holding the precision plugin's state (the loss scale of ``16-mixed``), if any.
 PRECISION_STATE_KEY = "fabric_precision_state"
+#: Where a checkpoint keeps the strategy's own run state (:meth:`Strategy.run_state`), beside the user's entries.
+STRATEGY_STATE_KEY = "fabric_strategy_state"
+#: Entries Fabric writes beside the user's own: restored by Fabric, never handed back as the user's.
+FRAMEWORK_KEYS = frozenset({PRECISION_STATE_KEY, STRATEGY_STATE_KEY})
 
 
 _WEAK_REGISTRIES = (weakref.WeakSet, weakref.WeakKeyDictionary)
@@ -430,6 +434,9 @@ class Strategy:
         precision_state = self.precision.state_dict()
         if precision_state:
             checkpoint[PRECISION_STATE_KEY] = precision_state
+        run_state = self.run_state()
+        if run_state:
+            checkpoint[STRATEGY_STATE_KEY] = run_state
         if not async_save:
             if self.is_global_zero:
                 self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options)
@@ -476,8 +483,18 @@ class Strategy:
                 self.load_optimizer_state_dict(target, checkpoint[key])
             elif not isinstance(target, Stateful):
                 state[key] = loaded_value(target, checkpoint[key], weights_only)
-        rest = {key: value for key, value in checkpoint.items() if key not in state and key != PRECISION_STATE_KEY}
+        self.load_run_state(checkpoint.get(STRATEGY_STATE_KEY), path)
+        rest = {key: value for key, value in checkpoint.items() if key not in state and key not in FRAMEWORK_KEYS}
         return rebuilt_loaders(rest, weights_only)
+
+    def run_state(self) -> dict[str, Any]:
+        """What the strategy itself keeps of the run (e.g. the fault-tolerant step count), saved with every
+        checkpoint under :data:`STRATEGY_STATE_KEY`; empty: nothing is saved."""
+        return {}
+
+    def load_run_state(self, saved: dict[str, Any] | None, path: PathType) -> None:
+        """Restore :meth:`run_state` from the checkpoint at ``path`` (``saved`` is None where it holds none, as one
+        a normal run wrote); other runs' strategies ignore it."""
 
     def load_raw(
         self,

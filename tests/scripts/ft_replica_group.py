@@ -5,7 +5,10 @@ Group and lighthouse come from the launcher's variables (FABRIC_FT_REPLICA_GROUP
 TORCHFT_LIGHTHOUSE). Each step's batch depends on the step and on the rank's data share, so a reference can recompute
 what the run should have trained.
 
-    python ft_replica_group.py REPORT_DIR STOP_FILE [--devices N]
+    python ft_replica_group.py REPORT_DIR STOP_FILE [--devices N] [--load CHECKPOINT] [--save CHECKPOINT]
+
+``--load`` loads a checkpoint before the first step and writes ``REPORT_DIR/loaded-groupG.json`` (the committed step
+count right after); ``--save`` saves one at the stop.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ def main() -> None:
     parser.add_argument("report_dir", type=Path)
     parser.add_argument("stop_file", type=Path)
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--load", type=Path)
+    parser.add_argument("--save", type=Path)
     args = parser.parse_args()
 
     fabric = Fabric(accelerator="cpu", devices=args.devices, strategy="fault_tolerant_ddp")
@@ -49,6 +54,11 @@ def main() -> None:
     _, share = strategy.data_parallel_shard
     group = strategy.fault_tolerance.replica_group
     report = args.report_dir / f"group{group}-rank{fabric.global_rank}-pid{os.getpid()}.jsonl"
+    if args.load is not None:
+        fabric.load(args.load, {"model": model, "optimizer": optimizer})
+        if fabric.global_rank == 0:
+            loaded = {"committed_steps": strategy.committed_steps}
+            (args.report_dir / f"loaded-group{group}.json").write_text(json.dumps(loaded))
     with report.open("a") as out:
         while True:
             step = strategy.committed_steps
@@ -72,6 +82,8 @@ def main() -> None:
             }
             out.write(json.dumps(record) + "\n")
             out.flush()
+    if args.save is not None:
+        fabric.save(args.save, {"model": model, "optimizer": optimizer})
     fabric.print(f"replica group {group} done at step {strategy.committed_steps}")
 
 

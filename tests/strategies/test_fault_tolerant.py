@@ -220,10 +220,11 @@ class Run:
     def stop_file(self) -> Path:
         return self.directory / "stop"
 
-    def start_group(self, group: int) -> subprocess.Popen[str]:
-        """Group ``group``: one process started directly, or with ``devices`` above 1 ``fabric run model``'s."""
+    def start_group(self, group: int, *options: str) -> subprocess.Popen[str]:
+        """Group ``group``: one process started directly, or with ``devices`` above 1 ``fabric run model``'s;
+        ``options`` go to the worker."""
         port, lighthouse = 29600 + group, f"127.0.0.1:{LIGHTHOUSE_PORT}"
-        worker = [WORKER, str(self.directory), str(self.stop_file), f"--devices={self.devices}"]
+        worker = [WORKER, str(self.directory), str(self.stop_file), f"--devices={self.devices}", *options]
         if self.devices == 1:
             command, variables = [sys.executable, *worker], _group_variables(group, self.groups, lighthouse, port)
         else:
@@ -386,3 +387,65 @@ def test_a_killed_replica_group_does_not_stop_the_others_and_rejoins_with_their_
     joined_at = next(r["joined_at"] for r in _by_group(records, 2) if r["joined_at"] is not None)
     joined_line = f"fabric: replica group 2 joined the run at step {joined_at}"
     assert any(joined_line in path.read_text() for path in tmp_path.glob("group2-*.log"))
+
+
+def _reference_weights(steps: int) -> list[float]:
+    """What one group alone trains in ``steps`` steps (tests/scripts/ft_replica_group.py's model, data and seed)."""
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(Path(WORKER).parent))
+    try:
+        from ft_replica_group import batch
+    finally:
+        sys.path.pop(0)
+    torch.manual_seed(7)  # group 0's seed
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        optimizer.zero_grad()
+        inputs, targets = batch(step, 0)
+        nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+    return [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()]
+
+
+@pytest.mark.end_to_end
+def test_a_checkpoint_keeps_the_committed_steps_and_loads_in_a_normal_run_and_back(tmp_path: Path) -> None:
+    import torch
+    from torch import nn
+
+    from fabric import Fabric
+
+    saved = tmp_path / "fault-tolerant.ckpt"
+    with _fault_tolerant_run(tmp_path, groups=1, devices=1) as run:
+        run.stop_at(3)
+        assert run.start_group(0, f"--save={saved}").wait(timeout=EVENT_DEADLINE) == 0
+        first_pid = run.processes[0].pid
+        run.stop_at(5)  # every group lost: the run starts again from the checkpoint
+        assert run.start_group(0, f"--load={saved}").wait(timeout=EVENT_DEADLINE) == 0
+    assert json.loads((tmp_path / "loaded-group0.json").read_text()) == {"committed_steps": 3}
+    records = run.records()
+    assert [r["committed_steps"] for r in records if r["pid"] == first_pid] == [1, 2, 3]
+    resumed = [r for r in records if r["pid"] != first_pid]
+    assert [r["committed_steps"] for r in resumed] == [4, 5]  # counted on, not from 0
+    assert resumed[-1]["weights"] == pytest.approx(_reference_weights(5), abs=1e-6)  # as if never interrupted
+
+    # a normal run loads the fault-tolerant checkpoint (the step count is Fabric's own entry, not handed back)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    assert fabric.load(saved, {"model": model, "optimizer": optimizer}) == {}
+    weights = [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()]
+    assert weights == pytest.approx(_reference_weights(3), abs=1e-6)
+
+    # and a fault-tolerant run loads a normal checkpoint, saying that it records no committed steps
+    normal = tmp_path / "normal.ckpt"
+    fabric.save(normal, {"model": model, "optimizer": optimizer})
+    (tmp_path / "loaded-group0.json").unlink()
+    with _fault_tolerant_run(tmp_path, groups=1, devices=1) as run:
+        run.stop_at(1)
+        assert run.start_group(0, f"--load={normal}").wait(timeout=EVENT_DEADLINE) == 0
+    assert json.loads((tmp_path / "loaded-group0.json").read_text()) == {"committed_steps": 0}
+    log = (tmp_path / "group0-0.log").read_text()
+    assert f"fabric: {normal} records no committed steps (a run that was not fault-tolerant saved it)" in log

@@ -131,6 +131,20 @@ class ReplicaGroups:
         self.steps_before = steps
         return committed
 
+    def checkpoint_state(self) -> dict[str, int]:
+        """torchft's counts of the run (committed steps and batches), for a checkpoint."""
+        return dict(self._manager.state_dict())
+
+    def restore(self, state: dict[str, int]) -> None:
+        """Continue the counts of :meth:`checkpoint_state` (before this group's first step of the run)."""
+        if self._step_begun:
+            raise RuntimeError(
+                "A fault-tolerant run loads its checkpoint before its first step: this step's quorum has already "
+                "been asked for with the current step count. Call fabric.load(...) before the training loop."
+            )
+        self._manager.load_state_dict(state)
+        self.steps_before = self.committed_steps
+
     @property
     def committed_steps(self) -> int:
         """Steps committed so far in the run, the same on every group (a joining group receives it)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -12,6 +13,7 @@ from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from fabric.plugins.io.checkpoint_io import PathType
 from fabric.strategies.ddp import DDPStrategy
 from fabric.strategies.fault_tolerant.plan import DEFAULT_FT_TIMEOUT, FaultTolerance
 from fabric.strategies.fault_tolerant.replica_groups import ReplicaGroups, import_torchft
@@ -184,6 +186,22 @@ class FaultTolerantDDPStrategy(DDPStrategy):
     def _say(self, line: str) -> None:
         if self.global_rank == 0:
             print(line, file=sys.stderr, flush=True)
+
+    @override
+    def run_state(self) -> dict[str, Any]:
+        """The run's committed steps (torchft's step and batch counts), so that a run restarted from the checkpoint
+        after every group was lost counts on from there."""
+        return {"torchft_manager": self.replica_groups.checkpoint_state()}
+
+    @override
+    def load_run_state(self, saved: dict[str, Any] | None, path: PathType) -> None:
+        if saved is None or "torchft_manager" not in saved:
+            self._say(
+                f"fabric: {os.fspath(path)} records no committed steps (a run that was not fault-tolerant saved it): "
+                f"committed_steps stays {self.committed_steps}."
+            )
+            return
+        self.replica_groups.restore(saved["torchft_manager"])
 
     @override
     def teardown(self) -> None:

@@ -55,7 +55,12 @@ from fabric.plugins.io.distributed_checkpoint import (
 )
 from fabric.plugins.io.storage import is_remote
 from fabric.plugins.precision.precision import Precision
-from fabric.strategies.strategy import PRECISION_STATE_KEY, entries_to_load, load_unvalidated_state
+from fabric.strategies.strategy import (
+    FRAMEWORK_KEYS,
+    PRECISION_STATE_KEY,
+    entries_to_load,
+    load_unvalidated_state,
+)
 from fabric.utilities.checkpoint_state import Stateful, loaded_value, rebuilt_loaders, saved_form
 from fabric.utilities.exceptions import CheckpointError
 
@@ -239,7 +244,7 @@ def load_sharded(
             set_optimizer_state_dict(owner_of(target), target, targets[key])
         elif not isinstance(target, Stateful):
             state[key] = loaded_value(target, targets[key], weights_only)
-    rest = available - set(state) - {PRECISION_STATE_KEY}
+    rest = available - set(state) - FRAMEWORK_KEYS
     if not rest:
         return {}
     return rebuilt_loaders(
