@@ -487,6 +487,12 @@ class Strategy:
         rest = {key: value for key, value in checkpoint.items() if key not in state and key not in FRAMEWORK_KEYS}
         return rebuilt_loaders(rest, weights_only)
 
+    def share_with_joining_replicas(
+        self, name: str, load: Callable[[dict[str, Any]], None], state: Callable[[], dict[str, Any]]
+    ) -> None:
+        """Send ``state()`` to a replica that joins the run later, which ``load``s it (fault tolerance: a Trainer's
+        clock and data position beside the weights); strategies whose replicas never join do nothing."""
+
     def run_state(self) -> dict[str, Any]:
         """What the strategy itself keeps of the run (e.g. the fault-tolerant step count), saved with every
         checkpoint under :data:`STRATEGY_STATE_KEY`; empty: nothing is saved."""

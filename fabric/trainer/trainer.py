@@ -313,6 +313,7 @@ class Trainer:
             data_position=self._data_position,
             on_load_position=self._set_resume_position,
         )
+        _share_with_joining_replicas(self.fabric, state, self._position_after_this_batch, self._set_resume_position)
         self._preemption = PreemptionWatch() if self.saver is not None else None
         if load_path is not None:
             self.load_checkpoint(
@@ -692,6 +693,8 @@ class Trainer:
             self._after_batch()
             if state.finished and (length is None or int(state.timestamp.batch_in_epoch) < length):
                 return False
+            if self._batches is None:  # a replica group joined at this batch: a peer's data position arrived
+                batches = self._batches = self._start_epoch(state.dataloader)
         if int(state.timestamp.batch_in_epoch) == 0:
             raise RuntimeError("The train dataloader yielded no batch in this epoch; training cannot progress.")
         if length is not None and length == loader_length(state.dataloader):
@@ -760,6 +763,17 @@ class Trainer:
             samples = samples_record(loader, self.fabric.world_size, batches_done, self._epoch_plan)
         samples_done = int(timestamp.sample_in_epoch)
         return DataPosition(epoch_start, batches_done, samples_done, self.fabric.world_size, loader_state, samples)
+
+    def _position_after_this_batch(self) -> DataPosition:
+        """Where the data stands once the batch in flight is trained: what a replica group joining the run at this
+        step continues its own share from (fault tolerance; asked for during the step)."""
+        timestamp, loader = self.state.timestamp, self.state.dataloader
+        if self._epoch_start is None or loader is None:
+            raise RuntimeError("A replica group asked for the data position outside a training step.")
+        loader_state = capture_loader_state(loader) if keeps_own_position(loader) else None
+        batches_done, samples_done = int(timestamp.batch_in_epoch) + 1, int(timestamp.sample_in_epoch)
+        epoch_start = epoch_start_record(self._epoch_start)
+        return DataPosition(epoch_start, batches_done, samples_done, self.fabric.world_size, loader_state)
 
     def _set_resume_position(self, position: DataPosition) -> None:
         """A checkpoint's data position, checked against this run's loader before anything is loaded."""
@@ -1086,6 +1100,20 @@ def _setup_checkpointing(
     for saver in savers:
         saver.bind(checkpointer.save, run_name)
     return checkpointer, savers[0] if savers else None
+
+
+def _share_with_joining_replicas(
+    fabric: Fabric,
+    state: State,
+    data_position: Callable[[], DataPosition],
+    on_load_position: Callable[[DataPosition], None],
+) -> None:
+    """The Trainer's clock, schedulers, callbacks and data position go to a replica group that joins the run (with
+    fault tolerance; other strategies have none), beside the weights and optimizer state the strategy sends."""
+    trainer_state = TrainerCheckpointState(
+        state, state.schedulers, state.callbacks, data_position=data_position, on_load_position=on_load_position
+    )
+    fabric.strategy.share_with_joining_replicas("trainer", trainer_state.load_state_dict, trainer_state.state_dict)
 
 
 def _token_counter(given: TokenCounter | None, model: nn.Module) -> TokenCounter:

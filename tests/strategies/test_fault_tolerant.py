@@ -37,6 +37,7 @@ from tests.engines import (
 )
 
 WORKER = str(REPOSITORY / "tests" / "scripts" / "ft_replica_group.py")
+TRAINER_WORKER = str(REPOSITORY / "tests" / "scripts" / "ft_trainer_group.py")
 LIGHTHOUSE_PORT = 29510
 #: Generous: a group's start-up (imports, process group, manager) takes seconds on a busy 2-core machine.
 EVENT_DEADLINE = 240.0
@@ -103,19 +104,6 @@ def test_the_strategy_is_a_registry_name() -> None:
         fabric = Fabric(accelerator="cpu", devices=1, strategy="fault_tolerant_ddp")
     assert isinstance(fabric.strategy, FaultTolerantDDPStrategy)
     assert fabric.strategy.fault_tolerance.replica_group == 1
-
-
-def test_the_trainer_refuses_the_strategy_until_it_carries_the_step_to_a_joining_group() -> None:
-    require_modules("fault tolerance", "torchft")
-    from torch import nn
-
-    from fabric.trainer.trainer import Trainer
-
-    environment = {FT_REPLICA_GROUP: "0", FT_REPLICA_GROUPS: "2", FT_LIGHTHOUSE: "127.0.0.1:29510"}
-    model = nn.Linear(2, 2)
-    with _environment(environment), pytest.raises(ValueError) as raised:
-        Trainer(model=model, strategy="fault_tolerant_ddp", accelerator="cpu", devices=1, max_duration="1ba")
-    assert str(raised.value).startswith("The Trainer cannot run on FaultTolerantDDPStrategy yet: its step count")
 
 
 def test_an_unreachable_lighthouse_fails_the_set_up_in_one_line(tmp_path: Path) -> None:
@@ -214,6 +202,7 @@ class Run:
     directory: Path
     groups: int
     devices: int
+    worker: str = WORKER
     processes: dict[int, subprocess.Popen[str]] = field(default_factory=dict)
 
     @property
@@ -224,7 +213,8 @@ class Run:
         """Group ``group``: one process started directly, or with ``devices`` above 1 ``fabric run model``'s;
         ``options`` go to the worker."""
         port, lighthouse = 29600 + group, f"127.0.0.1:{LIGHTHOUSE_PORT}"
-        worker = [WORKER, str(self.directory), str(self.stop_file), f"--devices={self.devices}", *options]
+        worker = [self.worker, str(self.directory), str(self.stop_file)]
+        worker += [f"--devices={self.devices}", *options] if self.worker == WORKER else list(options)
         if self.devices == 1:
             command, variables = [sys.executable, *worker], _group_variables(group, self.groups, lighthouse, port)
         else:
@@ -297,7 +287,7 @@ def _environment(variables: dict[str, str]) -> Iterator[None]:
 
 
 @contextmanager
-def _fault_tolerant_run(directory: Path, groups: int, devices: int) -> Iterator[Run]:
+def _fault_tolerant_run(directory: Path, groups: int, devices: int, worker: str = WORKER) -> Iterator[Run]:
     require_modules("fault tolerance", "torchft")
     require_namespaces("fault tolerance")
     with network_namespace("ft", veth=False) as namespace:
@@ -309,7 +299,7 @@ def _fault_tolerant_run(directory: Path, groups: int, devices: int) -> Iterator[
             env=launcher_environment(),
             cwd=directory,
         )
-        run = Run(namespace, directory, groups, devices)
+        run = Run(namespace, directory, groups, devices, worker)
         try:
             assert lighthouse.stdout is not None
             assert lighthouse.stdout.readline().strip() == f"{FT_LIGHTHOUSE}=http://127.0.0.1:{LIGHTHOUSE_PORT}"
@@ -449,3 +439,75 @@ def test_a_checkpoint_keeps_the_committed_steps_and_loads_in_a_normal_run_and_ba
     assert json.loads((tmp_path / "loaded-group0.json").read_text()) == {"committed_steps": 0}
     log = (tmp_path / "group0-0.log").read_text()
     assert f"fabric: {normal} records no committed steps (a run that was not fault-tolerant saved it)" in log
+
+
+def _share_order(sampler: dict[str, Any], samples: int) -> list[int]:
+    """The sample indices a DistributedSampler with these settings yields in its epoch."""
+    import torch.utils.data
+
+    order = torch.utils.data.DistributedSampler(
+        range(samples),
+        num_replicas=sampler["num_replicas"],
+        rank=sampler["rank"],
+        shuffle=sampler["shuffle"],
+        seed=sampler["seed"],
+    )
+    order.set_epoch(sampler["epoch"])
+    return list(order)
+
+
+@pytest.mark.end_to_end
+def test_the_trainer_trains_on_when_a_group_dies_rejoins_at_its_data_position_and_leaves_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    with _fault_tolerant_run(tmp_path, groups=3, devices=1, worker=TRAINER_WORKER) as run:
+        first = {group: run.start_group(group) for group in range(3)}
+        records = run.wait_for(
+            "all three groups training together",
+            lambda rs: all(any(r["participants"] == 3 for r in _by_group(rs, g)) for g in range(3)),
+        )
+        first[2].send_signal(signal.SIGKILL)  # its DataLoader worker follows its parent
+        first[2].wait()
+        killed = first[2].pid
+        records = run.wait_for(
+            "the two survivors training 3 batches without group 2",
+            lambda rs: all(sum(r["participants"] == 2 for r in _by_group(rs, g)) >= 3 for g in (0, 1)),
+        )
+        run.start_group(2)
+        records = run.wait_for(
+            "the restarted group 2 training with the others",
+            lambda rs: any(r["pid"] != killed and r["participants"] == 3 for r in _by_group(rs, 2)),
+        )
+        first[1].send_signal(signal.SIGTERM)  # preemption: group 1 saves and leaves
+        assert first[1].wait(timeout=EVENT_DEADLINE) == 75
+        left_at = max(r["batch"] for r in _by_group(records, 1))
+        records = run.wait_for(
+            "groups 0 and 2 training 3 batches after group 1 left",
+            lambda rs: all(
+                sum(r["participants"] == 2 and r["batch"] > left_at + 1 for r in _by_group(rs, g)) >= 3 for g in (0, 2)
+            ),
+        )
+        stop = max(r["batch"] for r in records) + STOP_MARGIN
+        run.stop_at(stop)
+        for group in (0, 2):
+            assert run.processes[group].wait(timeout=EVENT_DEADLINE) == 0, f"group {group} failed"
+
+    records = run.records()
+    survivors = {group: [r for r in _by_group(records, group) if r["pid"] != killed] for group in (0, 2)}
+    for mine in survivors.values():
+        batches = [r["batch"] for r in mine]
+        assert batches == list(range(batches[0], batches[0] + len(batches)))  # one batch after the other, no rewind
+        assert batches[-1] == stop
+    assert survivors[0][-1]["weights"] == survivors[2][-1]["weights"]  # the same model at the end
+    joined = survivors[2][0]
+    peer = next(r for r in survivors[0] if r["batch"] == joined["batch"])
+    assert joined["joined_at"] is not None
+    # the clock and the weights came from a peer: the same batch count, the same weights after it
+    assert (joined["epoch"], joined["weights"]) == (peer["epoch"], peer["weights"])
+    # and the data position: after the join, the group reads its own share where the run stands (the batch it
+    # fetched before it knew the position is not trained: a joining group's gradient is not in the step's average)
+    for record in (r for group in (0, 2) for r in survivors[group] if r["joined_at"] is None):
+        share = _share_order(record["sampler"], 4096)
+        start = (record["batch_in_epoch"] - 1) * 8
+        assert record["indices"] == share[start : start + 8], record["batch"]
+    assert (tmp_path / "ckpt-group1").is_dir() and any((tmp_path / "ckpt-group1").iterdir())  # saved when preempted

@@ -47,11 +47,6 @@ class FaultTolerantDDPStrategy(DDPStrategy):
         **kwargs: as :class:`~fabric.strategies.DDPStrategy` (``timeout`` is the in-group process group's).
     """
 
-    trainer_refusal = (
-        "its step count and data position are not yet carried to a joining replica group, which would train the "
-        "run's steps again alone. Use a Fabric loop (docs/fault-tolerance.md), or strategy='ddp' with autoresume."
-    )
-
     def __init__(
         self,
         *,
@@ -186,6 +181,14 @@ class FaultTolerantDDPStrategy(DDPStrategy):
     def _say(self, line: str) -> None:
         if self.global_rank == 0:
             print(line, file=sys.stderr, flush=True)
+
+    @override
+    def share_with_joining_replicas(
+        self, name: str, load: Callable[[dict[str, Any]], None], state: Callable[[], dict[str, Any]]
+    ) -> None:
+        """Registered with torchft like the weights: a joining group receives ``state()`` of a healthy one during the
+        step it joins at (the batch in flight counted as done), and ``load``s it before that step's update."""
+        self.replica_groups.register_state(name, load, state)
 
     @override
     def run_state(self) -> dict[str, Any]:

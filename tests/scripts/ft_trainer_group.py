@@ -1,0 +1,98 @@
+"""One replica group of a fault-tolerant run under the Trainer (strategy="fault_tolerant_ddp"): a small regression
+trained from a DataLoader with a worker process, until the batch count reaches the number in STOP_FILE; one JSON line
+per batch and rank to REPORT_DIR, and checkpoints (for SIGTERM) in REPORT_DIR/ckpt-groupG.
+
+Group and lighthouse come from the launcher's variables, as in tests/scripts/ft_replica_group.py.
+
+    python ft_trainer_group.py REPORT_DIR STOP_FILE
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric.trainer import Callback, Trainer
+from fabric.trainer.core.state import State
+
+SAMPLES, BATCH = 4096, 8
+#: What a test needs to recompute the DistributedSampler's order of this group's share.
+SAMPLER_FIELDS = ("num_replicas", "rank", "seed", "epoch", "shuffle")
+
+
+class Regression(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+
+    def forward(self, batch: list[torch.Tensor]) -> torch.Tensor:
+        return self.linear(batch[0])
+
+    def loss(self, outputs: torch.Tensor, batch: list[torch.Tensor]) -> torch.Tensor:
+        return nn.functional.mse_loss(outputs, batch[1])
+
+
+class Report(Callback):
+    """A line per batch (the clock, the run's committed steps, the weights), and the stop from STOP_FILE."""
+
+    def __init__(self, out: Path, stop_file: Path, group: int) -> None:
+        self.out, self.stop_file, self.group = out, stop_file, group
+
+    def batch_end(self, state: State, logger: Any) -> None:
+        strategy = state.fabric.strategy  # type: ignore[union-attr]
+        record = {
+            "group": self.group,
+            "rank": state.fabric.global_rank,  # type: ignore[union-attr]
+            "pid": os.getpid(),
+            "batch": int(state.timestamp.batch),
+            "epoch": int(state.timestamp.epoch),
+            "committed_steps": strategy.committed_steps,
+            "participants": strategy.replica_groups.participants,
+            "joined_at": strategy.replica_groups.joined_at,
+            "batch_in_epoch": int(state.timestamp.batch_in_epoch),
+            "indices": state.batch[2].tolist(),  # which samples this batch held
+            "sampler": {name: getattr(state.dataloader.sampler, name) for name in SAMPLER_FIELDS},  # type: ignore[union-attr]
+            "weights": [value for p in state.model.parameters() for value in p.detach().reshape(-1).tolist()],
+        }
+        with self.out.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        text = self.stop_file.read_text().strip() if self.stop_file.exists() else ""
+        if text and int(state.timestamp.batch) >= int(text):
+            state.stop_training()
+
+
+def main() -> None:
+    report_dir, stop_file = Path(sys.argv[1]), Path(sys.argv[2])
+    group = int(os.environ["FABRIC_FT_REPLICA_GROUP"])
+    torch.manual_seed(group + 7)  # groups start apart: step 0 syncs them
+    inputs = torch.randn(SAMPLES, 8, generator=torch.Generator().manual_seed(0))
+    dataset = TensorDataset(inputs, inputs.sum(dim=1, keepdim=True) * 0.5, torch.arange(SAMPLES))
+    report = Report(report_dir / f"group{group}-pid{os.getpid()}.jsonl", stop_file, group)
+    model = Regression()
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1),
+        max_duration="20ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        strategy="fault_tolerant_ddp",
+        accelerator="cpu",
+        devices=1,
+        callbacks=[report],
+        save_folder=str(report_dir / f"ckpt-group{group}"),
+        save_interval="1000ep",  # saves only when preempted (SIGTERM)
+        progress_bar=False,
+        seed=17,
+    )
+    trainer.fit()
+    print(f"replica group {group} done at batch {int(trainer.state.timestamp.batch)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
