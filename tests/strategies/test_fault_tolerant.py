@@ -511,3 +511,27 @@ def test_the_trainer_trains_on_when_a_group_dies_rejoins_at_its_data_position_an
         start = (record["batch_in_epoch"] - 1) * 8
         assert record["indices"] == share[start : start + 8], record["batch"]
     assert (tmp_path / "ckpt-group1").is_dir() and any((tmp_path / "ckpt-group1").iterdir())  # saved when preempted
+
+
+@pytest.mark.end_to_end
+def test_the_restart_path_redoes_the_steps_since_the_last_checkpoint_on_every_rank(tmp_path: Path) -> None:
+    """The comparison the fault-tolerant tests above are measured against: the same failure (one rank SIGKILLed)
+    under ``torchrun --max-restarts=1`` with a checkpoint every 4 steps, killed once step 10 is done."""
+    every, kill_at = 4, 10
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", "--max-restarts=1"),
+        *("--monitor-interval=0.1", f"--master-port={find_free_port()}"),
+        *(str(REPOSITORY / "tests" / "scripts" / "ddp_restart_job.py"), str(tmp_path), "14", str(every), str(kill_at)),
+    ]
+    done = subprocess.run(command, env=launcher_environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    attempts = [
+        [json.loads((tmp_path / f"attempt-{attempt}-rank{rank}.json").read_text()) for rank in range(3)]
+        for attempt in (0, 1)
+    ]
+    assert {rank["started_at"] for rank in attempts[1]} == {8}  # the latest checkpoint
+    lost = kill_at - attempts[1][0]["started_at"]
+    # steps lost: 2 here (every step since the last checkpoint, up to every - 1 = 3), on every rank, against at most 1
+    # with fault tolerance, where only the killed group's processes start again
+    assert lost == 2
+    assert not {rank["pid"] for rank in attempts[0]} & {rank["pid"] for rank in attempts[1]}  # every rank restarted
