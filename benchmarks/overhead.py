@@ -27,6 +27,8 @@ Workloads
   jitter: when another process holds a core, every parallel kernel waits for the descheduled worker
   thread (a step can then take many times longer). One thread is both the fastest setting for such a
   model and the one whose timings are stable enough to resolve a few percent.
+* ``tiny-bf16``: the tiny workload in ``bf16-mixed`` for Fabric and under ``torch.autocast`` for plain (one
+  thread): what the precision plugin adds to each forward (the autocast context, the output cast) at full size.
 * ``heavy``: MLP 1024-4096-4096-10, batch 256, 25 steps per round, 9 rounds, ``32-true``, torch's
   default thread count (all cores; ``--heavy-threads`` to change). Compute dominates, so the ratio
   should be 1.00 within noise.
@@ -302,8 +304,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--workloads",
-        default="tiny,heavy,heavy-bf16",
-        help="comma-separated subset of: tiny, heavy, heavy-bf16 (default: all)",
+        default="tiny,tiny-bf16,heavy,heavy-bf16",
+        help="comma-separated subset of: tiny, tiny-bf16, heavy, heavy-bf16 (default: all)",
     )
     parser.add_argument(
         "--heavy-threads",
@@ -323,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     heavy_sizes = (1024, 4096, 4096, 10)
     available = {
         "tiny": Workload("tiny", (32, 64, 10), 64, 64, args.steps, "32-true", 1),
+        "tiny-bf16": Workload("tiny-bf16", (32, 64, 10), 64, 64, args.steps, "bf16-mixed", 1),
         "heavy": Workload("heavy", heavy_sizes, 256, 8, args.heavy_steps, "32-true", args.heavy_threads),
         "heavy-bf16": Workload("heavy-bf16", heavy_sizes, 256, 8, args.heavy_steps, "bf16-mixed", args.heavy_threads),
     }
@@ -341,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: list[Result] = []
     for name in names:
         workload = available[name]
-        rounds = args.repeats if name == "tiny" else args.heavy_repeats
+        rounds = args.repeats if name.startswith("tiny") else args.heavy_repeats
         results.append(measure(workload, rounds))
         print(f"  done: {name}", flush=True)
 

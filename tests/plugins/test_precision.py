@@ -101,6 +101,21 @@ def test_bf16_mixed_uses_no_scaler() -> None:
     assert precision.scaler is None
 
 
+@pytest.mark.parametrize("default", [torch.float32, torch.float64])
+def test_mixed_precision_casts_half_outputs_back_to_the_default_dtype_only(default: torch.dtype) -> None:
+    precision = MixedPrecision("bf16-mixed")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        half, single, tokens = torch.ones(2, dtype=torch.bfloat16), torch.ones(2), torch.ones(2, dtype=torch.long)
+        assert precision.convert_output(half).dtype == default  # a lone tensor: the fast path
+        assert precision.convert_output(single) is single and precision.convert_output(tokens) is tokens
+        nested = precision.convert_output({"logits": half, "ids": tokens, "aux": [torch.ones(1, dtype=torch.float16)]})
+        assert (nested["logits"].dtype, nested["ids"].dtype, nested["aux"][0].dtype) == (default, torch.long, default)
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def test_grad_scaler_skips_steps_with_non_finite_gradients() -> None:
     fabric = Fabric(accelerator="cpu", precision="16-mixed")
     layer = nn.Linear(4, 1)
@@ -253,6 +268,10 @@ def test_the_plain_hooks_are_skipped_only_where_a_subclass_did_not_change_them()
     assert Precision.backward_is_plain and Precision.optimizer_step_is_plain
     assert not _ScaledBackward.backward_is_plain and _ScaledBackward.optimizer_step_is_plain
     assert not MixedPrecision.backward_is_plain and not MixedPrecision.optimizer_step_is_plain
+    # an instance whose overrides are no-ops says so: bf16-mixed has no scaler, 16-mixed scales and steps through one
+    bf16, fp16 = MixedPrecision("bf16-mixed"), MixedPrecision("16-mixed")
+    assert bf16.backward_is_plain and bf16.optimizer_step_is_plain
+    assert not fp16.backward_is_plain and not fp16.optimizer_step_is_plain
     assert SingleDeviceStrategy.optimizer_step_is_plain and SingleDeviceStrategy.optimizer_zero_grad_is_plain
     assert _CountedZeroGrad.optimizer_step_is_plain and not _CountedZeroGrad.optimizer_zero_grad_is_plain
 

@@ -21,6 +21,8 @@ from fabric.plugins.precision.precision import Precision
 from fabric.utilities.apply_func import convert_floating_tensors
 
 MixedName = Literal["16-mixed", "bf16-mixed"]
+#: What autocast computes in, and outputs are cast back from.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 class MixedPrecision(Precision):
@@ -45,6 +47,8 @@ class MixedPrecision(Precision):
         if scaler is None and precision == "16-mixed":
             scaler = torch.amp.GradScaler(device_type)
         self.scaler = scaler
+        # Without a scaler the backward and the step are the plain ones: Fabric calls them directly, per step.
+        self.backward_is_plain = self.optimizer_step_is_plain = scaler is None
 
     @property
     @override
@@ -67,7 +71,12 @@ class MixedPrecision(Precision):
 
     @override
     def convert_output(self, data: Any) -> Any:
-        return convert_floating_tensors(data, torch.get_default_dtype(), src=(torch.float16, torch.bfloat16))
+        if type(data) is torch.Tensor:  # the common output, without walking a collection (per forward)
+            if data.dtype not in HALF_DTYPES:
+                return data
+            default = torch.get_default_dtype()
+            return data.float() if default is torch.float32 else data.to(default)
+        return convert_floating_tensors(data, torch.get_default_dtype(), src=HALF_DTYPES)
 
     @override
     def pre_backward(self, tensor: torch.Tensor, module: nn.Module | None) -> torch.Tensor:

@@ -36,13 +36,13 @@ class Precision:
     #: False when the plugin replaces whole layers in one process (quantized weights), which a strategy that shards
     #: parameters over ranks (FSDP, DeepSpeed) cannot take: such a pair is refused at ``Fabric(...)``.
     works_with_sharding: ClassVar[bool] = True
-    #: Derived for each subclass, never set by hand: True when it overrides none of :meth:`pre_backward`,
-    #: :meth:`backward` and :attr:`requires_fabric_backward`, so ``tensor.backward`` is called directly, two calls
-    #: shorter on every step.
-    backward_is_plain: ClassVar[bool] = True
+    #: Derived for each subclass: True when it overrides none of :meth:`pre_backward`, :meth:`backward` and
+    #: :attr:`requires_fabric_backward`, so ``tensor.backward`` is called directly, two calls shorter on every step.
+    #: An instance whose configuration makes its overrides no-ops says so itself (``bf16-mixed``: no loss scaler).
+    backward_is_plain: bool = True
     #: Derived likewise: True when it does not override :meth:`optimizer_step`, so Fabric's optimizer wrapper
-    #: steps the optimizer itself.
-    optimizer_step_is_plain: ClassVar[bool] = True
+    #: steps the optimizer itself (and, as above, an instance may say so).
+    optimizer_step_is_plain: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
