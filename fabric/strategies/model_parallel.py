@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.distributed import ProcessGroup
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
@@ -41,7 +42,6 @@ from fabric.strategies.parallel import ParallelArgs, refuse_unexpected_arguments
 from fabric.strategies.pipeline import PipelineModule, PipelinePlan, build_schedule, keep_stage
 from fabric.strategies.same_batches import check_first_batch, refuse_different_batches
 from fabric.strategies.strategy import CheckpointFilter
-from fabric.utilities.grad_norm import clip_grad_norm_
 
 #: ``parallelize_fn(model, device_mesh) -> model``: applies tensor parallelism (and optionally FSDP) in place.
 ParallelizeFn = Callable[[nn.Module, DeviceMesh], nn.Module]
@@ -256,22 +256,9 @@ class ModelParallelStrategy(FSDPStrategy):
             )
 
     @override
-    def clip_gradients_norm(
-        self,
-        module: nn.Module,
-        optimizer: Optimizer,
-        max_norm: float,
-        norm_type: float = 2.0,
-        error_if_nonfinite: bool = True,
-    ) -> torch.Tensor:
-        """The norm over every stage's gradients: each stage's part is combined over the pipeline's ranks."""
-        if self.pipeline is None:
-            return super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
-        self.precision.unscale_gradients(optimizer)
-        error_if_nonfinite = error_if_nonfinite and not self.precision.skips_non_finite_steps
-        parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        across = self.mesh["pipeline_parallel"].get_group()
-        return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, across=across)
+    def _ranks_with_other_parameters(self) -> ProcessGroup | None:
+        """The pipeline's ranks, which hold the other stages' parameters (their gradients count in a norm)."""
+        return None if self.pipeline is None else self.mesh["pipeline_parallel"].get_group()
 
     @override
     def save_checkpoint(

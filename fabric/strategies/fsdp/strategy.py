@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 import torch
 import torch.distributed
 from torch import nn
+from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffload,
@@ -413,10 +414,18 @@ class FSDPStrategy(ParallelStrategy):
         error_if_nonfinite: bool = True,
     ) -> torch.Tensor:
         """Clip by the norm over all ranks' shards (parameters on different meshes too, see
-        :mod:`fabric.utilities.grad_norm`); returned as a plain tensor, the same on every rank."""
+        :mod:`fabric.utilities.grad_norm`, and other pipeline stages'); returned as a plain tensor, the same on every
+        rank."""
         self.precision.unscale_gradients(optimizer)
         error_if_nonfinite = error_if_nonfinite and not self.precision.skips_non_finite_steps
-        return clip_grad_norm_(_optimizer_parameters(optimizer), max_norm, norm_type, error_if_nonfinite)
+        parameters = _optimizer_parameters(optimizer)
+        across = self._ranks_with_other_parameters()
+        return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, across=across)
+
+    def _ranks_with_other_parameters(self) -> ProcessGroup | None:
+        """A group whose ranks hold parameters this rank does not (pipeline stages), or None: every rank holds a
+        shard of every parameter."""
+        return None
 
     # --- checkpoints -----------------------------------------------------------------------------------
 
