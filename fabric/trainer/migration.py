@@ -78,7 +78,6 @@ from fabric.trainer.core.passes import DEFAULT_PASSES, AlgorithmPass
 from fabric.trainer.intervals import IntervalInput, create_interval
 from fabric.utilities.compile import uncompiled
 from fabric.utilities.rank_zero import rank_zero_warn
-from fabric.utilities.seed import configure_deterministic_mode
 
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
@@ -291,10 +290,10 @@ def check_spin_dataloaders(spin: object, dataloader: object, keeps_own_position:
     )
 
 
-def apply_dist_timeout(fabric: Fabric, dist_timeout: object, fabric_given: bool) -> None:
-    """``dist_timeout`` (seconds) as the strategy's process-group and collective timeout, set before the launch."""
+def check_dist_timeout(dist_timeout: object, fabric_given: bool) -> float | None:
+    """``dist_timeout``: None, or a positive number of seconds (not with a ready ``fabric=``)."""
     if dist_timeout is None:
-        return
+        return None
     if isinstance(dist_timeout, bool) or not isinstance(dist_timeout, (int, float)) or not dist_timeout > 0:
         raise ValueError(f"dist_timeout={dist_timeout!r} is not valid. Accepted: a positive number of seconds.")
     if fabric_given:
@@ -302,12 +301,18 @@ def apply_dist_timeout(fabric: Fabric, dist_timeout: object, fabric_given: bool)
             "Pass either fabric= or dist_timeout=, not both: that Fabric's strategy already has its timeout "
             "(DDPStrategy(timeout=...), FSDPStrategy(timeout=...))."
         )
+    return float(dist_timeout)
+
+
+def apply_dist_timeout(fabric: Fabric, dist_timeout: float) -> None:
+    """``dist_timeout`` (seconds, checked) as the strategy's process-group and collective timeout, set before the
+    launch."""
     from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 
     strategy = fabric.strategy
     if not isinstance(strategy, ParallelStrategy):
         return  # one process: no process group to wait for
-    timeout = timedelta(seconds=float(dist_timeout))
+    timeout = timedelta(seconds=dist_timeout)
     if strategy.timeout not in (DEFAULT_TIMEOUT, timeout):
         raise ValueError(
             f"dist_timeout={dist_timeout!r} disagrees with the strategy object's timeout={strategy.timeout}; "
@@ -315,12 +320,6 @@ def apply_dist_timeout(fabric: Fabric, dist_timeout: object, fabric_given: bool)
         )
     # The strategy reads it when it joins the process group, at launch, which comes after this.
     strategy.process_group_options = replace(strategy.process_group_options, timeout=timeout)
-
-
-def enable_deterministic_mode(deterministic_mode: object) -> None:
-    """``deterministic_mode=True``: deterministic kernels only, as Composer's ``configure_deterministic_mode``."""
-    if check_flag(deterministic_mode, "deterministic_mode"):
-        configure_deterministic_mode()
 
 
 def check_compile_config(compile_config: object, model: nn.Module) -> dict[str, Any] | None:

@@ -174,10 +174,8 @@ def strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStrategy 
     return _build(dict(fsdp or {}), model, None if tp is None else _tensor_parallel(dict(tp), model))
 
 
-def _build(config: dict[str, Any], model: nn.Module, tensor_parallel: TensorParallelPlan | None) -> FSDPStrategy:
-    from fabric.strategies.fsdp.strategy import FSDPStrategy
-    from fabric.strategies.model_parallel import ModelParallelStrategy
-
+def _check_fsdp_keys(config: Mapping[str, Any]) -> None:
+    """``parallelism_config['fsdp']``: keys FSDPStrategy takes, with values it can honour."""
     unknown = sorted(set(config) - set(ACCEPTED))
     if unknown:
         raise ValueError(
@@ -201,6 +199,13 @@ def _build(config: dict[str, Any], model: nn.Module, tensor_parallel: TensorPara
                 f"parallelism_config['fsdp']['{key}']=False is not possible: FSDP2 always behaves as {key}=True. "
                 "Remove it."
             )
+
+
+def _build(config: dict[str, Any], model: nn.Module, tensor_parallel: TensorParallelPlan | None) -> FSDPStrategy:
+    from fabric.strategies.fsdp.strategy import FSDPStrategy
+    from fabric.strategies.model_parallel import ModelParallelStrategy
+
+    _check_fsdp_keys(config)
     options: dict[str, Any] = {"state_dict_type": _state_dict_type(config.get("state_dict_type", "full"))}
     mesh = _mesh_plan(config, tensor_parallel)
     if "sharding_strategy" in config:

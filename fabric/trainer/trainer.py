@@ -39,7 +39,7 @@ from fabric.trainer.checkpoint.dataloader_position import (
     keeps_own_position,
     resume_iterator,
 )
-from fabric.trainer.checkpoint.parts import SelectiveCheckpointer, check_ignore_paths, load_parts
+from fabric.trainer.checkpoint.parts import SelectiveCheckpointer
 from fabric.trainer.checkpoint.preemption import PreemptionWatch, TrainingPreempted
 from fabric.trainer.checkpoint.sample_position import (
     EpochPlan,
@@ -60,7 +60,7 @@ from fabric.trainer.core.events import Event
 from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.passes import AlgorithmPass
 from fabric.trainer.core.state import State, loader_length
-from fabric.trainer.core.time import Time, Timestamp, TimeUnit
+from fabric.trainer.core.time import Time, Timestamp
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.evaluation import (
     EvaluationInterrupted,
@@ -74,23 +74,20 @@ from fabric.trainer.export import export_for_inference
 from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_eval_interval
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
 from fabric.trainer.metrics import compute_metrics, model_metrics
-from fabric.trainer.migration import algorithm_passes as merged_passes
 from fabric.trainer.migration import (
-    apply_dist_timeout,
-    check_compile_config,
-    check_exclude_algorithms,
-    check_flag,
-    check_grad_accum,
-    check_spin_dataloaders,
     check_subset_num_batches,
-    console_loggers,
-    enable_deterministic_mode,
-    load_path_from,
     microbatch_size_for,
-    strict_model_weights,
     take_composer_arguments,
-    translate_fabric_choices,
     without_excluded,
+)
+from fabric.trainer.plan import (
+    LoadPlan,
+    StagePlan,
+    TrainerPlan,
+    check_auto_microbatching,
+    plan_stage,
+    plan_trainer,
+    scaled,
 )
 from fabric.trainer.prediction import run_prediction
 from fabric.trainer.profiler import Profiler
@@ -98,7 +95,6 @@ from fabric.trainer.schedulers import LRSchedule
 from fabric.trainer.stages import (
     check_schedulers_follow,
     default_optimizer,
-    precision_for_fit,
     rebound_schedule,
     restarted_interval,
     setup_new_optimizers,
@@ -106,10 +102,9 @@ from fabric.trainer.stages import (
     warn_default_optimizer,
 )
 from fabric.trainer.surgery import reapply_surgery
-from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers, count_tokens
-from fabric.utilities.apply_func import as_list
-from fabric.utilities.cli_contract import FABRIC_CHOICES
+from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers
 from fabric.utilities.rank_zero import rank_zero_warn
+from fabric.utilities.seed import configure_deterministic_mode
 
 
 class Trainer:
@@ -209,126 +204,99 @@ class Trainer:
         grad_accum: int | str | None = None,
         **fabric_choices: Any,
     ) -> None:
-        take_composer_arguments(fabric_choices)
-        enable_deterministic_mode(deterministic_mode)  # before anything runs a kernel, as in Composer
-        self.train_subset_num_batches = check_subset_num_batches(train_subset_num_batches, "train_subset_num_batches")
-        given_loader = None if train_dataloader is None else ensure_data_spec(train_dataloader).dataloader
-        check_spin_dataloaders(spin_dataloaders, given_loader, keeps_own_position)
-        self.spin_dataloaders = spin_dataloaders
-        check_subset_num_batches(eval_subset_num_batches, "eval_subset_num_batches")
-        passes = merged_passes(algorithm_passes)
-        loggers = console_loggers(log_to_console, console_log_interval, console_stream, as_list(loggers), progress_bar)
-        load_strict = strict_model_weights(load_strict, load_strict_model_weights)
-        save_ignore_keys = check_ignore_paths(save_ignore_keys, "save_ignore_keys")
-        check_flag(save_metrics, "save_metrics")
-        load_ignore_keys = check_ignore_paths(load_ignore_keys, "load_ignore_keys")
-        load_parts(load_ignore_keys)
-        excluded_algorithms = check_exclude_algorithms(load_exclude_algorithms)
-        compile_options = check_compile_config(compile_config, model)
-        if parallelism_config is not None and fabric is not None:
-            raise ValueError(
-                "Pass either fabric= or parallelism_config=, not both: that Fabric already has its strategy."
+        plan = plan_trainer({name: value for name, value in locals().items() if name != "self"})
+        self.settings, self.scale_schedule_ratio = plan.settings, plan.scale_schedule_ratio
+        self.storage_options = plan.storage_options
+        if plan.deterministic_mode:
+            configure_deterministic_mode()  # before anything runs a kernel, as in Composer
+        self.fabric = plan.make_fabric()
+        self.seed, self.run_name = _join_processes(self.fabric, plan.seed, plan.run_name)
+        self.state = _initial_state(plan, self.fabric, self.run_name)
+        self.logger, self.engine = _start_engine(self.state, self.fabric, plan.loggers, plan.progress_bar, plan.passes)
+        load = self._checkpoint_to_load(plan)
+        self._set_up_training(plan, load)
+        self._clock_check = ClockCheck()
+        self._forget_epoch()
+        if plan.train_data is not None:
+            self._set_train_dataloader(plan.train_data)
+        self._set_evaluators(plan.eval_dataloader)
+        self._apply_grad_accum()
+        self._closed = False
+        self._reported_failure: BaseException | None = None
+        self._set_up_checkpointing(plan)
+        self._load_at_start(load)
+        if plan.optimizer_defaulted:  # said only once every argument proved valid: never before a configuration error
+            warn_default_optimizer(plan.optimizers[0] if plan.optimizers else None)
+        if load.resumed and self.fabric.is_global_zero:
+            print(
+                f"fabric: autoresume: resumed run {self.run_name!r} from {load.path} at {self._position()}.",
+                file=sys.stderr,
             )
-        saver = _make_saver(
-            autoresume,
-            run_name,
-            save_folder,
-            filename=save_filename,
-            latest_filename=save_latest_filename,
-            save_interval=save_interval,
-            num_checkpoints_to_keep=save_num_checkpoints_to_keep,
-            weights_only=save_weights_only,
-            overwrite=save_overwrite,
-            storage_options=storage_options,
-            async_save=save_async,
-        )
-        self.storage_options = storage_options
-        choices = translate_fabric_choices(fabric_choices, device, deepspeed_config, parallelism_config, model)
-        self.fabric = _make_fabric(fabric, choices)
-        apply_dist_timeout(self.fabric, dist_timeout, fabric_given=fabric is not None)
-        load_path = load_path_from(load_path, load_path_format)
-        microbatch_size = check_grad_accum(grad_accum, device_train_microbatch_size)
-        _check_microbatch_size(microbatch_size, self.fabric)
-        _check_ratio(scale_schedule_ratio)
-        self._grad_accum = grad_accum if isinstance(grad_accum, int) else None  # resolved per train dataloader
-        self.scale_schedule_ratio = float(scale_schedule_ratio)
-        self.seed, self.run_name = _join_processes(self.fabric, seed, run_name)
-        defaulted = optimizers is None and (train_dataloader is not None or bool(as_list(schedulers)))
-        if defaulted:
-            optimizers = default = default_optimizer(model)  # Composer's default, for a Trainer that is to train
-        self.state = state = State(
-            model=model,
-            optimizers=as_list(optimizers),
-            algorithms=as_list(algorithms),
-            callbacks=[*as_list(callbacks), *([saver] if saver else []), *_bound_profiler(profiler, self.run_name)],
-            fabric=self.fabric,
-            run_name=self.run_name,
-            max_duration=None if max_duration is None else _scaled_duration(max_duration, self.scale_schedule_ratio),
-        )
-        self.logger, self.engine = _start_engine(state, self.fabric, loggers, progress_bar, passes)
-        found: str | None = None  # autoresume's checkpoint
-        if autoresume:  # the newest checkpoint of this run wins over load_path (which starts a run)
-            assert save_folder is not None
-            found = _find_resume_checkpoint(
-                self.fabric, self.run_name, save_folder, save_filename, save_latest_filename, storage_options
+
+    def _checkpoint_to_load(self, plan: TrainerPlan) -> LoadPlan:
+        """``load_path``'s checkpoint, or with ``autoresume`` the newest of this run, which wins (load_path starts
+        a run, autoresume continues it)."""
+        if not plan.autoresume:
+            return plan.load
+        assert plan.saver is not None  # the plan checked that autoresume has a save_folder
+        found = None
+        if self.fabric.is_global_zero:
+            saver = plan.saver
+            found = find_resume_checkpoint(
+                saver.folder_template, saver.filename, saver.latest_filename, self.run_name, plan.storage_options
             )
-            if found is not None:
-                load_path, load_weights_only, load_ignore_keys = found, False, ()
-        if load_path is not None:  # surgery the checkpoint was saved with, and this run does not do itself
-            surgery = without_excluded(read_surgery_records(load_path, storage_options), excluded_algorithms)
+        found = self.fabric.broadcast(found)
+        return plan.load if found is None else plan.load.resumed_from(found)
+
+    def _set_up_training(self, plan: TrainerPlan, load: LoadPlan) -> None:
+        """The model and optimizers set up with Fabric (after re-applying a checkpoint's surgery), the schedulers,
+        the train metrics and the train step."""
+        state = self.state
+        if load.path is not None:  # surgery the checkpoint was saved with, and this run does not do itself
+            surgery = without_excluded(read_surgery_records(load.path, plan.storage_options), load.excluded_algorithms)
             reapply_surgery(state.model, surgery, state.optimizers, state.algorithms)
-        state.model, state.optimizers = _setup_model(self.fabric, state.model, state.optimizers, compile_options)
+        state.model, state.optimizers = _setup_model(self.fabric, state.model, state.optimizers, plan.compile_options)
         lr_schedule, torch_schedulers = self._setup_schedulers(
-            as_list(schedulers), state.optimizers, self.scale_schedule_ratio
+            plan.schedulers, state.optimizers, plan.scale_schedule_ratio
         )
         state.schedulers = _all_schedulers(lr_schedule, torch_schedulers)
         state.train_metrics = model_metrics(state.model.module, True, self.fabric)
-        self._scheduler_stepping_given = step_schedulers_every_batch
         self._train_step = TrainStep(
             state,
             self.engine,
             lr_schedule=lr_schedule,
             torch_schedulers=torch_schedulers,
-            step_schedulers_every_batch=_steps_every_batch(step_schedulers_every_batch, torch_schedulers),
-            microbatch_size=microbatch_size,
-            token_counter=_token_counter(get_num_tokens_in_batch, model),
-            accumulate_on_tokens=check_flag(accumulate_train_batch_on_tokens, "accumulate_train_batch_on_tokens"),
+            step_schedulers_every_batch=_steps_every_batch(plan.settings.step_schedulers_every_batch, torch_schedulers),
+            microbatch_size=plan.settings.device_train_microbatch_size,
+            token_counter=plan.token_counter,
+            accumulate_on_tokens=plan.accumulate_on_tokens,
         )
-        self._clock_check = ClockCheck()
-        self._forget_epoch()
-        if train_dataloader is not None:
-            self._set_train_dataloader(train_dataloader)
-        create_eval_interval(eval_interval)  # bad input fails here; each evaluator gets its own
-        self.eval_interval, self.eval_subset_num_batches = eval_interval, eval_subset_num_batches
-        self._set_evaluators(eval_dataloader)
-        self._apply_grad_accum()
-        self._closed = False
-        self._reported_failure: BaseException | None = None
+
+    def _set_up_checkpointing(self, plan: TrainerPlan) -> None:
+        """The checkpointer every saver saves with, the state a joining replica group receives, and the SIGTERM
+        watch (with a saver: a preemption saves before the job ends)."""
+        state = self.state
         self.checkpointer, self.saver = _setup_checkpointing(
             state,
             self.run_name,
-            storage_options,
-            save_ignore_keys,
-            save_metrics,
+            plan.storage_options,
+            plan.save_ignore_keys,
+            plan.save_metrics,
             data_position=self._data_position,
             on_load_position=self._set_resume_position,
         )
         _share_with_joining_replicas(self.fabric, state, self._position_after_this_batch, self._set_resume_position)
         self._preemption = PreemptionWatch() if self.saver is not None else None
-        if load_path is not None:
+
+    def _load_at_start(self, load: LoadPlan) -> None:
+        """Load the planned checkpoint; without one the load events fire all the same, as in Composer."""
+        if load.path is not None:
             self.load_checkpoint(
-                load_path, weights_only=load_weights_only, strict=load_strict, ignore_keys=load_ignore_keys
+                load.path, weights_only=load.weights_only, strict=load.strict, ignore_keys=load.ignore_keys
             )
-        else:  # as in Composer, the load events fire in every set-up, also when nothing loads
+        else:
             self.engine.run_event(Event.BEFORE_LOAD)
             self.engine.run_event(Event.AFTER_LOAD)
-        if defaulted:  # said only once every argument proved valid: never before a configuration error
-            warn_default_optimizer(default)
-        if found is not None and self.fabric.is_global_zero:
-            print(
-                f"fabric: autoresume: resumed run {self.run_name!r} from {found} at {self._position()}.",
-                file=sys.stderr,
-            )
 
     @property
     def step_schedulers_every_batch(self) -> bool:
@@ -370,12 +338,11 @@ class Trainer:
         """Step the current PyTorch schedulers every batch or every epoch, as given or by default."""
         train_step = self._train_step
         train_step.step_schedulers_every_batch = _steps_every_batch(
-            self._scheduler_stepping_given, train_step.torch_schedulers
+            self.settings.step_schedulers_every_batch, train_step.torch_schedulers
         )
 
-    def _set_train_dataloader(self, dataloader: Iterable[Any] | DataSpec) -> None:
-        spec = ensure_data_spec(dataloader)
-        check_spin_dataloaders(self.spin_dataloaders, spec.dataloader, keeps_own_position)
+    def _set_train_dataloader(self, spec: DataSpec) -> None:
+        """Train on ``spec``'s dataloader from the next epoch (the plan checked it against the settings)."""
         self._train_step.data_spec = spec
         loader = self._setup_dataloader(spec)
         self.state.dataloader = loader
@@ -386,7 +353,7 @@ class Trainer:
         """Batches per epoch: the loader's length, or ``train_subset_num_batches`` when that is fewer (or the loader
         has none)."""
         length = loader_length(loader)
-        subset = self.train_subset_num_batches
+        subset = self.settings.train_subset_num_batches
         if subset == -1:
             return length
         return subset if length is None else min(length, subset)
@@ -398,7 +365,8 @@ class Trainer:
             None if evaluator.subset_num_batches == -1 else evaluator.subset_num_batches for evaluator in evaluators
         ]
         for evaluator in evaluators:
-            _check_microbatch_size(evaluator.device_eval_microbatch_size, self.fabric, "device_eval_microbatch_size")
+            size = evaluator.device_eval_microbatch_size
+            check_auto_microbatching(size, self.fabric, "device_eval_microbatch_size")
             evaluator.dataloader = self._setup_dataloader(evaluator.data_spec)
             eval_metrics = model_metrics(self.state.model.module, False, self.fabric)  # each evaluator its own
             self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
@@ -407,12 +375,13 @@ class Trainer:
 
     def _apply_eval_settings(self) -> None:
         """The Trainer's ``eval_subset_num_batches`` and ``eval_interval`` for the evaluators without their own."""
+        settings = self.settings
         for evaluator, own in zip(self.evaluators, self._own_eval_subsets, strict=True):
-            evaluator.subset_num_batches = self.eval_subset_num_batches if own is None else own
+            evaluator.subset_num_batches = settings.eval_subset_num_batches if own is None else own
         evaluators = self.evaluators
         # One interval per evaluator: an interval fires once per batch, so a shared one would run only the first.
         self._evaluator_intervals = [
-            create_eval_interval(self.eval_interval)
+            create_eval_interval(settings.eval_interval)
             if evaluator.eval_interval is None
             else create_eval_interval(evaluator.eval_interval, name=f"{evaluator.label} eval_interval")
             for evaluator in evaluators
@@ -469,130 +438,68 @@ class Trainer:
         the run failed).
         """
         take_composer_arguments({"train_dataloader_label": train_dataloader_label})
+        arguments = {name: value for name, value in locals().items() if name != "self"}
         with self._failures_logged():
-            self._start_stage(
-                train_dataloader=train_dataloader,
-                train_subset_num_batches=train_subset_num_batches,
-                spin_dataloaders=spin_dataloaders,
-                duration=duration,
-                reset_time=reset_time,
-                schedulers=schedulers,
-                scale_schedule_ratio=scale_schedule_ratio,
-                step_schedulers_every_batch=step_schedulers_every_batch,
-                eval_dataloader=eval_dataloader,
-                eval_subset_num_batches=eval_subset_num_batches,
-                eval_interval=eval_interval,
-                optimizers=optimizers,
-                precision=precision,
-                device_train_microbatch_size=device_train_microbatch_size,
+            plan = plan_stage(
+                arguments,
+                self.settings,
+                self.fabric,
+                train_loader=self.state.dataloader,
+                evaluates=bool(self.evaluators),
             )
+            self._start_stage(plan)
             self._fit()
 
-    def _start_stage(
-        self,
-        *,
-        train_dataloader: Iterable[Any] | DataSpec | None,
-        train_subset_num_batches: int | None,
-        spin_dataloaders: bool | None,
-        duration: Time[Any] | str | int | None,
-        reset_time: bool,
-        schedulers: Any,
-        scale_schedule_ratio: float,
-        step_schedulers_every_batch: bool | None,
-        eval_dataloader: Any,
-        eval_subset_num_batches: int | None,
-        eval_interval: IntervalInput | None,
-        optimizers: Optimizer | Sequence[Optimizer] | None,
-        precision: str | None,
-        device_train_microbatch_size: int | str | None,
-    ) -> None:
-        """Apply ``fit()``'s arguments (see :meth:`fit`): all are checked, and the new objects set up, first."""
+    def _start_stage(self, plan: StagePlan) -> None:
+        """Apply ``fit()``'s checked arguments (see :meth:`fit`): the new optimizers and schedulers are set up
+        first, then the Trainer changes."""
         state = self.state
-        # 1. Check the values.
-        if not isinstance(reset_time, bool):
-            raise ValueError(f"fit(reset_time={reset_time!r}) is not valid. Accepted: True or False.")
-        new_data = None if train_dataloader is None else ensure_data_spec(train_dataloader)
-        spin = self.spin_dataloaders if spin_dataloaders is None else spin_dataloaders
-        check_spin_dataloaders(spin, state.dataloader if new_data is None else new_data.dataloader, keeps_own_position)
-        if train_subset_num_batches is not None:
-            check_subset_num_batches(train_subset_num_batches, "train_subset_num_batches")
-        extra = None if duration is None else _positive_time(duration, "duration")
-        _check_ratio(scale_schedule_ratio)
-        if scale_schedule_ratio != 1.0 and schedulers is None:
-            raise ValueError(
-                f"fit(scale_schedule_ratio={scale_schedule_ratio}) scales the schedulers given with it (and "
-                "max_duration); pass schedulers= too, as in Composer."
-            )
-        if step_schedulers_every_batch is not None and not isinstance(step_schedulers_every_batch, bool):
-            raise ValueError(f"step_schedulers_every_batch={step_schedulers_every_batch!r} must be True or False.")
-        if eval_subset_num_batches is not None:
-            check_subset_num_batches(eval_subset_num_batches, "eval_subset_num_batches")
-        if eval_interval is not None:
-            create_eval_interval(eval_interval)
-        if (eval_interval is not None or eval_subset_num_batches is not None) and not (
-            eval_dataloader is not None or self.evaluators
-        ):
-            raise ValueError(
-                "fit(eval_interval=/eval_subset_num_batches=) set how to evaluate, but there is no eval_dataloader: "
-                "pass eval_dataloader= as well."
-            )
-        if device_train_microbatch_size is not None:
-            _check_microbatch_size(device_train_microbatch_size, self.fabric)
-        new_precision = None if precision is None else precision_for_fit(self.fabric, precision)
-        # 2. Set up the new objects (nothing of the Trainer changes yet).
-        new_optimizers = None if optimizers is None else setup_new_optimizers(self.fabric, state.model, optimizers)
-        training = state.optimizers if new_optimizers is None else new_optimizers
+        new_optimizers, lr_schedule, torch_schedulers = self._stage_optimizers(plan)
+        old_settings, self.settings = self.settings, plan.settings
+        if plan.train_data is not None:  # first the train dataloader, whose set-up may still fail
+            self._set_train_dataloader(plan.train_data)
+        elif old_settings.train_subset_num_batches != plan.settings.train_subset_num_batches and state.dataloader:
+            state.dataloader_len = self._epoch_length(state.dataloader)
+        if plan.reset_time:
+            self._restart_clock()
+        if plan.extra_duration is not None:
+            extra = plan.extra_duration
+            state.max_duration = Time(int(state.timestamp.get(extra.unit)) + int(extra.value), extra.unit)
+        if plan.scale_schedule_ratio != 1.0 and state.max_duration is not None:
+            state.max_duration = scaled(state.max_duration, plan.scale_schedule_ratio)
+        if new_optimizers is not None:
+            state.optimizers = new_optimizers
+        if plan.schedulers is not None or new_optimizers is not None:
+            self._install_schedulers(lr_schedule, torch_schedulers)
+        self._set_scheduler_stepping()
+        if plan.eval_dataloader is not None:
+            self._set_evaluators(plan.eval_dataloader)
+        elif {"eval_interval", "eval_subset_num_batches"} & plan.given_settings:
+            self._apply_eval_settings()
+        if "device_train_microbatch_size" in plan.given_settings:
+            self._train_step.set_microbatch_size(plan.settings.device_train_microbatch_size)
+        if plan.precision is not None:
+            switch_precision(self.fabric, plan.precision)
+        if new_optimizers is not None or plan.precision is not None:
+            self._train_step.refresh()
+
+    def _stage_optimizers(self, plan: StagePlan) -> tuple[list[Optimizer] | None, LRSchedule | None, list[LRScheduler]]:
+        """The next stage's new optimizers (None: the Trainer's stay) and schedulers, set up and checked against
+        each other and the precision, before the Trainer changes."""
+        new_optimizers = None
+        if plan.optimizers is not None:
+            new_optimizers = setup_new_optimizers(self.fabric, self.state.model, plan.optimizers)
+        training = self.state.optimizers if new_optimizers is None else new_optimizers
         lr_schedule, torch_schedulers = self._train_step.lr_schedule, list(self._train_step.torch_schedulers)
-        if schedulers is not None:
-            lr_schedule, torch_schedulers = self._setup_schedulers(as_list(schedulers), training, scale_schedule_ratio)
+        if plan.schedulers is not None:
+            lr_schedule, torch_schedulers = self._setup_schedulers(plan.schedulers, training, plan.scale_schedule_ratio)
         elif new_optimizers is not None:
             lr_schedule = rebound_schedule(lr_schedule, new_optimizers)
         if new_optimizers is not None:
             check_schedulers_follow(torch_schedulers, new_optimizers)
-        if new_optimizers is not None or new_precision is not None:
-            check_closure_optimizers(training, self.fabric, new_precision)
-        # 3. Change the Trainer: first the train dataloader, whose set-up may still fail.
-        if spin_dataloaders is not None:
-            self.spin_dataloaders = spin_dataloaders
-        if train_subset_num_batches is not None:
-            self.train_subset_num_batches = train_subset_num_batches
-        if new_data is not None:
-            self._set_train_dataloader(new_data)
-        elif train_subset_num_batches is not None and state.dataloader is not None:
-            state.dataloader_len = self._epoch_length(state.dataloader)
-        if reset_time:
-            self._restart_clock()
-        if extra is not None:
-            state.max_duration = Time(int(state.timestamp.get(extra.unit)) + int(extra.value), extra.unit)
-        if scale_schedule_ratio != 1.0 and state.max_duration is not None:
-            state.max_duration = _scaled(state.max_duration, scale_schedule_ratio)
-        if new_optimizers is not None:
-            state.optimizers = new_optimizers
-        if schedulers is not None or new_optimizers is not None:
-            self._install_schedulers(lr_schedule, torch_schedulers)
-        if step_schedulers_every_batch is not None:
-            self._scheduler_stepping_given = step_schedulers_every_batch
-            self._set_scheduler_stepping()
-        self._start_evaluation_stage(eval_dataloader, eval_subset_num_batches, eval_interval)
-        if device_train_microbatch_size is not None:
-            self._grad_accum = None  # an explicit microbatch size replaces grad_accum's
-            self._train_step.set_microbatch_size(device_train_microbatch_size)
-        if new_precision is not None:
-            switch_precision(self.fabric, new_precision)
-        if new_optimizers is not None or new_precision is not None:
-            self._train_step.refresh()
-
-    def _start_evaluation_stage(
-        self, eval_dataloader: Any, subset_num_batches: int | None, eval_interval: IntervalInput | None
-    ) -> None:
-        if subset_num_batches is not None:
-            self.eval_subset_num_batches = subset_num_batches
-        if eval_interval is not None:
-            self.eval_interval = eval_interval
-        if eval_dataloader is not None:
-            self._set_evaluators(eval_dataloader)
-        elif subset_num_batches is not None or eval_interval is not None:
-            self._apply_eval_settings()
+        if new_optimizers is not None or plan.precision is not None:
+            check_closure_optimizers(training, self.fabric, plan.precision)
+        return new_optimizers, lr_schedule, torch_schedulers
 
     def _restart_clock(self) -> None:
         """``reset_time``: the clock starts at zero; the epoch in progress (and a checkpoint's position in it) is
@@ -652,8 +559,9 @@ class Trainer:
 
     def _apply_grad_accum(self) -> None:
         """``grad_accum=N``: microbatches of the train dataloader's batch size divided by N."""
-        if self._grad_accum is not None and self.state.dataloader is not None:
-            self.state.device_train_microbatch_size = microbatch_size_for(self._grad_accum, self.state.dataloader)
+        grad_accum = self.settings.grad_accum
+        if grad_accum is not None and self.state.dataloader is not None:
+            self.state.device_train_microbatch_size = microbatch_size_for(grad_accum, self.state.dataloader)
 
     def _named_intervals(self) -> list[tuple[str, IntervalFunction]]:
         """The intervals of evaluation and saving, named as the user gave them."""
@@ -672,7 +580,7 @@ class Trainer:
         batches = self._batches
         # A loader resumed from its own position may have another share per rank than the batches counted so
         # far suggest (another world size): that epoch ends when the loader does (or at the subset).
-        subset = self.train_subset_num_batches
+        subset = self.settings.train_subset_num_batches
         length = (None if subset == -1 else subset) if self._epoch_ends_with_loader else state.dataloader_len
         train_step, lr_schedule = self._train_step, self._train_step.lr_schedule
         spec = train_step.data_spec
@@ -880,6 +788,8 @@ class Trainer:
     def eval(self, eval_dataloader: Any = None, subset_num_batches: int | None = None) -> dict[str, float]:
         """Run every evaluator once (or the given dataloader(s)) between EVAL_STANDALONE_START and
         EVAL_STANDALONE_END; returns the computed metrics."""
+        if subset_num_batches is not None:
+            check_subset_num_batches(subset_num_batches, "subset_num_batches")
         if eval_dataloader is not None:
             self._set_evaluators(eval_dataloader)
         if not self.evaluators:
@@ -952,33 +862,6 @@ class Trainer:
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def _make_saver(
-    autoresume: bool, run_name: str | None, save_folder: str | None, **options: Any
-) -> CheckpointSaver | None:
-    """The saver the ``save_*`` options describe (None without ``save_folder``); ``autoresume`` needs both names."""
-    if autoresume and (save_folder is None or run_name is None):
-        raise ValueError(
-            f"autoresume=True needs save_folder and run_name (got save_folder={save_folder!r}, "
-            f"run_name={run_name!r}): they name where the earlier run of this job saved its checkpoints."
-        )
-    return None if save_folder is None else CheckpointSaver(save_folder, **options)
-
-
-def _make_fabric(fabric: Fabric | None, choices: dict[str, Any]) -> Fabric:
-    unknown = sorted(set(choices) - set(FABRIC_CHOICES))
-    if unknown:
-        raise TypeError(f"Trainer() got unexpected arguments {unknown}; Fabric choices are {list(FABRIC_CHOICES)}.")
-    if fabric is not None and choices:
-        raise ValueError(
-            f"Pass either fabric= or the Fabric choices {sorted(choices)}, not both: that Fabric already decided them."
-        )
-    fabric = Fabric(**choices) if fabric is None else fabric
-    refusal = fabric.strategy.trainer_refusal
-    if refusal is not None:
-        raise ValueError(f"The Trainer cannot run on {type(fabric.strategy).__name__} yet: {refusal}")
-    return fabric
-
-
 def _launch(fabric: Fabric) -> None:
     """Start the other local ranks when the strategy re-runs the script; spawn/fork strategies need a function."""
     strategy = fabric.strategy
@@ -1008,9 +891,7 @@ def _agree_on_seed(fabric: Fabric, seed: int | None) -> int:
 
 def _agree_on_run_name(fabric: Fabric, run_name: str | None) -> str:
     """The given name, else ``run-<UTC time>-<6 hex digits>`` made on rank 0 and shared with every rank."""
-    if run_name is not None:
-        if not run_name or "/" in run_name:
-            raise ValueError(f"run_name={run_name!r} must be a non-empty name without '/'.")
+    if run_name is not None:  # checked by the plan
         return run_name
     made = f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{random.SystemRandom().getrandbits(24):06x}"
     return str(fabric.broadcast(made, src=0)) if fabric.world_size > 1 else made
@@ -1026,21 +907,6 @@ def _start_engine(
     engine = Engine(state, logger, state.algorithms, state.callbacks, loggers=destinations, passes=passes)
     engine.run_event(Event.INIT)
     return logger, engine
-
-
-def _find_resume_checkpoint(
-    fabric: Fabric,
-    run_name: str,
-    save_folder: str,
-    filename: str,
-    latest_filename: str | None,
-    storage_options: StorageOptions,
-) -> str | None:
-    """``autoresume``: the newest checkpoint of this run, found on rank 0 and shared, or None."""
-    found = None
-    if fabric.is_global_zero:
-        found = find_resume_checkpoint(save_folder, filename, latest_filename, run_name, storage_options)
-    return fabric.broadcast(found)
 
 
 def _setup_model(
@@ -1116,57 +982,18 @@ def _share_with_joining_replicas(
     fabric.strategy.share_with_joining_replicas("trainer", trainer_state.load_state_dict, trainer_state.state_dict)
 
 
-def _token_counter(given: TokenCounter | None, model: nn.Module) -> TokenCounter:
-    """The Trainer's ``get_num_tokens_in_batch``, else the model's method of that name, else ``input_ids`` counting."""
-    if given is not None:
-        return given
-    method = getattr(model, "get_num_tokens_in_batch", None)
-    return method if callable(method) else count_tokens
-
-
-def _bound_profiler(profiler: Profiler | None, run_name: str) -> list[Profiler]:
-    """``Trainer(profiler=...)`` as a callback that knows the run name (for its trace folder)."""
-    if profiler is None:
-        return []
-    if not isinstance(profiler, Profiler):
-        raise TypeError(f"profiler must be a fabric.trainer.profiler.Profiler, got {type(profiler).__name__}.")
-    profiler.bind(run_name)
-    return [profiler]
-
-
-def _positive_time(duration: Time[Any] | str | int, name: str) -> Time[Any]:
-    """``duration`` as a Time (an int means epochs); it must be positive and not in ``dur``."""
-    time = Time.from_input(duration, TimeUnit.EPOCH)
-    if time.unit is TimeUnit.DURATION or time.value <= 0:
-        raise ValueError(f"{name}={duration!r} must be a positive time in ep, ba, sp or tok.")
-    return time
-
-
-def _scaled_duration(duration: Time[Any] | str | int, ratio: float) -> Time[Any]:
-    """``max_duration`` as a positive Time, scaled by the scale schedule ratio."""
-    return _scaled(_positive_time(duration, "max_duration"), ratio)
-
-
-def _scaled(time: Time[Any], ratio: float) -> Time[Any]:
-    """``time`` scaled by a scale schedule ratio (at least 1 of its unit)."""
-    return time if ratio == 1.0 else Time(max(1, round(time.value * ratio)), time.unit)
-
-
-def _check_ratio(ratio: Any) -> None:
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
-        raise ValueError(f"scale_schedule_ratio={ratio!r} must be positive.")
-
-
-def _check_microbatch_size(
-    size: int | str | None, fabric: Fabric, option: str = "device_train_microbatch_size"
-) -> None:
-    """``"auto"`` retries a batch on the ranks that fitted too, which only a replicating strategy (DDP) survives:
-    a sharded model's collectives would pair up wrongly."""
-    if size is None or size == "auto":
-        if size == "auto" and fabric.world_size > 1 and not fabric.strategy.replicates_gradients:
-            raise ValueError(
-                f"{option}='auto' on several ranks needs strategy='ddp', got {type(fabric.strategy).__name__}."
-            )
-        return
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"device_train_microbatch_size={size!r} must be a positive int, 'auto' or None.")
+def _initial_state(plan: TrainerPlan, fabric: Fabric, run_name: str) -> State:
+    """The run's state before set-up: the plain model and optimizers, the callbacks (with the saver and profiler)."""
+    callbacks = [*plan.callbacks, *([plan.saver] if plan.saver else [])]
+    if plan.profiler is not None:
+        plan.profiler.bind(run_name)  # its trace folder is named after the run
+        callbacks.append(plan.profiler)
+    return State(
+        model=plan.model,
+        optimizers=plan.optimizers,
+        algorithms=plan.algorithms,
+        callbacks=callbacks,
+        fabric=fabric,
+        run_name=run_name,
+        max_duration=plan.max_duration,
+    )

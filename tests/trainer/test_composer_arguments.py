@@ -324,7 +324,7 @@ def test_spin_dataloaders_false_is_for_loaders_that_resume_themselves() -> None:
 
 def test_dist_timeout_becomes_the_strategy_timeout_before_the_launch() -> None:
     fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")  # not launched: the timeout is read at launch
-    apply_dist_timeout(fabric, 42.5, fabric_given=False)
+    apply_dist_timeout(fabric, 42.5)
     assert fabric.strategy.timeout == timedelta(seconds=42.5)  # type: ignore[attr-defined]
     single = _trainer(dist_timeout=10)  # one process: nothing to wait for, nothing to set
     assert single.fabric.world_size == 1

@@ -1,0 +1,151 @@
+"""The Trainer's plan: every argument of ``Trainer(...)`` and ``fit(...)`` is checked once, in one place, before
+the Trainer launches a process or changes anything."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric import Fabric
+from fabric.trainer.plan import SETTING_NAMES, LoopSettings, plan_stage
+from fabric.trainer.trainer import Trainer
+
+
+class Regressor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.net(batch[0]).squeeze(-1)
+
+    def loss(self, outputs: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(outputs, batch[1])
+
+
+def _loader(samples: int = 16) -> DataLoader[Any]:
+    x = torch.randn(samples, 4, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(x, x.sum(1)), batch_size=4)
+
+
+def _trainer(**options: Any) -> Trainer:
+    model = Regressor()
+    arguments: dict[str, Any] = {
+        "train_dataloader": _loader(),
+        "optimizers": torch.optim.SGD(model.parameters(), lr=0.1),
+        "progress_bar": False,
+        "seed": 0,
+        "accelerator": "cpu",
+    }
+    return Trainer(model=model, **(arguments | options))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("run_name", "a/b", r"run_name='a/b' must be a non-empty name without '/'"),
+        ("accumulate_train_batch_on_tokens", "yes", r"accumulate_train_batch_on_tokens='yes' is not valid"),
+        ("step_schedulers_every_batch", "yes", r"step_schedulers_every_batch='yes' is not valid"),
+        ("profiler", object(), r"profiler must be a fabric.trainer.profiler.Profiler"),
+        ("device_train_microbatch_size", "auto", r"device_train_microbatch_size='auto' on several ranks needs"),
+    ],
+)
+def test_a_bad_argument_is_refused_before_the_trainer_launches_a_process(
+    name: str, value: Any, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks under FSDP: a refusal after ``fabric.launch()`` would come once the other rank runs the script."""
+    launches: list[Fabric] = []
+    monkeypatch.setattr(Fabric, "launch", lambda fabric, *args, **kwargs: launches.append(fabric))
+    with pytest.raises((ValueError, TypeError), match=message):
+        _trainer(**{name: value}, devices=2, strategy="fsdp")
+    assert launches == []
+
+
+def test_trainer_and_fit_settings_are_one_checked_description() -> None:
+    trainer = _trainer(train_subset_num_batches=3, eval_interval="2ba")
+    assert trainer.settings == LoopSettings(train_subset_num_batches=3, eval_interval="2ba")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        trainer.settings.train_subset_num_batches = 1  # type: ignore[misc]
+    trainer.fit(duration="1ba", train_subset_num_batches=2, step_schedulers_every_batch=False)
+    assert trainer.settings == LoopSettings(
+        train_subset_num_batches=2, eval_interval="2ba", step_schedulers_every_batch=False
+    )
+    assert trainer.state.dataloader_len == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("train_subset_num_batches", 0),
+        ("spin_dataloaders", "no"),
+        ("eval_subset_num_batches", 1.5),
+        ("eval_interval", "soon"),
+        ("step_schedulers_every_batch", 1),
+        ("device_train_microbatch_size", 0),
+        ("device_train_microbatch_size", True),
+    ],
+)
+def test_trainer_fit_and_the_settings_refuse_a_bad_setting_with_the_same_message(name: str, value: Any) -> None:
+    with pytest.raises(ValueError) as direct:
+        LoopSettings(**{name: value})
+    message = re.escape(str(direct.value))
+    with pytest.raises(ValueError, match=message):
+        _trainer(**{name: value})
+    trainer = _trainer(eval_dataloader=_loader())
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(duration="1ba", **{name: value})
+    assert int(trainer.state.timestamp.batch) == 0  # nothing trained, nothing changed
+    assert trainer.settings == LoopSettings()
+
+
+def test_every_setting_is_a_trainer_and_a_fit_parameter_but_grad_accum() -> None:
+    import inspect
+
+    init, fit = inspect.signature(Trainer.__init__).parameters, inspect.signature(Trainer.fit).parameters
+    assert [name for name in SETTING_NAMES if name not in init] == []
+    assert [name for name in SETTING_NAMES if name not in fit] == ["grad_accum"]
+
+
+def test_a_microbatch_size_given_to_fit_replaces_grad_accum() -> None:
+    trainer = _trainer(grad_accum=2)
+    assert (trainer.settings.grad_accum, trainer.state.device_train_microbatch_size) == (2, 2)
+    trainer.fit(duration="1ba", device_train_microbatch_size=1)
+    assert trainer.settings.grad_accum is None
+    assert trainer.state.device_train_microbatch_size == 1
+
+
+def test_a_stage_plan_keeps_the_settings_fit_was_not_given() -> None:
+    settings = LoopSettings(train_subset_num_batches=5, eval_subset_num_batches=2)
+    arguments: dict[str, Any] = {
+        "train_dataloader": None,
+        "train_subset_num_batches": None,
+        "spin_dataloaders": None,
+        "duration": "3ba",
+        "reset_time": False,
+        "schedulers": None,
+        "scale_schedule_ratio": 1.0,
+        "step_schedulers_every_batch": None,
+        "eval_dataloader": None,
+        "eval_subset_num_batches": 4,
+        "eval_interval": None,
+        "optimizers": None,
+        "precision": None,
+        "device_train_microbatch_size": None,
+    }
+    plan = plan_stage(arguments, settings, Fabric(accelerator="cpu"), train_loader=_loader(), evaluates=True)
+    assert plan.settings == LoopSettings(train_subset_num_batches=5, eval_subset_num_batches=4)
+    assert plan.given_settings == {"eval_subset_num_batches"}
+    with pytest.raises(ValueError, match=r"there is no eval_dataloader"):
+        plan_stage(arguments, settings, Fabric(accelerator="cpu"), train_loader=_loader(), evaluates=False)
+
+
+def test_eval_refuses_a_subset_that_is_no_count() -> None:
+    trainer = _trainer(eval_dataloader=_loader())
+    with pytest.raises(ValueError, match=r"subset_num_batches=0 is not valid\. Accepted: -1"):
+        trainer.eval(subset_num_batches=0)
