@@ -1,6 +1,7 @@
-"""The small language model the float8 tests train (imported by name: pytest puts ``tests/`` on ``sys.path``, and
-tests/plugins/test_float8.py puts it on ``PYTHONPATH`` for tests/scripts/float8_job.py): an embedding, two pre-norm
-residual MLP blocks whose Linear layers float8 converts, and an output head it leaves in bf16 by default."""
+"""The small language model the float8 tests train (imported by name: pytest puts ``tests/`` on ``sys.path``,
+and tests/plugins/precision/test_float8.py puts it on ``PYTHONPATH`` for tests/scripts/float8_job.py): an embedding,
+two pre-norm residual MLP blocks whose Linear layers float8 converts, and an output head it leaves in bf16 by
+default."""
 
 import torch
 from torch import nn

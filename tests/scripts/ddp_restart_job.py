@@ -1,8 +1,8 @@
-"""The restart path, for comparison with fault tolerance (tests/strategies/test_fault_tolerant.py): a 3-process
-Fabric DDP job under ``torchrun --max-restarts=1`` that saves a checkpoint every EVERY steps; on its first attempt
-rank 2 SIGKILLs itself once step KILL_AT is done, torchrun restarts every rank, and the job resumes from its latest
-checkpoint and trains to STEPS. Each rank writes ``OUT/attempt-N-rankR.json``: the step the attempt started at and
-its process id.
+"""The restart path, for comparison with fault tolerance (tests/strategies/fault_tolerant/test_fault_tolerant.py): a
+3-process Fabric DDP job under ``torchrun --max-restarts=1`` that saves a checkpoint every EVERY steps; on its first
+attempt rank 2 SIGKILLs itself once step KILL_AT is done, torchrun restarts every rank, and the job resumes from its
+latest checkpoint and trains to STEPS. Each rank writes ``OUT/attempt-N-rankR.json``: the step the attempt started at
+and its process id.
 
     torchrun --nproc-per-node=3 --max-restarts=1 ddp_restart_job.py OUT STEPS EVERY KILL_AT
 """

@@ -1,4 +1,4 @@
-"""fp8-mixed jobs for tests/plugins/test_float8.py: ``python float8_job.py OUT_DIR MODE [ARG]``.
+"""fp8-mixed jobs for tests/plugins/precision/test_float8.py: ``python float8_job.py OUT_DIR MODE [ARG]``.
 
 ``reference [HALVES]``: one process trains the tiny language model in fp8-mixed, each step's batch as ``HALVES``
 (default 2) parts whose gradients accumulate (float8's activation scales are per forward, so 2 is what two data-

@@ -1,4 +1,4 @@
-"""FSDP jobs for tests/strategies/test_fsdp.py: ``python fsdp_job.py OUT_DIR train|reload [DEVICES]``.
+"""FSDP jobs for tests/strategies/fsdp/test_fsdp.py: ``python fsdp_job.py OUT_DIR train|reload [DEVICES]``.
 
 ``train`` (2 ranks): trains with gradient accumulation and clipping next to a plain single-process
 reference on the full batch, saves a sharded and a full checkpoint, reloads, checks meta-device init,

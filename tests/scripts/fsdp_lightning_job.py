@@ -1,6 +1,6 @@
 """FSDPStrategy configured with Lightning Fabric's arguments, on 2 CPU ranks (gloo), next to a plain single-process
 reference on the full batch: ``python fsdp_lightning_job.py OUT_DIR CONFIG`` (run by
-tests/strategies/test_fsdp_lightning_args.py).
+tests/strategies/fsdp/test_fsdp_lightning_args.py).
 
 CONFIG is one of
 

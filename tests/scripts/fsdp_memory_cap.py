@@ -1,5 +1,5 @@
 """A model with more parameters than each rank's memory cap, built on the meta device and trained with FSDP
-on 2 CPU ranks: ``python fsdp_memory_cap.py OUT_DIR`` (run by tests/strategies/test_sharded_memory.py).
+on 2 CPU ranks: ``python fsdp_memory_cap.py OUT_DIR`` (run by tests/strategies/fsdp/test_sharded_memory.py).
 
 Each rank caps its address space (``RLIMIT_AS``) at its current virtual size plus a margin of 0.8 x the
 model's parameter bytes, then

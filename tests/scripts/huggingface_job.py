@@ -1,4 +1,4 @@
-"""Hugging Face folders from several ranks, for tests/plugins/test_huggingface_format.py:
+"""Hugging Face folders from several ranks, for tests/plugins/io/test_huggingface_format.py:
 ``python huggingface_job.py OUT_DIR save STRATEGY DEVICES [tied]`` or ``... OUT_DIR load STRATEGY DEVICES FOLDER``.
 
 A tiny random-initialised Llama (``transformers``) set up with STRATEGY (``fsdp``, ``hsdp``: 2 replicas of

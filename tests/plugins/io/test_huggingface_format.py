@@ -21,7 +21,7 @@ from fabric import Fabric
 from fabric.plugins.io.huggingface import INDEX_FILE, STAGING_FOLDER, file_numbers
 from fabric.utilities.exceptions import CheckpointError
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "huggingface_job.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "huggingface_job.py"
 CONFIG = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)  # fmt: skip
 TOKENS = torch.arange(24).reshape(2, 12) % CONFIG.vocab_size

@@ -23,7 +23,7 @@ from fabric import Fabric
 from fabric.plugins.io.distributed_checkpoint import load_shards, read_whole, write_shards
 from fabric.utilities.exceptions import CheckpointError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _model() -> nn.Module:

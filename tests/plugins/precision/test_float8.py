@@ -23,7 +23,7 @@ from fabric.plugins.precision import float8 as float8_module
 from fabric.plugins.precision.float8 import Float8Precision
 from fabric.plugins.precision.registry import parse_precision
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "float8_job.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "float8_job.py"
 VOCAB = 64  # TinyLM's default
 
 

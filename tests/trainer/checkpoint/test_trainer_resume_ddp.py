@@ -13,7 +13,7 @@ import torch
 #: Slow: a 2-rank Trainer run resumed bit-identically (`bash scripts/test.sh --end-to-end`; CI runs it).
 pytestmark = pytest.mark.end_to_end
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "trainer_ddp_resume.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "trainer_ddp_resume.py"
 
 
 def _run(out_dir: Path, devices: int, mode: str) -> list[dict]:

@@ -22,7 +22,7 @@ from fabric.utilities.collective_watch import CollectiveError, CollectiveWatch
 #: Slow: real jobs that hang until their timeouts report it (`bash scripts/test.sh --end-to-end`; CI runs it).
 pytestmark = pytest.mark.end_to_end
 
-SCRIPTS = Path(__file__).parents[1] / "scripts"
+SCRIPTS = Path(__file__).parents[2] / "scripts"
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
 
 

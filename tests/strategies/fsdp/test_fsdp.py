@@ -23,8 +23,8 @@ from fabric.strategies.fsdp.strategy import FSDPStrategy
 from fabric.utilities.exceptions import CheckpointError
 from fabric_cli.cli import cli
 
-SCRIPTS = Path(__file__).parents[1] / "scripts"
-ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parents[2] / "scripts"
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from fabric.plugins.io.distributed_checkpoint import listed_shards
 #: (`bash scripts/test.sh --end-to-end`; CI runs it).
 pytestmark = pytest.mark.end_to_end
 
-SCRIPT = str(Path(__file__).parents[1] / "scripts" / "fsdp_remote_overwrite.py")
+SCRIPT = str(Path(__file__).parents[2] / "scripts" / "fsdp_remote_overwrite.py")
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -22,7 +22,7 @@ from fabric.plugins.io import TorchCheckpointIO
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.utilities.exceptions import CheckpointError
 
-JOB = str(Path(__file__).parents[1] / "scripts" / "async_save_job.py")
+JOB = str(Path(__file__).parents[2] / "scripts" / "async_save_job.py")
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 

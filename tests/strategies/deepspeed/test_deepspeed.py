@@ -23,7 +23,7 @@ from fabric.strategies.deepspeed import DeepSpeedStrategy, convert_zero_checkpoi
 from fabric.strategies.deepspeed.config import complete_config, with_micro_batch_size
 from fabric.utilities.exceptions import CheckpointError
 
-SCRIPTS = Path(__file__).parents[1] / "scripts"
+SCRIPTS = Path(__file__).parents[2] / "scripts"
 STRATEGIES = [f"deepspeed_stage_{name}" for name in ("1", "2", "3", "2_offload", "3_offload")]
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,

@@ -30,7 +30,7 @@ from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 #: (`bash scripts/test.sh --end-to-end`; CI runs it).
 pytestmark = pytest.mark.end_to_end
 
-SCRIPT = str(Path(__file__).parents[1] / "scripts" / "trainer_sharded.py")
+SCRIPT = str(Path(__file__).parents[2] / "scripts" / "trainer_sharded.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 STRATEGIES = ["ddp", "fsdp", "deepspeed_stage_2"]
 #: What a job must not inherit from the test process (its own rank variables).

@@ -25,7 +25,7 @@ from fabric.trainer.schedulers import LinearWithWarmupScheduler
 from fabric.trainer.trainer import Trainer
 from fabric.utilities.exceptions import CheckpointError
 
-SCRIPTS = Path(__file__).parents[1] / "scripts"
+SCRIPTS = Path(__file__).parents[2] / "scripts"
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
