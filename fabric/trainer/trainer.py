@@ -31,25 +31,8 @@ from fabric.fabric import Fabric
 from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.trainer.callbacks._utils import user_model
 from fabric.trainer.checkpoint.checkpointer import find_resume_checkpoint, read_surgery_records
-from fabric.trainer.checkpoint.dataloader_position import (
-    EpochStart,
-    capture_epoch_start,
-    capture_loader_state,
-    epoch_start_record,
-    keeps_own_position,
-    resume_iterator,
-)
 from fabric.trainer.checkpoint.parts import SelectiveCheckpointer
 from fabric.trainer.checkpoint.preemption import PreemptionWatch, TrainingPreempted
-from fabric.trainer.checkpoint.sample_position import (
-    EpochPlan,
-    check_resumable,
-    count_untrained,
-    layout_change,
-    planned_epoch,
-    resumed_plan,
-    samples_record,
-)
 from fabric.trainer.checkpoint.saver import CheckpointSaver
 from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpointState
 from fabric.trainer.clock_check import ClockCheck
@@ -62,6 +45,7 @@ from fabric.trainer.core.passes import AlgorithmPass
 from fabric.trainer.core.state import State, loader_length
 from fabric.trainer.core.time import Time, Timestamp
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
+from fabric.trainer.epoch import EpochCursor
 from fabric.trainer.evaluation import (
     EvaluationInterrupted,
     Evaluator,
@@ -103,7 +87,6 @@ from fabric.trainer.stages import (
 )
 from fabric.trainer.surgery import reapply_surgery
 from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers
-from fabric.utilities.rank_zero import rank_zero_warn
 from fabric.utilities.seed import configure_deterministic_mode
 
 
@@ -216,7 +199,7 @@ class Trainer:
         load = self._checkpoint_to_load(plan)
         self._set_up_training(plan, load)
         self._clock_check = ClockCheck()
-        self._forget_epoch()
+        self._epoch = EpochCursor(self.state, self.engine.run_event)
         if plan.train_data is not None:
             self._set_train_dataloader(plan.train_data)
         self._set_evaluators(plan.eval_dataloader)
@@ -282,10 +265,11 @@ class Trainer:
             plan.storage_options,
             plan.save_ignore_keys,
             plan.save_metrics,
-            data_position=self._data_position,
-            on_load_position=self._set_resume_position,
+            data_position=self._epoch.position,
+            on_load_position=self._epoch.resume_at,
         )
-        _share_with_joining_replicas(self.fabric, state, self._position_after_this_batch, self._set_resume_position)
+        epoch = self._epoch
+        _share_with_joining_replicas(self.fabric, state, epoch.position_after_this_batch, epoch.resume_at)
         self._preemption = PreemptionWatch() if self.saver is not None else None
 
     def _load_at_start(self, load: LoadPlan) -> None:
@@ -304,15 +288,6 @@ class Trainer:
         return self._train_step.step_schedulers_every_batch
 
     # --- set-up parts, also used after __init__ ---------------------------------------------------
-
-    def _forget_epoch(self) -> None:
-        """No epoch in progress: the next fit() starts one afresh, where the clock is (or a loaded checkpoint was)."""
-        self._batches: Iterator[Any] | None = None  # the current epoch's, kept when fit() ends mid-epoch
-        self._epoch_ends_with_loader = False
-        self._epoch_start: EpochStart | dict[str, Any] | None = None  # what rebuilds the current epoch's batch order
-        self._resume_position: DataPosition | None = None
-        #: The plan of an epoch resumed by samples, and the batches of the epoch counted before it began.
-        self._epoch_plan: tuple[EpochPlan, int] | None = None
 
     @staticmethod
     def _setup_schedulers(
@@ -346,7 +321,7 @@ class Trainer:
         self._train_step.data_spec = spec
         loader = self._setup_dataloader(spec)
         self.state.dataloader = loader
-        self._batches = None
+        self._epoch.batches = None
         self.state.dataloader_len = self._epoch_length(loader)
 
     def _epoch_length(self, loader: Iterable[Any]) -> int | None:
@@ -505,7 +480,7 @@ class Trainer:
         """``reset_time``: the clock starts at zero; the epoch in progress (and a checkpoint's position in it) is
         dropped, and the intervals of evaluation and saving start afresh."""
         self.state.timestamp = Timestamp()
-        self._forget_epoch()
+        self._epoch.forget()
         self._apply_eval_settings()  # new interval objects
         for saver in _checkpoint_savers(self.state.callbacks):
             saver.interval = restarted_interval(saver.interval)
@@ -575,13 +550,13 @@ class Trainer:
         """Train until the dataloader runs out (True: the epoch ended) or training is finished (False)."""
         state, fire = self.state, self.engine.fire
         assert state.dataloader is not None
-        if self._batches is None:  # a new epoch; otherwise fit() continues the epoch an earlier fit() stopped in
-            self._batches = self._start_epoch(state.dataloader)
-        batches = self._batches
+        epoch = self._epoch
+        # A new epoch, unless fit() continues the epoch an earlier fit() stopped in.
+        batches = epoch.begin(state.dataloader) if epoch.batches is None else epoch.batches
         # A loader resumed from its own position may have another share per rank than the batches counted so
         # far suggest (another world size): that epoch ends when the loader does (or at the subset).
         subset = self.settings.train_subset_num_batches
-        length = (None if subset == -1 else subset) if self._epoch_ends_with_loader else state.dataloader_len
+        length = (None if subset == -1 else subset) if epoch.ends_with_loader else state.dataloader_len
         train_step, lr_schedule = self._train_step, self._train_step.lr_schedule
         spec = train_step.data_spec
         prepare = spec.prepare if spec.transforms else None
@@ -589,8 +564,8 @@ class Trainer:
             if lr_schedule is not None:  # the learning rates batch k trains with, seen by all of its events
                 lr_schedule.apply(state)
             fire.before_dataloader()
-            if self._epoch_start is None:
-                self._epoch_start = EpochStart.take(state.dataloader)
+            if epoch.start is None:
+                epoch.mark_start(state.dataloader)
             try:
                 batch = next(batches)
             except StopIteration:
@@ -601,8 +576,8 @@ class Trainer:
             self._after_batch()
             if state.finished and (length is None or int(state.timestamp.batch_in_epoch) < length):
                 return False
-            if self._batches is None:  # a replica group joined at this batch: a peer's data position arrived
-                batches = self._batches = self._start_epoch(state.dataloader)
+            if epoch.batches is None:  # a replica group joined at this batch: a peer's data position arrived
+                batches = epoch.begin(state.dataloader)
         if int(state.timestamp.batch_in_epoch) == 0:
             raise RuntimeError("The train dataloader yielded no batch in this epoch; training cannot progress.")
         if length is not None and length == loader_length(state.dataloader):
@@ -610,9 +585,7 @@ class Trainer:
             # there, so the next epoch's shuffle matches a plain PyTorch loop's. An epoch cut short by
             # train_subset_num_batches stops where ``itertools.islice`` would, without fetching another batch.
             next(batches, None)
-        self._batches = None
-        self._epoch_ends_with_loader = False
-        self._epoch_plan = None
+        epoch.end()
         if not self.step_schedulers_every_batch:
             for scheduler in self._train_step.torch_schedulers:
                 scheduler.step()
@@ -621,74 +594,6 @@ class Trainer:
         self._evaluate_if_due(Event.EPOCH_END)
         self.engine.run_event(Event.EPOCH_CHECKPOINT)
         return True
-
-    def _start_epoch(self, dataloader: Iterable[Any]) -> Iterator[Any]:
-        """The epoch's batch iterator: fresh (after EPOCH_START), or positioned where a checkpoint left off."""
-        position, self._resume_position = self._resume_position, None
-        if position is not None and position.loader_state is not None and keeps_own_position(dataloader):
-            dataloader.load_state_dict(position.loader_state)  # type: ignore[attr-defined]
-            if position.batches_done == 0:
-                self.engine.run_event(Event.EPOCH_START)
-            self._epoch_start = None
-            self._epoch_ends_with_loader = position.batches_done > 0
-            return iter(dataloader)  # the loader continues where it was, on any number of ranks
-        if position is not None and position.epoch_start is not None:
-            if position.batches_done and layout_change(position, dataloader, self.fabric.world_size):
-                return self._resume_by_samples(dataloader, position)
-            same_world = position.world_size == self.fabric.world_size
-            # At an epoch boundary with another world size the loader is sharded differently: start it afresh.
-            self._epoch_start = position.epoch_start if same_world else capture_epoch_start(dataloader)
-            if position.batches_done == 0:
-                self.engine.run_event(Event.EPOCH_START)
-            return resume_iterator(dataloader, self._epoch_start, position.batches_done)
-        self.engine.run_event(Event.EPOCH_START)
-        self._epoch_start = None  # captured right before the first fetch, after any BEFORE_DATALOADER draws
-        return iter(dataloader)
-
-    def _resume_by_samples(self, dataloader: Iterable[Any], position: DataPosition) -> Iterator[Any]:
-        """The rest of an epoch saved with another world size or batch size: the samples it had not trained yet,
-        dealt to this run's ranks (:mod:`~fabric.trainer.checkpoint.sample_position`)."""
-        assert position.samples is not None and position.epoch_start is not None  # checked when it was loaded
-        rank_zero_warn(
-            f"Resuming mid-epoch with {layout_change(position, dataloader, self.fabric.world_size)}: the "
-            f"{count_untrained(position.samples)} samples of the epoch not trained yet are dealt to this run's "
-            "ranks, each once; their order and the random numbers differ from an uninterrupted run's."
-        )
-        plan = resumed_plan(position.samples, dataloader, self.fabric.world_size)
-        self._epoch_plan = (plan, position.batches_done)
-        self._epoch_start = position.epoch_start
-        self._epoch_ends_with_loader = True
-        return planned_epoch(dataloader, plan.batches_of(self.fabric.global_rank), position.epoch_start)
-
-    def _data_position(self) -> DataPosition:
-        timestamp, loader = self.state.timestamp, self.state.dataloader
-        batches_done = int(timestamp.batch_in_epoch)
-        epoch_start = self._epoch_start if batches_done else (capture_epoch_start(loader) if loader else None)
-        epoch_start = None if epoch_start is None else epoch_start_record(epoch_start)
-        loader_state = capture_loader_state(loader) if keeps_own_position(loader) else None
-        samples = None
-        if batches_done and loader_state is None and loader is not None:
-            samples = samples_record(loader, self.fabric.world_size, batches_done, self._epoch_plan)
-        samples_done = int(timestamp.sample_in_epoch)
-        return DataPosition(epoch_start, batches_done, samples_done, self.fabric.world_size, loader_state, samples)
-
-    def _position_after_this_batch(self) -> DataPosition:
-        """Where the data stands once the batch in flight is trained: what a replica group joining the run at this
-        step continues its own share from (fault tolerance; asked for during the step)."""
-        timestamp, loader = self.state.timestamp, self.state.dataloader
-        if self._epoch_start is None or loader is None:
-            raise RuntimeError("A replica group asked for the data position outside a training step.")
-        loader_state = capture_loader_state(loader) if keeps_own_position(loader) else None
-        batches_done, samples_done = int(timestamp.batch_in_epoch) + 1, int(timestamp.sample_in_epoch)
-        epoch_start = epoch_start_record(self._epoch_start)
-        return DataPosition(epoch_start, batches_done, samples_done, self.fabric.world_size, loader_state)
-
-    def _set_resume_position(self, position: DataPosition) -> None:
-        """A checkpoint's data position, checked against this run's loader before anything is loaded."""
-        if self.state.dataloader is not None and position.batches_done and position.loader_state is None:
-            check_resumable(position, self.state.dataloader, self.fabric.world_size)
-        self._resume_position = position
-        self._batches = None
 
     def _after_batch(self) -> None:
         state, fire = self.state, self.engine.fire

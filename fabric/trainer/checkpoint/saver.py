@@ -73,22 +73,9 @@ class CheckpointSaver(SavesAtIntervals):
         storage_options: StorageOptions = None,
         async_save: bool = False,
     ) -> None:
-        check_template(folder, "save_folder")
-        if not folder.strip():
-            raise ValueError(
-                f"save_folder={folder!r} names no folder; pass one, e.g. 'checkpoints/{{run_name}}' "
-                "('.' for the working directory)."
-            )
-        self.folder_template = folder
+        self.folder_template = _checked_folder(folder)
         self.filename = check_template(filename, "save_filename")
-        if latest_filename is not None:
-            check_template(latest_filename, "save_latest_filename")
-            if not latest_filename.strip() or "/" in latest_filename or os.sep in latest_filename:
-                raise ValueError(
-                    f"save_latest_filename={latest_filename!r} must be a file name in save_folder (no folders), "
-                    "e.g. 'latest-rank{rank}.pt', or None for no pointer."
-                )
-        self.latest_filename = latest_filename
+        self.latest_filename = _checked_latest_filename(latest_filename)
         self.interval = create_interval(save_interval, name="save_interval")
         if isinstance(num_checkpoints_to_keep, bool) or num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
             raise ValueError(f"save_num_checkpoints_to_keep={num_checkpoints_to_keep} must be -1 (all) or positive.")
@@ -258,3 +245,26 @@ def _remove_local(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif os.path.exists(path):
         os.remove(path)
+
+
+def _checked_folder(folder: str) -> str:
+    """``save_folder``: a template naming a folder."""
+    check_template(folder, "save_folder")
+    if not folder.strip():
+        raise ValueError(
+            f"save_folder={folder!r} names no folder; pass one, e.g. 'checkpoints/{{run_name}}' "
+            "('.' for the working directory)."
+        )
+    return folder
+
+
+def _checked_latest_filename(latest_filename: str | None) -> str | None:
+    """``save_latest_filename``: None (no pointer) or a file name in the save folder."""
+    if latest_filename is not None:
+        check_template(latest_filename, "save_latest_filename")
+        if not latest_filename.strip() or "/" in latest_filename or os.sep in latest_filename:
+            raise ValueError(
+                f"save_latest_filename={latest_filename!r} must be a file name in save_folder (no folders), "
+                "e.g. 'latest-rank{rank}.pt', or None for no pointer."
+            )
+    return latest_filename
