@@ -17,6 +17,8 @@ import torch
 
 def batch_size(batch: Any) -> int:
     """Samples in ``batch``: the first dimension of its first tensor (tensors, sequences, mappings, dataclasses)."""
+    if (type(batch) is tuple or type(batch) is list) and batch and isinstance(batch[0], torch.Tensor):
+        return int(batch[0].shape[0])  # the common batch, ``(inputs, targets)``: asked every batch
     tensor = _first_tensor(batch)
     if tensor is not None:
         return int(tensor.shape[0])

@@ -33,9 +33,9 @@ refused when the Trainer is built.
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -115,11 +115,12 @@ class TrainStep:
     def run(self, batch: Any) -> None:
         """Train on ``batch`` and advance the clock; the loop fired the dataloader events already."""
         state = self.state
-        started = time.perf_counter()
+        started = perf_counter()
         state.batch = batch
         self.engine.fire.batch_start()
-        for metric in state.train_metrics.values():  # each batch's values are its own (compute_metrics keeps them)
-            metric.reset()
+        if state.train_metrics:  # each batch's values are its own (compute_metrics keeps them)
+            for metric in state.train_metrics.values():
+                metric.reset()
         if self.closure_step:
             total_loss, full_batch, samples = self._step_with_closure(state.batch)
         else:
@@ -137,7 +138,7 @@ class TrainStep:
         state.timestamp = state.timestamp.to_next_batch(
             samples * world_size,
             self.data_spec.get_num_tokens_in_batch(full_batch, self.token_counter) * world_size,
-            timedelta(0, time.perf_counter() - started),  # (days, seconds): positional is cheaper
+            timedelta(0, perf_counter() - started),  # (days, seconds): positional is cheaper
         )
 
     def _gradients(self, batch: Any) -> tuple[torch.Tensor, Any, int]:
@@ -155,7 +156,9 @@ class TrainStep:
         if self.auto_microbatching:
             total_loss = self._train_with_auto_microbatches(full_batch, samples)
         elif size is None or size >= samples:  # the whole batch in one pass, the common case
-            total_loss = self._train_microbatch(full_batch, self._whole_batch_weight(full_batch))
+            total_loss = self._train_microbatch(
+                full_batch, self._weight(full_batch) if self.accumulate_on_tokens else 1.0
+            )
         else:
             total_loss = self._train_microbatches(full_batch, samples, size)
         state.batch = full_batch
@@ -201,10 +204,6 @@ class TrainStep:
             )
         return tokens
 
-    def _whole_batch_weight(self, batch: Any) -> float:
-        """1 for a batch trained whole, unless weighted by tokens (then the share of the ranks' mean count)."""
-        return self._weight(batch) if self.accumulate_on_tokens else 1.0
-
     def _weight(self, microbatch: Any) -> float:
         """The factor of a microbatch's mean loss: its share of the batch's samples, or of the ranks' tokens."""
         if self.accumulate_on_tokens:
@@ -214,7 +213,7 @@ class TrainStep:
 
     def _train_microbatches(self, batch: Any, samples: int, microbatch_size: int | None) -> torch.Tensor:
         if microbatch_size is None or microbatch_size >= samples:
-            return self._train_microbatch(batch, self._whole_batch_weight(batch))
+            return self._train_microbatch(batch, self._weight(batch) if self.accumulate_on_tokens else 1.0)
         microbatches = self.data_spec.split_batch(batch, microbatch_size)
         last = len(microbatches) - 1
         total_loss: torch.Tensor | None = None
@@ -237,12 +236,14 @@ class TrainStep:
         fire.after_loss()
         fire.before_backward()
         loss = state.loss
-        losses = None if isinstance(loss, torch.Tensor) else _per_optimizer_losses(loss, len(state.optimizers))
-        if losses is None:
-            total = loss if isinstance(loss, torch.Tensor) else _total_loss(loss)
-            self.fabric.backward(total * weight if weight != 1.0 else total, model=model)
-        else:
+        if isinstance(loss, torch.Tensor):  # the common case, ahead of the loss's other forms
+            total = loss
+            self.fabric.backward(loss * weight if weight != 1.0 else loss, model=model)
+        elif (losses := _per_optimizer_losses(loss, len(state.optimizers))) is not None:
             total = self._backward_per_optimizer(losses, weight)
+        else:
+            total = _total_loss(loss)
+            self.fabric.backward(total * weight if weight != 1.0 else total, model=model)
         fire.after_backward()
         if state.train_metrics and self._update_metrics:
             samples = self.data_spec.get_num_samples_in_batch(state.batch)

@@ -43,7 +43,7 @@ from fabric.trainer.core.events import Event
 from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.passes import AlgorithmPass
 from fabric.trainer.core.state import State, loader_length
-from fabric.trainer.core.time import Time, Timestamp
+from fabric.trainer.core.time import Time, Timestamp, batches_in_epoch
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.epoch import EpochCursor
 from fabric.trainer.evaluation import (
@@ -560,7 +560,7 @@ class Trainer:
         train_step, lr_schedule = self._train_step, self._train_step.lr_schedule
         spec = train_step.data_spec
         prepare = spec.prepare if spec.transforms else None
-        while length is None or int(state.timestamp.batch_in_epoch) < length:
+        while length is None or batches_in_epoch(state.timestamp) < length:
             if lr_schedule is not None:  # the learning rates batch k trains with, seen by all of its events
                 lr_schedule.apply(state)
             fire.before_dataloader()
@@ -574,11 +574,11 @@ class Trainer:
             fire.after_dataloader()
             train_step.run(state.batch)
             self._after_batch()
-            if state.finished and (length is None or int(state.timestamp.batch_in_epoch) < length):
+            if state.finished and (length is None or batches_in_epoch(state.timestamp) < length):
                 return False
             if epoch.batches is None:  # a replica group joined at this batch: a peer's data position arrived
                 batches = epoch.begin(state.dataloader)
-        if int(state.timestamp.batch_in_epoch) == 0:
+        if batches_in_epoch(state.timestamp) == 0:
             raise RuntimeError("The train dataloader yielded no batch in this epoch; training cannot progress.")
         if length is not None and length == loader_length(state.dataloader):
             # Run the iterator to its end as a plain ``for`` loop would: samplers draw from their generator

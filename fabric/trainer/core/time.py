@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from decimal import Decimal
 from enum import Enum
-from typing import Any, Generic, NoReturn, SupportsIndex, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, SupportsIndex, TypeVar, cast, overload
 
 __all__ = ["Time", "TimeUnit", "Timestamp", "elapsed_fraction", "ensure_time"]
 
@@ -353,11 +353,10 @@ class Time(Generic[TValue]):
 
 _ZERO = timedelta(0)
 _IN_EPOCH = "_in_epoch"
-#: Where every counter starts; a field's default also names its unit.
-_ZERO_COUNTS = {unit: Time(0, unit) for unit in TimeUnit if unit.is_integer}
 # For the per-batch clock: on Python 3.11 reading a member through its Enum class (``TimeUnit.BATCH``) runs the
 # metaclass's ``__getattr__`` hook, several times the cost of a module global.
-_BATCH, _SAMPLE, _TOKEN, _DURATION = TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN, TimeUnit.DURATION
+_EPOCH, _BATCH, _SAMPLE, _TOKEN = TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN
+_DURATION = TimeUnit.DURATION
 
 
 def _counter(name: str, value: int | Time[int], unit: TimeUnit) -> Time[int]:
@@ -396,7 +395,38 @@ _set_time_value = vars(Time)["_value"].__set__
 _set_time_unit = vars(Time)["_unit"].__set__
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Field:
+    """One field of a :class:`Timestamp`: its value at ``index`` in the Timestamp's tuple, a counter read as a Time.
+
+    The Timestamp keeps plain ints and timedeltas in one tuple, so a batch builds one tuple rather than a Time per
+    counter; a counter becomes a Time when it is read. Read on the class (as ``dataclasses`` does), the field's
+    default.
+    """
+
+    __slots__ = ("default", "index", "name", "unit")
+
+    def __init__(self, index: int, unit: TimeUnit | None) -> None:
+        self.index, self.unit = index, unit
+        self.default: Time[int] | timedelta = _ZERO if unit is None else _trusted_time(0, unit)
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, timestamp: Timestamp | None, owner: type | None = None) -> Any:
+        if timestamp is None:
+            return self.default
+        value = timestamp._values[self.index]
+        return value if self.unit is None else _trusted_time(value, self.unit)
+
+    def __set__(self, timestamp: Timestamp, value: object) -> NoReturn:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {self.name!r}")
+
+    def __delete__(self, timestamp: Timestamp) -> NoReturn:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {self.name!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Timestamp:
     """The trainer's clock: how much training has happened, in every unit, plus wall-clock time.
 
@@ -412,33 +442,54 @@ class Timestamp:
     :meth:`from_state_dict` rebuilds the Timestamp; the owner (the trainer's state) replaces its reference.
     """
 
-    epoch: Time[int] = _ZERO_COUNTS[TimeUnit.EPOCH]
-    """Completed epochs."""
-    batch: Time[int] = _ZERO_COUNTS[TimeUnit.BATCH]
-    """Completed batches (optimizer steps) over the whole run."""
-    sample: Time[int] = _ZERO_COUNTS[TimeUnit.SAMPLE]
-    """Samples trained on over the whole run, summed over all ranks."""
-    token: Time[int] = _ZERO_COUNTS[TimeUnit.TOKEN]
-    """Tokens trained on over the whole run, summed over all ranks."""
-    batch_in_epoch: Time[int] = _ZERO_COUNTS[TimeUnit.BATCH]
-    sample_in_epoch: Time[int] = _ZERO_COUNTS[TimeUnit.SAMPLE]
-    token_in_epoch: Time[int] = _ZERO_COUNTS[TimeUnit.TOKEN]
-    total_wct: timedelta = _ZERO
-    epoch_wct: timedelta = _ZERO
-    batch_wct: timedelta = _ZERO
+    __slots__ = ("_values",)
+    if TYPE_CHECKING:  # not a dataclass field: the one tuple the fields below read
+        _values: tuple[Any, ...]
 
-    def __post_init__(self) -> None:
-        """Plain ints become Times, and every field is checked: a Timestamp is always a clock that could have run."""
-        for field in dataclasses.fields(self):
-            value, name, default = getattr(self, field.name), f"Timestamp {field.name}", field.default
-            checked = _counter(name, value, default.unit) if isinstance(default, Time) else _clock(name, value)
-            object.__setattr__(self, field.name, checked)
-        for name in _FIELD_NAMES:
+    epoch: Time[int] = _Field(0, _EPOCH)  # type: ignore[assignment]
+    """Completed epochs."""
+    batch: Time[int] = _Field(1, _BATCH)  # type: ignore[assignment]
+    """Completed batches (optimizer steps) over the whole run."""
+    sample: Time[int] = _Field(2, _SAMPLE)  # type: ignore[assignment]
+    """Samples trained on over the whole run, summed over all ranks."""
+    token: Time[int] = _Field(3, _TOKEN)  # type: ignore[assignment]
+    """Tokens trained on over the whole run, summed over all ranks."""
+    batch_in_epoch: Time[int] = _Field(4, _BATCH)  # type: ignore[assignment]
+    sample_in_epoch: Time[int] = _Field(5, _SAMPLE)  # type: ignore[assignment]
+    token_in_epoch: Time[int] = _Field(6, _TOKEN)  # type: ignore[assignment]
+    total_wct: timedelta = _Field(7, None)  # type: ignore[assignment]
+    epoch_wct: timedelta = _Field(8, None)  # type: ignore[assignment]
+    batch_wct: timedelta = _Field(9, None)  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        *,
+        epoch: int | Time[int] = 0,
+        batch: int | Time[int] = 0,
+        sample: int | Time[int] = 0,
+        token: int | Time[int] = 0,
+        batch_in_epoch: int | Time[int] = 0,
+        sample_in_epoch: int | Time[int] = 0,
+        token_in_epoch: int | Time[int] = 0,
+        total_wct: timedelta = _ZERO,
+        epoch_wct: timedelta = _ZERO,
+        batch_wct: timedelta = _ZERO,
+    ) -> None:
+        """Plain ints or Times for the counters; every field is checked: a Timestamp is always a clock that could
+        have run."""
+        given = locals()  # the arguments by name, read in the order of the Timestamp's tuple
+        values: tuple[Any, ...] = tuple(
+            _count(f"Timestamp {name}", given[name], unit) if unit else _clock(f"Timestamp {name}", given[name])
+            for name, unit in _FIELD_UNITS.items()
+        )
+        for name, index in _FIELD_INDEX.items():
             if name.endswith(_IN_EPOCH):
                 total = name.removesuffix(_IN_EPOCH)
-                in_epoch, whole_run = getattr(self, name), getattr(self, total)
+                in_epoch, whole_run = values[index], values[_FIELD_INDEX[total]]
                 if in_epoch > whole_run:
-                    raise ValueError(f"Timestamp {name} ({in_epoch}) cannot exceed {total} ({whole_run}).")
+                    unit = _FIELD_UNITS[name].value  # type: ignore[union-attr]
+                    raise ValueError(f"Timestamp {name} ({in_epoch}{unit}) cannot exceed {total} ({whole_run}{unit}).")
+        _set_values(self, values)
 
     def get(self, unit: TimeUnit | str) -> Time[int]:
         """The total count in ``unit``; ``dur`` is an error because a fraction needs ``max_duration``."""
@@ -448,7 +499,7 @@ class Timestamp:
                 "A Timestamp counts ep, ba, sp and tok; 'dur' is a fraction of max_duration, "
                 "so use elapsed_fraction(timestamp, max_duration) or convert the Time to max_duration's unit."
             )
-        return cast("Time[int]", getattr(self, _TOTALS[unit]))
+        return _trusted_time(self._values[_TOTALS[unit]], unit)
 
     # --- advancing ----------------------------------------------------------------------------
 
@@ -464,33 +515,16 @@ class Timestamp:
             tokens = _count("to_next_batch tokens", tokens, TimeUnit.TOKEN)
         if type(duration) is not timedelta or duration < _ZERO:
             duration = _clock("to_next_batch duration", duration)
-        token, token_in_epoch = self.token, self.token_in_epoch
-        if tokens:
-            token = _trusted_time(token._value + tokens, _TOKEN)
-            token_in_epoch = _trusted_time(token_in_epoch._value + tokens, _TOKEN)
-        # The counters every batch moves, built here rather than by a call each to _trusted_time (per batch).
-        new, set_value, set_unit = object.__new__, _set_time_value, _set_time_unit
-        batch, sample, batch_in_epoch, sample_in_epoch = new(Time), new(Time), new(Time), new(Time)
-        set_value(batch, self.batch._value + 1)
-        set_value(sample, self.sample._value + samples)
-        set_value(batch_in_epoch, self.batch_in_epoch._value + 1)
-        set_value(sample_in_epoch, self.sample_in_epoch._value + samples)
-        set_unit(batch, _BATCH)
-        set_unit(sample, _SAMPLE)
-        set_unit(batch_in_epoch, _BATCH)
-        set_unit(sample_in_epoch, _SAMPLE)
-        return _trusted_timestamp(
-            self.epoch,
-            batch,
-            sample,
-            token,
-            batch_in_epoch,
-            sample_in_epoch,
-            token_in_epoch,
-            self.total_wct + duration,
-            self.epoch_wct + duration,
-            duration,
-        )
+        epoch, batch, sample, token, batch_in_epoch, sample_in_epoch, token_in_epoch, total, in_epoch, _ = self._values
+        new: Timestamp = _new(Timestamp)
+        _set_values(
+            new,
+            (
+                epoch, batch + 1, sample + samples, token + tokens, batch_in_epoch + 1, sample_in_epoch + samples,
+                token_in_epoch + tokens, total + duration, in_epoch + duration, duration,
+            ),
+        )  # fmt: skip
+        return new
 
     def to_next_epoch(self, duration: timedelta = _ZERO) -> Timestamp:
         """The clock after the epoch ends: ``epoch + 1``, in-epoch counters and epoch/batch clocks reset.
@@ -498,18 +532,10 @@ class Timestamp:
         ``duration`` is time spent since the last batch (e.g. end-of-epoch evaluation); it adds to ``total_wct``.
         """
         duration = _clock("to_next_epoch duration", duration)
-        return _trusted_timestamp(
-            _trusted_time(self.epoch._value + 1, TimeUnit.EPOCH),
-            self.batch,
-            self.sample,
-            self.token,
-            _ZERO_COUNTS[TimeUnit.BATCH],
-            _ZERO_COUNTS[TimeUnit.SAMPLE],
-            _ZERO_COUNTS[TimeUnit.TOKEN],
-            self.total_wct + duration,
-            _ZERO,
-            _ZERO,
-        )
+        epoch, batch, sample, token, *_, total, _, _ = self._values
+        new: Timestamp = _new(Timestamp)
+        _set_values(new, (epoch + 1, batch, sample, token, 0, 0, 0, total + duration, _ZERO, _ZERO))
+        return new
 
     def copy(self, **changes: int | Time[int] | timedelta | None) -> Timestamp:
         """A new Timestamp with the given fields replaced (validated like the constructor; None keeps a field)."""
@@ -520,18 +546,23 @@ class Timestamp:
 
     def state_dict(self) -> dict[str, int | float]:
         """Counters as ints and clocks as float seconds: safe for ``torch.load(weights_only=True)``."""
-        return {name: _plain(getattr(self, name)) for name in _FIELD_NAMES}
+        return {
+            name: value.total_seconds() if isinstance(value, timedelta) else value
+            for name, value in zip(_FIELD_UNITS, self._values, strict=True)
+        }
 
     @classmethod
     def from_state_dict(cls, state_dict: Mapping[str, Any]) -> Timestamp:
         """Rebuild a Timestamp from :meth:`state_dict`; missing, unknown or invalid entries raise ``ValueError``."""
-        missing = sorted(set(_FIELD_NAMES) - set(state_dict))
-        unexpected = sorted(set(state_dict) - set(_FIELD_NAMES))
+        missing = sorted(set(_FIELD_UNITS) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(_FIELD_UNITS))
         if missing or unexpected:
             raise ValueError(f"Not a Timestamp state dict: missing keys {missing}, unexpected keys {unexpected}.")
         fields = dict(state_dict)
-        for name in _CLOCK_NAMES:
+        for name, unit in _FIELD_UNITS.items():
             seconds = state_dict[name]
+            if unit is not None:
+                continue
             if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
                 raise ValueError(f"Timestamp state {name!r} must be a finite number of seconds, got {seconds!r}.")
             fields[name] = timedelta(seconds=seconds)
@@ -551,7 +582,17 @@ class Timestamp:
             "use `timestamp = Timestamp.from_state_dict(state_dict)` and keep the result."
         )
 
+    def __reduce__(self) -> tuple[Any, tuple[tuple[Any, ...]]]:
+        """Pickled and copied as its values, rebuilt (and checked) by the constructor."""
+        return _from_values, (self._values,)
+
     # --- comparison and display ---------------------------------------------------------------
+
+    def __eq__(self, other: object) -> bool:
+        return self._values == other._values if other.__class__ is Timestamp else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values)
 
     def _counter_for(self, other: object) -> tuple[Time[int], Time[Any]] | None:
         """The counter in ``other``'s unit and ``other`` as a Time, for a Time or time string; None otherwise."""
@@ -559,8 +600,7 @@ class Timestamp:
             other = Time.from_timestring(other)
         if not isinstance(other, Time):
             return None
-        total = _TOTALS.get(other._unit)  # once per batch (``state.finished``): no unit parsing for a Time
-        return (getattr(self, total) if total is not None else self.get(other._unit)), other
+        return self.get(other._unit), other
 
     def __lt__(self, other: Time[Any] | str) -> bool:
         pair = self._counter_for(other)
@@ -575,69 +615,38 @@ class Timestamp:
         return NotImplemented if pair is None else pair[0] > pair[1]
 
     def __ge__(self, other: Time[Any] | str) -> bool:
-        if other.__class__ is Time and (total := _TOTALS.get(other._unit)) is not None:  # ``state.finished``, per batch
-            return getattr(self, total)._value >= other._value  # type: ignore[no-any-return]
+        if other.__class__ is Time and (index := _TOTALS.get(other._unit)) is not None:  # ``state.finished``, per batch
+            return self._values[index] >= other._value  # type: ignore[no-any-return]
         pair = self._counter_for(other)
         return NotImplemented if pair is None else pair[0] >= pair[1]
 
     def __repr__(self) -> str:
         """Counters as plain numbers, clocks as timedeltas: ``Timestamp(epoch=0, batch=2, ..., batch_wct=...)``."""
-        values = ((name, getattr(self, name)) for name in _FIELD_NAMES)
-        shown = ", ".join(f"{name}={value.value if isinstance(value, Time) else value!r}" for name, value in values)
+        shown = ", ".join(f"{name}={value!r}" for name, value in zip(_FIELD_UNITS, self._values, strict=True))
         return f"Timestamp({shown})"
 
 
-_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(Timestamp))
+def batches_in_epoch(timestamp: Timestamp) -> int:
+    """``int(timestamp.batch_in_epoch)`` without building a Time: the training loop asks it every batch."""
+    return timestamp._values[4]  # type: ignore[no-any-return]
 
 
-def _trusted_timestamp(
-    epoch: Time[int],
-    batch: Time[int],
-    sample: Time[int],
-    token: Time[int],
-    batch_in_epoch: Time[int],
-    sample_in_epoch: Time[int],
-    token_in_epoch: Time[int],
-    total_wct: timedelta,
-    epoch_wct: timedelta,
-    batch_wct: timedelta,
-) -> Timestamp:
-    """A Timestamp from fields valid by construction (the clock's own steps): each set once through its slot, with
-    no validation and no loop, as this runs once per batch."""
-    (set_epoch, set_batch, set_sample, set_token, set_batch_in_epoch, set_sample_in_epoch, set_token_in_epoch,
-     set_total_wct, set_epoch_wct, set_batch_wct) = _FIELD_SETTERS  # fmt: skip
-    new: Timestamp = object.__new__(Timestamp)
-    set_epoch(new, epoch)
-    set_batch(new, batch)
-    set_sample(new, sample)
-    set_token(new, token)
-    set_batch_in_epoch(new, batch_in_epoch)
-    set_sample_in_epoch(new, sample_in_epoch)
-    set_token_in_epoch(new, token_in_epoch)
-    set_total_wct(new, total_wct)
-    set_epoch_wct(new, epoch_wct)
-    set_batch_wct(new, batch_wct)
-    return new
+def _from_values(values: tuple[Any, ...]) -> Timestamp:
+    return Timestamp(**dict(zip(_FIELD_UNITS, values, strict=True)))
 
 
-#: Each field's slot setter, which a frozen dataclass's own ``__setattr__`` refuses to be (for building new values).
-_FIELD_SETTERS = tuple(vars(Timestamp)[name].__set__ for name in _FIELD_NAMES)
-assert _FIELD_NAMES == (  # the order _trusted_timestamp unpacks the setters in
-    "epoch", "batch", "sample", "token", "batch_in_epoch", "sample_in_epoch", "token_in_epoch",
-    "total_wct", "epoch_wct", "batch_wct",
-)  # fmt: skip
-_CLOCK_NAMES = tuple(field.name for field in dataclasses.fields(Timestamp) if isinstance(field.default, timedelta))
-#: The field that counts each unit over the whole run (not only the current epoch), for Timestamp.get.
-_TOTALS = {
-    field.default.unit: field.name
+_new = object.__new__
+_set_values = vars(Timestamp)["_values"].__set__
+#: Each field's name and unit (None for a clock), in the order of the Timestamp's tuple.
+_FIELD_UNITS: dict[str, TimeUnit | None] = {
+    field.name: field.default.unit if isinstance(field.default, Time) else None
     for field in dataclasses.fields(Timestamp)
-    if isinstance(field.default, Time) and not field.name.endswith(_IN_EPOCH)
 }
-
-
-def _plain(value: Time[int] | timedelta) -> int | float:
-    """A field as a checkpoint holds it: a counter's int, a clock's float seconds."""
-    return value.total_seconds() if isinstance(value, timedelta) else value.value
+_FIELD_INDEX = {name: index for index, name in enumerate(_FIELD_UNITS)}
+assert all(vars(Timestamp)[name].index == index for name, index in _FIELD_INDEX.items())
+assert _FIELD_INDEX["batch_in_epoch"] == 4  # what batches_in_epoch reads
+#: The place of the counter of each unit over the whole run (not only the current epoch), for Timestamp.get.
+_TOTALS = {unit: _FIELD_INDEX[name] for name, unit in _FIELD_UNITS.items() if unit and not name.endswith(_IN_EPOCH)}
 
 
 def elapsed_fraction(timestamp: Timestamp, max_duration: Time[Any], batches_per_epoch: int | None = None) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from fabric.trainer.core.time import Time, Timestamp, TimeUnit, elapsed_fraction
+from fabric.trainer.core.time import Time, Timestamp, TimeUnit, batches_in_epoch, elapsed_fraction
 
 ACCEPTED = (
     "Accepted: an integer followed by ep, ba, sp or tok (e.g. '10ep', '500ba'), "
@@ -444,6 +444,17 @@ def test_timestamp_counts_over_an_epoch_boundary() -> None:
     assert (timestamp.total_wct, timestamp.epoch_wct, timestamp.batch_wct) == (9 * second, timedelta(0), timedelta(0))
     assert timestamp.batch.unit is TimeUnit.BATCH
     assert timestamp.sample_in_epoch.unit is TimeUnit.SAMPLE
+
+
+def test_the_loop_reads_the_batches_of_the_epoch_as_the_counter_says() -> None:
+    """The training loop reads ``batches_in_epoch`` each batch instead of building ``batch_in_epoch``'s Time."""
+    timestamp = Timestamp(epoch=1, batch=7, batch_in_epoch=3)
+    seen = []
+    for _ in range(3):
+        seen.append((batches_in_epoch(timestamp), int(timestamp.batch_in_epoch)))
+        timestamp = timestamp.to_next_batch(8)
+    seen.append((batches_in_epoch(timestamp.to_next_epoch()), int(timestamp.to_next_epoch().batch_in_epoch)))
+    assert seen == [(3, 3), (4, 4), (5, 5), (0, 0)]
 
 
 def test_advancing_returns_a_new_timestamp() -> None:
