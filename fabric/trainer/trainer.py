@@ -602,9 +602,10 @@ class Trainer:
             clock_check.check_tokens_counted(state.timestamp)
         if state.train_metrics:
             state.metrics.update(compute_metrics(state.train_metrics, "metrics/train"))
-        loss = self._loss_over_ranks(state.loss)  # a collective: on every rank, whatever each one logs to
-        if self.logger.destinations:
-            self.logger.log_metrics({"loss/train/total": loss})
+        if self.logger.destinations or self.fabric.world_size > 1:
+            loss = self._loss_over_ranks(state.loss)  # a collective: on every rank, whatever each one logs to
+            if self.logger.destinations:
+                self.logger.log_metrics({"loss/train/total": loss})
         fire.batch_end()
         if self.evaluators:
             self._evaluate_if_due(Event.BATCH_END)
