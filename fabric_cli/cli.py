@@ -34,10 +34,12 @@ from fabric_cli.lighthouse import lighthouse_command
 from fabric_cli.plan import (
     DEFAULT_MULTI_NODE_PORT,
     TEMPLATE_FIELDS,
+    GroupsPlan,
     LaunchPlan,
     PlanError,
     check_node_options,
     check_template,
+    local_groups,
     mesh_setting,
     parse_mesh,
     processes_per_node,
@@ -115,9 +117,16 @@ def run() -> None:
     "--replica-groups",
     type=int,
     help="Make the job one replica group of a fault-tolerant run of this many groups (strategy fault_tolerant_ddp, "
-    "torchft): a group that dies does not stop the others. Needs --replica-group and --lighthouse.",
+    "torchft): a group that dies does not stop the others. With --replica-group (0 to N-1), the job is that group; "
+    "without it, all N groups start here, each supervised on its own, with a lighthouse unless --lighthouse names one.",
 )
 @click.option("--replica-group", type=int, help="With --replica-groups: this group's index, 0 to N-1.")
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    help="With --replica-groups and no --replica-group: start a group that failed again, up to this many times per "
+    "group; it joins the running groups and takes their state. [default: 0]",
+)
 @click.option(
     "--lighthouse",
     envvar="TORCHFT_LIGHTHOUSE",
@@ -210,12 +219,13 @@ def run_model(**options: Any) -> None:
         click.echo(plan.describe())
         return
     from fabric_cli.join import JoinError
+    from fabric_cli.replica_groups import LighthouseError, run_groups
     from fabric_cli.runner import OutputError
     from fabric_cli.runner import run as run_plan
 
     try:
-        sys.exit(run_plan(plan))
-    except (JoinError, OutputError) as error:
+        sys.exit(run_groups(plan) if isinstance(plan, GroupsPlan) else run_plan(plan))
+    except (JoinError, OutputError, LighthouseError) as error:
         click.echo(f"fabric: error: {error}", err=True)
         sys.exit(2 if isinstance(error, OutputError) else 1)
 
@@ -231,7 +241,7 @@ def _world_size(value: int | None) -> int | None:
     return value
 
 
-def _make_plan(options: dict[str, Any]) -> LaunchPlan:
+def _make_plan(options: dict[str, Any]) -> LaunchPlan | GroupsPlan:
     """Check everything that needs no device count first, so most bad input never imports torch."""
     mode = _mode(options)
     check_template("--stdout", options["stdout_template"])
@@ -256,11 +266,19 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
     settings = {CLI_SETTINGS[name]: str(value) for name, value in passed.items()}
     if mesh is not None:
         settings[CLI_MESH] = mesh_setting(mesh, layout.world_size)
-    settings.update(
-        replica_group_settings(
-            options["replica_groups"], options["replica_group"], options["lighthouse"], options["strategy"]
+    all_groups_here = options["replica_groups"] is not None and options["replica_group"] is None
+    if options["max_restarts"] is not None and not all_groups_here:
+        raise PlanError(
+            f"--max-restarts={options['max_restarts']} restarts the replica groups this command starts, which needs "
+            "--replica-groups=N without --replica-group; to restart a whole job use torchrun --max-restarts or the "
+            "scheduler's requeue (with the Trainer's autoresume)."
         )
-    )
+    if not all_groups_here:
+        settings.update(
+            replica_group_settings(
+                options["replica_groups"], options["replica_group"], options["lighthouse"], options["strategy"]
+            )
+        )
     plan = LaunchPlan(
         script=options["script"],
         script_args=tuple(os.path.expandvars(os.path.expanduser(arg)) for arg in options["script_args"]),
@@ -279,6 +297,9 @@ def _make_plan(options: dict[str, Any]) -> LaunchPlan:
         verbose=options["verbose"],
     )
     plan.check_log_files()
+    if all_groups_here:
+        restarts = options["max_restarts"] or 0
+        return local_groups(plan, options["replica_groups"], options["lighthouse"], options["strategy"], restarts)
     return plan
 
 

@@ -6,6 +6,7 @@ imported only to count GPUs when the user asks for GPUs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -28,6 +29,7 @@ from fabric.utilities.cli_contract import (
 )
 from fabric.utilities.device_parser import ALL, AUTO, cpu_oversubscription, parse_devices
 from fabric.utilities.network import SOCKET_INTERFACE_VARIABLES
+from fabric.utilities.ports import find_free_port
 from fabric.utilities.processes.rank_environment import rank_variables, thread_defaults
 from fabric_cli.layout import Layout
 
@@ -225,6 +227,63 @@ class LaunchPlan:
             stdout, stderr = self.log_files(local_rank)
             lines.append(f"local rank {local_rank} logs: stdout {stdout}, stderr {stderr}")
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class GroupsPlan:
+    """``--replica-groups=N`` without ``--replica-group``: every replica group of a fault-tolerant run started on this
+    machine, each supervised as a job of its own (a group that dies does not stop the others), and torchft's
+    lighthouse started for them unless ``--lighthouse`` names one."""
+
+    #: One launch plan per group, in group order: its own rendezvous port, run dir and group variables.
+    groups: tuple[LaunchPlan, ...]
+    #: HOST:PORT the CLI starts the lighthouse on; None: the groups use the lighthouse given.
+    lighthouse_bind: str | None
+    #: How many times each group that failed is started again (``--max-restarts``).
+    max_restarts: int = 0
+
+    def describe(self) -> str:
+        """The ``--dry-run`` report: the lighthouse, then each group's plan."""
+        given = self.groups[0].fabric_settings[FT_LIGHTHOUSE]
+        lines = [
+            f"lighthouse:    {'started on ' + self.lighthouse_bind if self.lighthouse_bind else given}",
+            f"max restarts:  {self.max_restarts} per group",
+        ]
+        for index, group in enumerate(self.groups):
+            lines += [f"--- replica group {index} of {len(self.groups)}", group.describe()]
+        return "\n".join(lines)
+
+
+def local_groups(
+    plan: LaunchPlan, replica_groups: int, lighthouse: str | None, strategy: str | None, max_restarts: int
+) -> GroupsPlan:
+    """``plan`` made one plan per replica group, every group on this node, each on a free rendezvous port."""
+    if plan.layout.several_nodes:
+        raise PlanError(
+            f"--replica-groups={replica_groups} without --replica-group starts every group on this machine, but the "
+            "job spans several nodes: start one job per group, each with its --replica-group and the same --lighthouse."
+        )
+    bind = None if lighthouse else f"127.0.0.1:{find_free_port()}"
+    address = lighthouse or str(bind)
+    replica_group_settings(replica_groups, 0, address, strategy)  # the count, the address and the strategy, once
+    ports = [plan.main_port]
+    while len(ports) < replica_groups:  # one rendezvous port per group, none the lighthouse's
+        port = find_free_port()
+        if port not in ports and f":{port}" not in address:
+            ports.append(port)
+    groups = tuple(
+        dataclasses.replace(
+            plan,
+            main_port=ports[index],
+            run_dir=plan.run_dir / f"group{index}",
+            fabric_settings={
+                **plan.fabric_settings,
+                **replica_group_settings(replica_groups, index, address, strategy),
+            },
+        )
+        for index in range(replica_groups)
+    )
+    return GroupsPlan(groups, bind, max_restarts)
 
 
 def check_template(option: str, template: str | None) -> None:

@@ -179,6 +179,62 @@ def test_fabric_run_model_refuses_a_replica_group_that_cannot_work(
     assert message in result.stderr.strip().splitlines()[-1]
 
 
+def _group_plans(stdout: str) -> dict[int, dict[str, str]]:
+    """Each group's local rank 0 variables from a ``--dry-run`` report of every group."""
+    plans, group = {}, None
+    for line in stdout.splitlines():
+        if line.startswith("--- replica group "):
+            group = int(line.split()[3])
+        elif line.startswith("local rank 0:  ") and group is not None:
+            plans[group] = dict(item.split("=", 1) for item in line.split(":  ", 1)[1].split())
+    return plans
+
+
+def test_fabric_run_model_plans_every_group_on_this_machine_with_a_lighthouse(tmp_path: Path) -> None:
+    result = _dry_run("--devices=2", "--replica-groups=3", f"--run-dir={tmp_path / 'run'}", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    bind = result.stdout.splitlines()[0].removeprefix("lighthouse:    started on ")
+    assert bind.startswith("127.0.0.1:")
+    plans = _group_plans(result.stdout)
+    assert sorted(plans) == [0, 1, 2]
+    for group, variables in plans.items():
+        assert variables[FT_REPLICA_GROUP] == str(group) and variables[FT_REPLICA_GROUPS] == "3"
+        assert variables[FT_LIGHTHOUSE] == f"http://{bind}"
+        assert variables["FABRIC_STRATEGY"] == "fault_tolerant_ddp"
+        assert variables["FABRIC_RUN_DIRECTORY"] == str(tmp_path / "run" / f"group{group}")
+    ports = {variables["MASTER_PORT"] for variables in plans.values()}
+    assert len(ports) == 3 and bind.rpartition(":")[2] not in ports  # a rendezvous of its own per group
+
+    given = _dry_run("--replica-groups=2", "--lighthouse=10.1.1.1:29510", tmp_path=tmp_path)
+    assert given.returncode == 0, given.stderr
+    assert given.stdout.splitlines()[0] == "lighthouse:    http://10.1.1.1:29510"  # used, not started
+    assert {v[FT_LIGHTHOUSE] for v in _group_plans(given.stdout).values()} == {"http://10.1.1.1:29510"}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--replica-groups=0",), "--replica-groups=0 is not valid. Accepted: an int >= 1."),
+        (("--replica-groups=2", "--strategy=ddp"), "which needs --strategy=fault_tolerant_ddp; got --strategy=ddp"),
+        (("--max-restarts=1",), "--max-restarts=1 restarts the replica groups this command starts, which needs"),
+        (
+            ("--replica-groups=2", "--replica-group=0", "--lighthouse=h:1", "--max-restarts=1"),
+            "--max-restarts=1 restarts the replica groups this command starts, which needs --replica-groups=N without",
+        ),
+        (
+            ("--replica-groups=2", "--num-nodes=2", "--node-rank=0", "--main-address=10.1.1.1"),
+            "--replica-groups=2 without --replica-group starts every group on this machine, but the job spans several",
+        ),
+    ],
+)
+def test_fabric_run_model_refuses_groups_it_cannot_start_here(
+    options: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    result = _dry_run(*options, tmp_path=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1]
+
+
 def test_fabric_lighthouse_refuses_a_bad_address() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "fabric_cli", "lighthouse", "--bind", "nowhere"],
@@ -377,6 +433,68 @@ def test_a_killed_replica_group_does_not_stop_the_others_and_rejoins_with_their_
     joined_at = next(r["joined_at"] for r in _by_group(records, 2) if r["joined_at"] is not None)
     joined_line = f"fabric: replica group 2 joined the run at step {joined_at}"
     assert any(joined_line in path.read_text() for path in tmp_path.glob("group2-*.log"))
+
+
+@pytest.mark.end_to_end
+def test_one_fabric_run_model_starts_every_group_and_restarts_a_killed_one_that_takes_the_others_state(
+    tmp_path: Path,
+) -> None:
+    require_modules("fault tolerance", "torchft")
+    require_namespaces("fault tolerance")
+    log_path = tmp_path / "cli.log"
+    with network_namespace("ft", veth=False) as namespace, log_path.open("w") as log:
+        command = [
+            *(sys.executable, "-m", "fabric_cli", "run", "model", "--accelerator=cpu", "--devices=1"),
+            *("--replica-groups=3", "--max-restarts=1", f"--run-dir={tmp_path / 'run'}", WORKER, "--"),
+            *(str(tmp_path), str(tmp_path / "stop")),
+        ]
+        cli = namespace.popen(
+            command,
+            env=launcher_environment({"OMP_NUM_THREADS": "1"}),
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        run = Run(namespace, tmp_path, groups=3, devices=1, processes={0: cli})
+        try:
+            records = run.wait_for(
+                "all three groups, started by one CLI, training together",
+                lambda rs: all(any(r["participants"] == 3 for r in _by_group(rs, g)) for g in range(3)),
+            )
+            killed = {r["pid"] for r in _by_group(records, 2)}
+            for pid in killed:  # the group's one process, as when its machine fails
+                os.kill(pid, signal.SIGKILL)
+            killed_at = _committed(records)
+            records = run.wait_for(
+                "group 2 restarted by the CLI, training with the others again",
+                lambda rs: any(
+                    r["pid"] not in killed and r["participants"] == 3 and r["joined_at"] is None
+                    for r in _by_group(rs, 2)
+                ),
+            )
+            stop = _committed(records) + STOP_MARGIN
+            run.stop_at(stop)
+            assert cli.wait(timeout=EVENT_DEADLINE) == 0, log_path.read_text()[-3000:]
+        finally:
+            stop_process(cli, grace=5.0)
+    output = log_path.read_text()
+    assert "fabric: torchft lighthouse on 127.0.0.1:" in output
+    restarted = "fabric: replica group 2 ended with exit code 137; restarting it (1 of 1), run dir "
+    assert restarted + str(tmp_path / "run" / "group2-restart1") in output, output[-3000:]
+    records = run.records()
+    final = {}
+    for group in range(3):
+        mine = [r for r in _by_group(records, group) if r["pid"] not in killed]
+        steps = [r["committed_steps"] for r in mine]
+        assert steps == sorted(steps)  # the step counter never went back
+        assert len({r["pid"] for r in mine}) == 1  # the survivors never restarted; group 2 once
+        final[group] = (steps[-1], mine[-1]["weights"])
+    joined = next(r for r in _by_group(records, 2) if r["pid"] not in killed)
+    # restarted at once, it may join while the others still wait out the dead group's step
+    assert joined["joined_at"] is not None and joined["joined_at"] >= killed_at
+    peers = [r for r in _by_group(records, 0) if r["committed_steps"] == joined["committed_steps"]]
+    assert joined["weights"] == peers[0]["weights"]  # the peers' state, received at the join
+    assert len(set(map(str, final.values()))) == 1 and final[0][0] == stop  # all three to the stop, equal weights
 
 
 def _reference_weights(steps: int) -> list[float]:
