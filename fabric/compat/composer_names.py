@@ -166,11 +166,7 @@ COMPOSER = DropIn(
                     "fabric.plugins.io.file_helpers:maybe_create_remote_uploader_downloader_from_uri"
                 ),
                 "create_interval_scheduler": "fabric.trainer.intervals:create_interval_scheduler",
-                "TPConfig": Refused(
-                    "not through the drop-in mode yet: llm-foundry's tp_config trained differently from one process "
-                    "here (its loaders split the data over every rank, the tensor-parallel ones included). A program "
-                    "of your own can pass fabric.trainer.parallelism.TPConfig or a 'tp' dict."
-                ),
+                "TPConfig": "fabric.trainer.parallelism:TPConfig",
                 "ensure_time": "fabric.trainer.core.time:ensure_time",
                 "get_file": "fabric.plugins.io.file_helpers:get_file",
                 "parse_uri": "fabric.plugins.io.file_helpers:parse_uri",

@@ -10,7 +10,8 @@ the first batch across the ranks that share a data-parallel index (one ``all_gat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -25,12 +26,29 @@ def batch_fingerprint(batch: Any) -> Fingerprint:
     """Shape, dtype, sum and a position-weighted sum of every tensor in ``batch`` (equal batches give equal prints;
     a different sample, or the same samples in another order, changes them)."""
     prints: Fingerprint = []
-    for leaf in tree_leaves(batch):
-        if isinstance(leaf, torch.Tensor):
-            values = leaf.detach().to(torch.float64).flatten()
-            weights = torch.arange(values.numel(), dtype=torch.float64, device=values.device) % 7 + 1
-            prints.append((tuple(leaf.shape), str(leaf.dtype), values.sum().item(), (values * weights).sum().item()))
+    for tensor in _tensors(batch):
+        values = tensor.detach().to(torch.float64).flatten()
+        weights = torch.arange(values.numel(), dtype=torch.float64, device=values.device) % 7 + 1
+        prints.append((tuple(tensor.shape), str(tensor.dtype), values.sum().item(), (values * weights).sum().item()))
     return prints
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in ``value``, also inside mappings torch's pytree does not know (Hugging Face's
+    ``BatchEncoding``, llm-foundry's batches) and dataclasses."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from _tensors(getattr(value, field.name))
+    else:
+        yield from (leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor) and leaf is not value)
 
 
 def refuse_different_batches(batch: Any, data_parallel_index: int, sharers: str) -> None:
@@ -48,7 +66,8 @@ def refuse_different_batches(batch: Any, data_parallel_index: int, sharers: str)
                 "same batches, but their first batches differ. A dataloader that splits the data itself by RANK and "
                 "WORLD_SIZE (e.g. mosaicml-streaming's StreamingDataset) splits it over every rank: split it over the "
                 "data-parallel ranks only (fabric.strategy.data_parallel_shard gives the number of shares and this "
-                "rank's), or let fabric.setup_dataloaders split it."
+                "rank's; a StreamingDataset takes replication=<ranks of one model copy>, llm-foundry's "
+                "train_loader.dataset.replication), or let fabric.setup_dataloaders split it."
             )
 
 

@@ -257,6 +257,13 @@ class Strategy:
         return 1
 
     @property
+    def batch_shares(self) -> int:
+        """How many different batches one step trains: one per rank that reads its own share of the data. A step's
+        sample count is a rank's times this; ranks that hold parts of one model copy (tensor or pipeline
+        parallelism) share one batch."""
+        return self.world_size
+
+    @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
 

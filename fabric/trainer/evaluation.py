@@ -191,7 +191,7 @@ def _run_evaluator(
             part_samples = samples if len(forwards) == 1 else spec.get_num_samples_in_batch(part)
             for metric in metrics.values():
                 update_metric(model.module, part, outputs, metric, part_samples)
-        state.eval_timestamp = state.eval_timestamp.to_next_batch(samples * fabric.world_size)
+        state.eval_timestamp = state.eval_timestamp.to_next_batch(samples * fabric.strategy.batch_shares)
         run_event(Event.EVAL_BATCH_END)
         if stop_requested():
             raise EvaluationInterrupted(f"evaluation {evaluator.label!r} stopped after {index + 1} batch(es)")

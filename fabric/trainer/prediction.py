@@ -51,7 +51,7 @@ def run_prediction(
                 if return_outputs:
                     outputs.append(move_data_to_device(state.outputs, torch.device("cpu")))
                 state.predict_timestamp = state.predict_timestamp.to_next_batch(
-                    spec.get_num_samples_in_batch(state.batch) * require_fabric(state).world_size
+                    spec.get_num_samples_in_batch(state.batch) * require_fabric(state).strategy.batch_shares
                 )
                 run_event(Event.PREDICT_BATCH_END)
             run_event(Event.PREDICT_END)

@@ -85,6 +85,7 @@ class TrainStep:
         self.fabric = require_fabric(state)
         # Fixed once the processes joined, which the Trainer waits for before it builds its step.
         self._world_size = self.fabric.world_size
+        self._batch_shares = self.fabric.strategy.batch_shares  # the ranks whose batches differ
         self.lr_schedule = lr_schedule
         self.torch_schedulers = tuple(torch_schedulers)
         self.step_schedulers_every_batch = step_schedulers_every_batch
@@ -133,11 +134,12 @@ class TrainStep:
             for scheduler in self.torch_schedulers:
                 scheduler.step()
         state.loss = total_loss
-        world_size = self._world_size
-        # Sharded loaders give every rank equally sized batches, so the global count is local x world size.
+        shares = self._batch_shares
+        # Sharded loaders give every share equally sized batches, so the global count is local x shares (the ranks
+        # of one tensor-parallel group train the same batch: counted once).
         state.timestamp = state.timestamp.to_next_batch(
-            samples * world_size,
-            self.data_spec.get_num_tokens_in_batch(full_batch, self.token_counter) * world_size,
+            samples * shares,
+            self.data_spec.get_num_tokens_in_batch(full_batch, self.token_counter) * shares,
             timedelta(0, perf_counter() - started),  # (days, seconds): positional is cheaper
         )
 

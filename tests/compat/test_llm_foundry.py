@@ -8,7 +8,8 @@ What is checked: one process trains 6 batches with evaluations and checkpoints; 
 continues with the uninterrupted run's losses; on 2 processes under ``fabric run model``, with DDP and with
 ``fsdp_config`` (FULL_SHARD), the logged losses are the one process's (llm-foundry weights microbatches by tokens,
 ``accumulate_train_batch_on_tokens``, over every rank's batch, and the logged loss is the mean over ranks); a model
-built on the meta device takes MPT's own initialisation.
+built on the meta device takes MPT's own initialisation; ``tp_config`` (tensor parallelism over 2 processes) trains
+as one process when its loader replicates the samples over the two ranks, and stops at the first batch when not.
 """
 
 from __future__ import annotations
@@ -224,3 +225,49 @@ def test_fsdp_with_the_model_built_on_the_meta_device_takes_mpts_own_init(
     _, losses = _train(workspace, workspace / "fsdp-meta", "model.init_device=meta", processes=2, fsdp_config=FSDP)
     assert sorted(losses) == [1, 2, 3, 4, 5, 6] and all(math.isfinite(loss) for loss in losses.values())
     assert losses[1] == pytest.approx(reference[1], rel=0.05) and losses[6] < losses[1]
+
+
+def _train_loader(workspace: Path, **dataset: Any) -> dict[str, Any]:
+    loader = _config(workspace, workspace)["train_loader"]
+    return {**loader, "dataset": {**loader["dataset"], **dataset}}
+
+
+TP = {"strategy": "ffn", "tensor_parallel_degree": 2}
+
+
+def test_tensor_parallel_tp_config_trains_as_one_process_given_the_same_batches(workspace: Path) -> None:
+    """llm-foundry's ``tp_config`` (its ``ffn`` plan, degree 2) on 2 processes: one model copy whose two halves must
+    see the same samples, which its streaming loader gives them with ``replication: 2``. llm-foundry's device batch
+    stays the global batch over the world size (4 of 8), so each step trains 4 samples: the losses are one process's
+    with a global batch of 4."""
+    overrides = {"global_train_batch_size": 4, "max_duration": "4ba", "eval_interval": "4ba", "save_interval": "4ba"}
+    _, reference = _train(workspace, workspace / "tp-reference", **overrides)
+    replicated = _train_loader(workspace, replication=2)
+    overrides["global_train_batch_size"] = 8
+    output, losses = _train(
+        workspace, workspace / "tp", processes=2, tp_config=TP, train_loader=replicated, **overrides
+    )
+    assert "device_train_batch_size: 4" in output
+    assert sorted(losses) == [1, 2, 3, 4]
+    assert [losses[1], losses[2]] == pytest.approx([reference[1], reference[2]], rel=1e-5)
+    assert [losses[batch] for batch in (3, 4)] == pytest.approx([reference[b] for b in (3, 4)], rel=1e-3)
+
+
+def test_tensor_parallel_without_replication_stops_at_the_first_batch_naming_the_cause(workspace: Path) -> None:
+    """Without ``replication``, llm-foundry's loader gives the two halves of the model different samples, which would
+    train silently away from one process (its ``ffn`` plan all-gathers them, but the attention's gradients are
+    never averaged over the tensor-parallel ranks): the first forward refuses it on every rank."""
+    save_folder = workspace / "tp-unreplicated"
+    config = save_folder.parent / f"{save_folder.name}.yaml"
+    config.write_text(json.dumps(_config(workspace, save_folder) | {"tp_config": TP}))
+    command = [
+        *(str(PYTHON), "-m", "fabric_cli", "run", "model", "--drop-in=composer", "-n", "2", "--accelerator=cpu"),
+        *(f"--run-dir={workspace / 'runs-unreplicated'}", "-m", "llmfoundry.cli.cli", "train", str(config)),
+    ]
+    environment = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    job = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, check=False)
+    assert job.returncode != 0
+    said = re.sub(r"\s+", " ", job.stderr.replace("[rank0]: ", ""))  # its rich traceback wraps the lines
+    assert "hold parts of one model copy (tensor_parallel=2) and must be given the same batches" in said
+    assert "a StreamingDataset takes replication=<ranks of one model copy>" in said
+    assert "batch=1]" not in job.stdout  # not one step trained

@@ -160,7 +160,8 @@ if mode == "trainer":  # Composer's Trainer with parallelism_config describing t
     weights = full_weights(getattr(trained, "module", trained))
     strategy_name = type(trainer.fabric.strategy).__name__
     if trainer.fabric.is_global_zero:
-        torch.save({"weights": weights, "strategy": strategy_name}, out_dir / f"trainer-{tag}.pt")
+        clock = trainer.state.timestamp.state_dict()
+        torch.save({"weights": weights, "strategy": strategy_name, "timestamp": clock}, out_dir / f"trainer-{tag}.pt")
     sys.exit(0)
 
 plan = MeshPlan(

@@ -108,6 +108,8 @@ def test_the_trainer_with_composers_parallelism_config_trains_like_one_process(r
     reference = torch.load(runs / "reference.pt")
     assert report["strategy"] == "ModelParallelStrategy"  # the tp section's layer plan, HSDP over the degrees
     assert _max_difference(report["weights"], reference["weights"]) < WEIGHT_TOLERANCE
+    # the samples trained, each counted once: the 2 ranks of a tensor-parallel group train the same batch
+    assert (report["timestamp"]["batch"], report["timestamp"]["sample"]) == (3, 3 * 8)
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 2, 2), (2, 1, 1, 2)], ids=_tag)

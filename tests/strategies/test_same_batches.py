@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import UserDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,21 @@ def test_the_fingerprint_tells_other_samples_and_other_orders_apart() -> None:
     assert batch_fingerprint(batch) != batch_fingerprint(reordered)  # the same sum, other positions
     assert batch_fingerprint(batch) != batch_fingerprint(other)
     assert batch_fingerprint(((torch.zeros(2),), {"target": None})) == [((2,), "torch.float32", 0.0, 0.0)]
+
+
+class _BatchEncoding(UserDict):  # type: ignore[type-arg]
+    """Like Hugging Face's ``BatchEncoding`` (llm-foundry's batches): a mapping torch's pytree takes for one leaf."""
+
+
+@dataclass
+class _Batch:
+    tokens: torch.Tensor
+
+
+def test_the_fingerprint_sees_the_tensors_in_mappings_pytree_does_not_know_and_in_dataclasses() -> None:
+    tokens = torch.arange(12).view(4, 3)
+    assert batch_fingerprint(((_BatchEncoding(input_ids=tokens),), {})) == batch_fingerprint(tokens)
+    assert batch_fingerprint(_BatchEncoding(input_ids=tokens)) != batch_fingerprint(
+        _BatchEncoding(input_ids=tokens + 1)
+    )
+    assert batch_fingerprint(_Batch(tokens)) == batch_fingerprint(tokens) != []

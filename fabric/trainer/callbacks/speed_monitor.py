@@ -116,11 +116,13 @@ def _flops_per_batch(state: State) -> Callable[[Any], float] | None:
 def _global_flops(state: State) -> float | None:
     """The FLOPs of this batch over all ranks, or None when the model does not count them.
 
-    Like the trainer's sample count, this is this rank's count times the world size: sharded loaders
-    give every rank an equally sized batch, and a collective per batch would cost more than it buys.
+    Like the trainer's sample count, this is this rank's count times the ranks whose batches differ (the
+    strategy's ``batch_shares``): sharded loaders give every share an equally sized batch, and a collective per
+    batch would cost more than it buys.
     """
     function = _flops_per_batch(state)
-    return None if function is None else float(function(state.batch)) * _world_size(state)
+    shares = 1 if state.fabric is None else state.fabric.strategy.batch_shares
+    return None if function is None else float(function(state.batch)) * shares
 
 
 def _world_size(state: State) -> int:
