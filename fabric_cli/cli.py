@@ -359,6 +359,9 @@ def main() -> None:
             sys.exit(0)
         click.echo(f"fabric: error: {error.format_message()}{_environment_source(error)}", err=True)
         sys.exit(2)
+    except click.ClickException as error:  # a command that cannot run (`fabric lighthouse` without torchft)
+        click.echo(f"fabric: error: {error.format_message()}", err=True)
+        sys.exit(error.exit_code)
     except click.Abort:
         sys.exit(130)
 

@@ -235,6 +235,8 @@ class GroupsPlan:
     machine, each supervised as a job of its own (a group that dies does not stop the others), and torchft's
     lighthouse started for them unless ``--lighthouse`` names one."""
 
+    #: The job's run dir: each group's is ``run_dir/groupI``, the lighthouse's log ``run_dir/lighthouse.log``.
+    run_dir: Path
     #: One launch plan per group, in group order: its own rendezvous port, run dir and group variables.
     groups: tuple[LaunchPlan, ...]
     #: HOST:PORT the CLI starts the lighthouse on; None: the groups use the lighthouse given.
@@ -248,6 +250,7 @@ class GroupsPlan:
         lines = [
             f"lighthouse:    {'started on ' + self.lighthouse_bind if self.lighthouse_bind else given}",
             f"max restarts:  {self.max_restarts} per group",
+            f"run dir:       {self.run_dir}",
         ]
         for index, group in enumerate(self.groups):
             lines += [f"--- replica group {index} of {len(self.groups)}", group.describe()]
@@ -283,7 +286,7 @@ def local_groups(
         )
         for index in range(replica_groups)
     )
-    return GroupsPlan(groups, bind, max_restarts)
+    return GroupsPlan(plan.run_dir, groups, bind, max_restarts)
 
 
 def check_template(option: str, template: str | None) -> None:

@@ -19,7 +19,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import traceback
+from pathlib import Path
 from types import FrameType
 
 from fabric.utilities.cli_contract import FT_LIGHTHOUSE
@@ -30,6 +32,8 @@ from fabric_cli.plan import GroupsPlan, LaunchPlan
 from fabric_cli.runner import run
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: How long the lighthouse may take to listen (it imports torchft first).
+LIGHTHOUSE_START_SECONDS = 60.0
 
 
 class LighthouseError(Exception):
@@ -38,7 +42,8 @@ class LighthouseError(Exception):
 
 def run_groups(plan: GroupsPlan) -> int:
     """Start the lighthouse and the groups, wait for every group; the exit code the CLI ends with."""
-    lighthouse = None if plan.lighthouse_bind is None else _start_lighthouse(plan.lighthouse_bind)
+    bind = plan.lighthouse_bind
+    lighthouse = None if bind is None else _start_lighthouse(bind, plan.run_dir / "lighthouse.log")
     supervisors: dict[int, int] = {}  # pid -> group, of the groups running
     stopping: list[int] = []  # the stop signals received: no group is restarted after one
 
@@ -60,19 +65,25 @@ def run_groups(plan: GroupsPlan) -> int:
             stop_processes([lighthouse], grace=5.0)
 
 
-def _start_lighthouse(bind: str) -> subprocess.Popen[str]:
-    """``fabric lighthouse --bind=BIND``, once it listens (it prints its address first)."""
-    command = [sys.executable, "-m", "fabric_cli", "lighthouse", f"--bind={bind}"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent
-    )
-    assert process.stdout is not None and process.stderr is not None
-    line = process.stdout.readline().strip()
-    if not line.startswith(f"{FT_LIGHTHOUSE}="):
-        process.kill()
-        error = process.stderr.read().strip().splitlines()
-        raise LighthouseError(f"the lighthouse on {bind} did not start: {error[-1] if error else 'no output'}")
-    print(f"fabric: torchft lighthouse on {bind} for the replica groups", file=sys.stderr, flush=True)
+def _start_lighthouse(bind: str, log: Path) -> subprocess.Popen[bytes]:
+    """``fabric lighthouse --bind=BIND``, once it listens (it writes its address first). Its output goes to ``log``,
+    never to a pipe nobody reads, which would stall it once full in a long run."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fabric_cli", "lighthouse", f"--bind={bind}"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+    deadline = time.monotonic() + LIGHTHOUSE_START_SECONDS
+    while f"{FT_LIGHTHOUSE}=".encode() not in log.read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_processes([process], grace=1.0)
+            lines = log.read_text(errors="replace").strip().splitlines()
+            raise LighthouseError(f"the lighthouse on {bind} did not start: {lines[-1] if lines else 'no output'}")
+        time.sleep(0.05)
+    print(f"fabric: torchft lighthouse on {bind} for the replica groups (log: {log})", file=sys.stderr, flush=True)
     return process
 
 

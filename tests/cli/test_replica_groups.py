@@ -69,3 +69,29 @@ def test_groups_that_fail_past_their_restarts_end_the_command_with_their_code(tm
     assert endings == ["; 1 other group goes on.", "."], result.stderr  # no restart without --max-restarts
     assert sorted(line.split()[3] for line in lines) == ["0", "1"]
     assert not os.path.exists(tmp_path / "run" / "group0-restart1")
+
+
+def test_a_lighthouse_that_cannot_start_stops_the_command_before_any_group(tmp_path: Path) -> None:
+    broken = tmp_path / "site" / "torchft"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('this torchft cannot be imported')\n")
+    script = tmp_path / "group.py"
+    script.write_text(f"open({str(tmp_path / 'started')!r}, 'w').close()\n")
+    command = [sys.executable, "-m", "fabric_cli", "run", "model", "--accelerator=cpu", "--devices=1"]
+    result = subprocess.run(
+        [*command, "--replica-groups=2", f"--run-dir={tmp_path / 'run'}", str(script)],
+        env=launcher_environment(
+            {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("fabric: error: the lighthouse on 127.0.0.1:"), result.stderr
+    assert last.endswith("did not start: fabric: error: Fault tolerance needs the torchft package: pip install torchft "
+                         '(or, from a checkout of this project, pip install -e ".[ft]").'), result.stderr  # fmt: skip
+    assert not (tmp_path / "started").exists()  # no group was started
