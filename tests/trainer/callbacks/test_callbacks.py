@@ -96,14 +96,18 @@ class FlopsModel(nn.Linear):
         return 100.0 * len(batch)
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_speed_monitor_mfu_counts_the_flops_of_every_rank(world_size: int) -> None:
+@pytest.mark.parametrize(
+    ("world_size", "shares"), [(1, 1), (2, 2), (2, 1)], ids=["one_rank", "two_data_parallel_ranks", "tensor_parallel_2"]
+)
+def test_speed_monitor_mfu_counts_the_flops_of_every_batch_once(world_size: int, shares: int) -> None:
+    """Every rank's batch counts, except that the ranks of one tensor-parallel group train one batch together
+    (``strategy.batch_shares``); the peak is every device's."""
     rig = Rig(SpeedMonitor(flops_available_per_device=1000.0), model=FlopsModel())
-    rig.state.fabric = SimpleNamespace(world_size=world_size)
+    rig.state.fabric = SimpleNamespace(world_size=world_size, strategy=SimpleNamespace(batch_shares=shares))
     rig.state.batch = torch.zeros(4, 2)  # this rank's batch: 400 FLOPs
     rig.engine.run_event(Event.FIT_START)
-    rig.train_batch(samples=4 * world_size, seconds=2.0)
-    flops_per_sec = 400.0 * world_size / 2.0
+    rig.train_batch(samples=4 * shares, seconds=2.0)
+    flops_per_sec = 400.0 * shares / 2.0
     assert rig.memory.most_recent_values["throughput/flops_per_sec"] == pytest.approx(flops_per_sec)
     assert rig.memory.most_recent_values["throughput/mfu"] == pytest.approx(flops_per_sec / (1000.0 * world_size))
 
