@@ -229,11 +229,6 @@ class ParallelStrategy(Strategy):
     def root_device(self) -> torch.device:
         return self.parallel_devices[self.local_rank]
 
-    @property
-    def data_parallel_shard(self) -> tuple[int, int]:
-        """``(replicas, index)``: how many ranks split the data, and which share is this rank's."""
-        return self.world_size, self.global_rank
-
     @override
     def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Give this rank only its share of the data (see :attr:`data_parallel_shard`)."""

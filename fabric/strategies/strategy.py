@@ -257,11 +257,16 @@ class Strategy:
         return 1
 
     @property
+    def data_parallel_shard(self) -> tuple[int, int]:
+        """``(shares, index)``: how many ranks split the data, and which share is this rank's. Every rank reads its
+        own share, except that ranks holding parts of one model copy (tensor or pipeline parallelism) read one."""
+        return self.world_size, self.global_rank
+
+    @property
     def batch_shares(self) -> int:
-        """How many different batches one step trains: one per rank that reads its own share of the data. A step's
-        sample count is a rank's times this; ranks that hold parts of one model copy (tensor or pipeline
-        parallelism) share one batch."""
-        return self.world_size
+        """How many different batches one step trains (the number of data shares): a step's sample count is a
+        rank's times this."""
+        return self.data_parallel_shard[0]
 
     @property
     def is_global_zero(self) -> bool:

@@ -76,7 +76,7 @@ class EpochCursor:
 
     def _iterator(self, dataloader: Iterable[Any]) -> Iterator[Any]:
         position, self._resume_position = self._resume_position, None
-        world_size = require_fabric(self._state).world_size
+        shares = self._data_shares()
         if position is not None and position.loader_state is not None and keeps_own_position(dataloader):
             dataloader.load_state_dict(position.loader_state)  # type: ignore[attr-defined]
             if position.batches_done == 0:
@@ -85,11 +85,11 @@ class EpochCursor:
             self.ends_with_loader = position.batches_done > 0
             return iter(dataloader)  # the loader continues where it was, on any number of ranks
         if position is not None and position.epoch_start is not None:
-            if position.batches_done and layout_change(position, dataloader, world_size):
+            if position.batches_done and layout_change(position, dataloader, shares):
                 return self._resume_by_samples(dataloader, position)
-            # At an epoch boundary with another world size the loader is sharded differently: start it afresh.
-            same_world = position.world_size == world_size
-            self.start = position.epoch_start if same_world else capture_epoch_start(dataloader)
+            # At an epoch boundary with other data shares the loader is sharded differently: start it afresh.
+            same_shares = position.data_shares == shares
+            self.start = position.epoch_start if same_shares else capture_epoch_start(dataloader)
             if position.batches_done == 0:
                 self._run_event(Event.EPOCH_START)
             return resume_iterator(dataloader, self.start, position.batches_done)
@@ -101,31 +101,31 @@ class EpochCursor:
         """The rest of an epoch saved with another world size or batch size: the samples it had not trained yet,
         dealt to this run's ranks (:mod:`~fabric.trainer.checkpoint.sample_position`)."""
         assert position.samples is not None and position.epoch_start is not None  # checked when it was loaded
-        fabric = require_fabric(self._state)
+        shares, share = require_fabric(self._state).strategy.data_parallel_shard
         rank_zero_warn(
-            f"Resuming mid-epoch with {layout_change(position, dataloader, fabric.world_size)}: the "
+            f"Resuming mid-epoch with {layout_change(position, dataloader, shares)}: the "
             f"{count_untrained(position.samples)} samples of the epoch not trained yet are dealt to this run's "
-            "ranks, each once; their order and the random numbers differ from an uninterrupted run's."
+            "data shares, each once; their order and the random numbers differ from an uninterrupted run's."
         )
-        plan = resumed_plan(position.samples, dataloader, fabric.world_size)
+        plan = resumed_plan(position.samples, dataloader, shares)
         self._plan = (plan, position.batches_done)
         self.start = position.epoch_start
         self.ends_with_loader = True
-        return planned_epoch(dataloader, plan.batches_of(fabric.global_rank), position.epoch_start)
+        return planned_epoch(dataloader, plan.batches_of(share), position.epoch_start)
 
     def position(self) -> DataPosition:
         """Where the data stands now, for a checkpoint: the epoch's order and how far into it training is."""
         timestamp, loader = self._state.timestamp, self._state.dataloader
-        world_size = require_fabric(self._state).world_size
+        shares = self._data_shares()
         batches_done = int(timestamp.batch_in_epoch)
         epoch_start = self.start if batches_done else (capture_epoch_start(loader) if loader else None)
         epoch_start = None if epoch_start is None else epoch_start_record(epoch_start)
         loader_state = capture_loader_state(loader) if keeps_own_position(loader) else None
         samples = None
         if batches_done and loader_state is None and loader is not None:
-            samples = samples_record(loader, world_size, batches_done, self._plan)
+            samples = samples_record(loader, shares, batches_done, self._plan)
         samples_done = int(timestamp.sample_in_epoch)
-        return DataPosition(epoch_start, batches_done, samples_done, world_size, loader_state, samples)
+        return DataPosition(epoch_start, batches_done, samples_done, shares, loader_state, samples)
 
     def position_after_this_batch(self) -> DataPosition:
         """Where the data stands once the batch in flight is trained: what a replica group joining the run at this
@@ -135,14 +135,20 @@ class EpochCursor:
             raise RuntimeError("A replica group asked for the data position outside a training step.")
         loader_state = capture_loader_state(loader) if keeps_own_position(loader) else None
         batches_done, samples_done = int(timestamp.batch_in_epoch) + 1, int(timestamp.sample_in_epoch)
-        world_size = require_fabric(self._state).world_size
-        return DataPosition(epoch_start_record(self.start), batches_done, samples_done, world_size, loader_state)
+        return DataPosition(
+            epoch_start_record(self.start), batches_done, samples_done, self._data_shares(), loader_state
+        )
 
     def resume_at(self, position: DataPosition) -> None:
         """Continue from a checkpoint's (or a peer's) data position, checked against this run's loader first; the
         next batch begins the resumed epoch."""
         loader = self._state.dataloader
         if loader is not None and position.batches_done and position.loader_state is None:
-            check_resumable(position, loader, require_fabric(self._state).world_size)
+            check_resumable(position, loader, self._data_shares())
         self._resume_position = position
         self.batches = None
+
+    def _data_shares(self) -> int:
+        """How many ranks split the train data (world size, or the data-parallel ranks under tensor/pipeline
+        parallelism): what a position's sharding depends on."""
+        return require_fabric(self._state).strategy.data_parallel_shard[0]

@@ -1,13 +1,14 @@
-"""The Trainer over resumable data: ``trainer_streaming.py OUT_DIR DEVICES CRASH_AT RUN [map BATCH [SAMPLES]]``.
+"""The Trainer over resumable data: ``trainer_streaming.py OUT_DIR DEVICES CRASH_AT RUN [map BATCH [SAMPLES [TP]]]``.
 
 DEVICES ranks (an in-script launch) train 3 epochs over the 64 samples of ``StreamingLikeDataset`` in batches of
 4, or with ``map`` over a map-style dataset of SAMPLES (default 64) in a shuffling DataLoader with batches of
-BATCH, or with ``mds SHARDS`` over real MDS shards with mosaicml-streaming's ``StreamingDataset`` and
-``StreamingDataLoader`` (written there by ``trainer_streaming.py write SHARDS``; only in the environment of
-``scripts/streaming_env.sh``); they checkpoint every batch into OUT_DIR/ckpt and auto-resume from it. Every
-rank appends the ids it trained, with their epoch, to OUT_DIR/ids-RUN-rankR.txt. With CRASH_AT > 0 every rank
-dies (exit 17) right after the checkpoint of batch CRASH_AT, before fetching the next batch: nothing trained is
-lost, nothing logged twice.
+BATCH (with TP > 1: tensor parallelism of that degree through Composer's ``parallelism_config``, the ranks of a
+tensor-parallel group training one batch; only the group's first rank logs its ids), or with ``mds SHARDS`` over
+real MDS shards with mosaicml-streaming's ``StreamingDataset`` and ``StreamingDataLoader`` (written there by
+``trainer_streaming.py write SHARDS``; only in the environment of ``scripts/streaming_env.sh``); they checkpoint
+every batch into OUT_DIR/ckpt and auto-resume from it. Every rank appends the ids it trained, with their epoch, to
+OUT_DIR/ids-RUN-rankR.txt. With CRASH_AT > 0 every rank dies (exit 17) right after the checkpoint of batch
+CRASH_AT, before fetching the next batch: nothing trained is lost, nothing logged twice.
 """
 
 import os
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from streaming_double import StreamingLikeDataset, StreamingLikeLoader
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.utils.data import DataLoader, Dataset
 
 from fabric import Fabric
@@ -84,10 +86,13 @@ else:
     train_dataloader = StreamingLikeLoader(StreamingLikeDataset(64), batch_size=4)
 
 
+tensor_parallel = int(sys.argv[8]) if len(sys.argv) > 8 else 1
+
+
 class Regressor(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Linear(4, 1)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
 
     def forward(self, batch):
         return self.net(batch["x"])
@@ -99,6 +104,8 @@ class Regressor(nn.Module):
 class LogIdsThenCrash(Callback):
     def batch_end(self, state, logger):
         rank = state.fabric.global_rank
+        if rank % tensor_parallel:
+            return  # the group's first rank logs the batch they trained together
         with open(out_dir / f"ids-{run}-rank{rank}.txt", "a") as log:
             for sample_id in state.batch["id"].tolist():
                 log.write(f"{int(state.timestamp.epoch)} {sample_id}\n")
@@ -110,6 +117,10 @@ class LogIdsThenCrash(Callback):
 
 torch.manual_seed(0)
 model = Regressor()
+tp_section = {
+    "tensor_parallel_degree": tensor_parallel,
+    "layer_plan": {"net.0": ColwiseParallel(), "net.2": RowwiseParallel()},
+}
 trainer = Trainer(
     model=model,
     train_dataloader=train_dataloader,
@@ -125,5 +136,6 @@ trainer = Trainer(
     progress_bar=False,
     seed=0,
     **({"fabric": fabric} if kind == "mds" else {"accelerator": "cpu", "devices": devices}),
+    **({"parallelism_config": {"tp": tp_section}} if tensor_parallel > 1 else {}),
 )
 trainer.fit()

@@ -79,7 +79,21 @@ def test_a_map_style_epoch_resumed_with_another_layout_trains_the_rest_once(
     assert crashed.returncode != 0, crashed.stderr[-2000:]
     resumed = _run(tmp_path, after, 0, "second", "map", str(batch_after))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "not trained yet are dealt to this run's ranks, each once" in resumed.stderr
+    assert "not trained yet are dealt to this run's data shares, each once" in resumed.stderr
+    _assert_each_sample_once_per_epoch(tmp_path)
+
+
+@pytest.mark.parametrize(("after", "tensor_after"), [(2, 1), (4, 1), (4, 2)], ids=["to-2-ddp", "to-4-ddp", "to-4-tp2"])
+def test_a_tensor_parallel_epoch_resumed_trains_the_rest_once(after: int, tensor_after: int, tmp_path: Path) -> None:
+    """4 ranks with tensor parallelism 2 read 2 shares of the data, but the position recorded 4: resumed on 2 ranks
+    the epoch was dealt as if twice the samples had been trained (those never trained), and on 4 plain ranks the
+    shards of another layout were skipped as if they were the saved ones, both without a word."""
+    crashed = _run(tmp_path, 4, 11, "first", "map", "4", "64", "2")
+    assert crashed.returncode != 0, crashed.stderr[-2000:]
+    resumed = _run(tmp_path, after, 0, "second", "map", "4", "64", str(tensor_after))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    changed = after // tensor_after != 2
+    assert ("not trained yet are dealt to this run's data shares" in resumed.stderr) == changed, resumed.stderr[-2000:]
     _assert_each_sample_once_per_epoch(tmp_path)
 
 

@@ -87,6 +87,12 @@ class FaultTolerantDDPStrategy(DDPStrategy):
         plan = self.fault_tolerance
         return plan.replica_groups * self.world_size, plan.replica_group * self.world_size + self.global_rank
 
+    @property
+    @override
+    def batch_shares(self) -> int:
+        """A group counts its own samples: the groups alive at a step are torchft's to know, not the plan's."""
+        return self.world_size
+
     @override
     def setup_environment(self) -> None:
         super().setup_environment()

@@ -101,6 +101,11 @@ def load_full_module_state(module: nn.Module, state_dict: dict[str, Any], strict
 
 
 def load_full_optimizer_state(owner: nn.Module, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+    if not state_dict.get("state"):
+        # No per-parameter state (SGD without momentum): only the groups' settings. torch's full-state load finds
+        # the device in the local state and stops with "Expected device to be set" when there is none.
+        optimizer.load_state_dict(state_dict)
+        return
     named = named_optimizer_state(state_dict, _parameter_names(owner, optimizer))
     set_optimizer_state_dict(owner, optimizer, named, options=StateDictOptions(full_state_dict=True))
 

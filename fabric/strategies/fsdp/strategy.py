@@ -238,12 +238,6 @@ class FSDPStrategy(ParallelStrategy):
         plan = self.mesh_plan()
         return plan.data_parallel_size, plan.data_parallel_index(self.global_rank)
 
-    @property
-    @override
-    def batch_shares(self) -> int:
-        """The replicate x shard ranks: each tensor-parallel (or pipeline) group trains one batch together."""
-        return self.mesh_plan().data_parallel_size
-
     # --- modules -------------------------------------------------------------------------------------
 
     @override

@@ -5,7 +5,7 @@ The exact resume (:mod:`~fabric.trainer.checkpoint.dataloader_position`) rebuild
 and skips the finished ones: it needs the world size and the batch size of the checkpoint. When either changed,
 the Trainer resumes here instead, for epochs whose order does not depend on the number of ranks: a
 ``DistributedSampler`` (what Fabric shards a shuffling or sequential loader with) draws one permutation from its
-seed and epoch and gives rank ``r`` every ``world_size``-th sample of it, and a single process's
+seed and epoch and gives rank ``r`` every ``num_replicas``-th sample of it, and a single process's
 ``SequentialSampler`` goes in index order. A checkpoint records which samples of the epoch the ranks trained (a
 bit per sample); the resumed epoch deals the remaining ones, in the epoch's order, to the new ranks in batches of
 the new size, every rank the same number of batches (a collective waits for all). Random numbers are not the
@@ -68,10 +68,10 @@ def epoch_order(dataloader: object) -> EpochOrder | None:
     return None
 
 
-def trained_in_layout(order: EpochOrder, world_size: int, batch_size: int, batches_done: int) -> torch.Tensor:
-    """The samples trained after ``batches_done`` batches of ``batch_size`` on each of ``world_size`` ranks in the
+def trained_in_layout(order: EpochOrder, data_shares: int, batch_size: int, batches_done: int) -> torch.Tensor:
+    """The samples trained after ``batches_done`` batches of ``batch_size`` on each of ``data_shares`` shares in the
     epoch's own layout: a ``DistributedSampler`` deals the order round-robin (padded by repeating its start), so
-    those are its first ``batches_done * batch_size * world_size`` positions."""
+    those are its first ``batches_done * batch_size * data_shares`` positions."""
     trained = torch.zeros(order.num_samples, dtype=torch.bool)
     if order.shuffle:
         permutation = torch.randperm(
@@ -79,7 +79,7 @@ def trained_in_layout(order: EpochOrder, world_size: int, batch_size: int, batch
         )
     else:
         permutation = torch.arange(order.num_samples)
-    trained[permutation[: batches_done * batch_size * world_size]] = True
+    trained[permutation[: batches_done * batch_size * data_shares]] = True
     return trained
 
 
@@ -93,16 +93,16 @@ def layout_batch_size(dataloader: object) -> int | None:
 
 class EpochPlan:
     """Which samples of an epoch each rank trains, batch by batch: the epoch's order, minus what was trained
-    before (``trained``, a bool per sample), dealt to ``world_size`` ranks in batches of ``batch_size``."""
+    before (``trained``, a bool per sample), dealt to ``data_shares`` ranks in batches of ``batch_size``."""
 
-    def __init__(self, order: EpochOrder, trained: torch.Tensor, world_size: int, batch_size: int) -> None:
+    def __init__(self, order: EpochOrder, trained: torch.Tensor, data_shares: int, batch_size: int) -> None:
         self.order = order
         self.trained = trained
-        self.world_size = world_size
+        self.data_shares = data_shares
         self.batch_size = batch_size
         permutation = order.permutation()
         remaining = permutation[~trained[permutation]].tolist()
-        self.batches = _deal(remaining, world_size, batch_size)
+        self.batches = _deal(remaining, data_shares, batch_size)
 
     def trained_after(self, batches_done: int) -> torch.Tensor:
         """The samples trained once every rank did ``batches_done`` batches of this plan."""
@@ -116,17 +116,17 @@ class EpochPlan:
         return self.batches[rank]
 
 
-def _deal(remaining: Sequence[int], world_size: int, batch_size: int) -> list[list[list[int]]]:
-    """Every rank every ``world_size``-th remaining sample, in batches of ``batch_size``, each rank the same number
-    of batches: the last batches are evened out, and only when fewer samples than ranks remain does a rank
+def _deal(remaining: Sequence[int], data_shares: int, batch_size: int) -> list[list[list[int]]]:
+    """Every share every ``data_shares``-th remaining sample, in batches of ``batch_size``, each share the same
+    number of batches: the last batches are evened out, and only when fewer samples than shares remain does a share
     repeat one (with a warning)."""
-    shares = [list(remaining[rank::world_size]) for rank in range(world_size)]
+    shares = [list(remaining[rank::data_shares]) for rank in range(data_shares)]
     count = max(math.ceil(len(share) / batch_size) for share in shares) if remaining else 0
     if count and any(len(share) < count for share in shares):
         repeated = [share for share in shares if len(share) < count]
         rank_zero_warn(
-            f"Only {len(remaining)} samples of the epoch remain for {world_size} ranks: {len(repeated)} rank(s) "
-            "repeat a sample so that every rank trains the same number of batches."
+            f"Only {len(remaining)} samples of the epoch remain for {data_shares} data shares: {len(repeated)} "
+            "share(s) repeat a sample so that every rank trains the same number of batches."
         )
         for share in repeated:
             share.extend(remaining[: count - len(share)])
@@ -174,7 +174,7 @@ class PlannedBatches:
 
 
 def samples_record(
-    dataloader: object, world_size: int, batches_done: int, epoch_plan: tuple[EpochPlan, int] | None
+    dataloader: object, data_shares: int, batches_done: int, epoch_plan: tuple[EpochPlan, int] | None
 ) -> dict[str, Any] | None:
     """What a checkpoint taken ``batches_done`` batches into the epoch records for a resume by samples: the
     dataset's length and the batch size (to refuse a resume that cannot keep the position), and, for an order
@@ -191,16 +191,16 @@ def samples_record(
         batch_size = record["batch_size"]
         if order is None or batch_size is None:
             return record
-        trained = trained_in_layout(order, world_size, batch_size, batches_done)
+        trained = trained_in_layout(order, data_shares, batch_size, batches_done)
     record.update(order=order.state_dict(), trained=pack(trained))
     return record
 
 
-def layout_change(position: DataPosition, dataloader: object, world_size: int) -> str | None:
-    """How this run's layout differs from the checkpoint's ("2 rank(s) -> 1, batch size 8 -> 16"), or None."""
+def layout_change(position: DataPosition, dataloader: object, data_shares: int) -> str | None:
+    """How this run's layout differs from the checkpoint's ("2 data share(s) -> 1, batch size 8 -> 16"), or None."""
     changes = []
-    if position.world_size != world_size:
-        changes.append(f"{position.world_size} rank(s) -> {world_size}")
+    if position.data_shares != data_shares:
+        changes.append(f"{position.data_shares} data share(s) -> {data_shares}")
     saved_batch_size = (position.samples or {}).get("batch_size")
     batch_size = layout_batch_size(dataloader)
     if saved_batch_size is not None and batch_size is not None and saved_batch_size != batch_size:
@@ -208,7 +208,7 @@ def layout_change(position: DataPosition, dataloader: object, world_size: int) -
     return ", ".join(changes) or None
 
 
-def check_resumable(position: DataPosition, dataloader: object, world_size: int) -> None:
+def check_resumable(position: DataPosition, dataloader: object, data_shares: int) -> None:
     """Refuse, before anything is loaded, a mid-epoch position this run cannot continue without losing or
     repeating samples: another dataset length, or another layout where the epoch's order is unknown."""
     samples = position.samples or {}
@@ -220,7 +220,7 @@ def check_resumable(position: DataPosition, dataloader: object, world_size: int)
             f"The checkpoint was taken {position.batches_done} batches into an epoch of a dataset of {length} "
             f"samples; this run's dataset has {len(dataset)}: which samples are left cannot be told. {way_out}"  # type: ignore[arg-type]
         )
-    change = layout_change(position, dataloader, world_size)
+    change = layout_change(position, dataloader, data_shares)
     if change is not None and (samples.get("order") is None or layout_batch_size(dataloader) is None):
         raise ValueError(
             f"The checkpoint was taken {position.batches_done} batches into an epoch, and this run has {change}; "
@@ -235,12 +235,12 @@ def count_untrained(samples: dict[str, Any]) -> int:
     return length - int(unpack(samples["trained"], length).sum())
 
 
-def resumed_plan(samples: dict[str, Any], dataloader: object, world_size: int) -> EpochPlan:
+def resumed_plan(samples: dict[str, Any], dataloader: object, data_shares: int) -> EpochPlan:
     """The plan of the rest of the epoch on this run's ranks, in this run's batch size."""
     order = EpochOrder.from_state_dict(samples["order"])
     batch_size = layout_batch_size(dataloader)
     assert batch_size is not None  # check_resumable refused it otherwise
-    return EpochPlan(order, unpack(samples["trained"], order.num_samples), world_size, batch_size)
+    return EpochPlan(order, unpack(samples["trained"], order.num_samples), data_shares, batch_size)
 
 
 def planned_epoch(dataloader: Iterable[Any], batches: list[list[int]], epoch_start: dict[str, Any]) -> Iterator[Any]:

@@ -75,7 +75,9 @@ class DataPosition:
     batches_done: int
     #: Samples of the epoch done (all ranks); what survives a change of world size.
     samples_done: int = 0
-    world_size: int = 1
+    #: How many ranks split the data (``strategy.data_parallel_shard``): under tensor or pipeline parallelism the
+    #: data-parallel ranks, not the world size. Saved under its first name, ``world_size``.
+    data_shares: int = 1
     #: The ``state_dict()`` of a loader that keeps its own position (a streaming loader), else None.
     loader_state: Any = None
     #: Mid-epoch, what a resume with another world size or batch size needs (``sample_position.samples_record``).
@@ -120,7 +122,7 @@ class TrainerCheckpointState:
                 "epoch_start": position.epoch_start,
                 "batches_done": position.batches_done,
                 "samples_done": position.samples_done,
-                "world_size": position.world_size,
+                "world_size": position.data_shares,
                 # Blobs: their shape differs between a checkpoint and the trainer it loads into (a sharded, DCP,
                 # load fills the structure of the live state, so nested values that come and go cannot be loaded).
                 "loader_state": to_blob(position.loader_state),
