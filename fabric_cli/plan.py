@@ -64,8 +64,8 @@ def mesh_setting(plan: MeshPlan, world_size: int) -> str:
     return plan.as_text()
 
 
-#: The strategy ``--replica-groups`` runs.
-FAULT_TOLERANT_STRATEGY = "fault_tolerant_ddp"
+#: The strategies ``--replica-groups`` runs: full copies in each group (the default) or FSDP2 shard groups.
+FAULT_TOLERANT_STRATEGIES = ("fault_tolerant_ddp", "fault_tolerant_fsdp")
 
 
 def replica_group_settings(
@@ -75,10 +75,11 @@ def replica_group_settings(
     ``--replica-group``, ``--lighthouse``), checked as ``Fabric()`` will check them; nothing when none is given."""
     if replica_groups is None and replica_group is None:
         return {}
-    if strategy is not None and strategy != FAULT_TOLERANT_STRATEGY:
+    if strategy is not None and strategy not in FAULT_TOLERANT_STRATEGIES:
+        accepted = " or ".join(f"--strategy={name}" for name in FAULT_TOLERANT_STRATEGIES)
         raise PlanError(
-            f"--replica-groups makes the job one replica group of a fault-tolerant run, which needs "
-            f"--strategy={FAULT_TOLERANT_STRATEGY}; got --strategy={strategy}. Leave --strategy out or pass that one."
+            f"--replica-groups makes the job one replica group of a fault-tolerant run, which needs {accepted}; "
+            f"got --strategy={strategy}. Leave --strategy out (the first) or pass one of them."
         )
     try:
         plan = FaultTolerance.resolve(replica_group, replica_groups, lighthouse=lighthouse, environment={})
@@ -90,7 +91,7 @@ def replica_group_settings(
         FT_REPLICA_GROUP: str(plan.replica_group),
         FT_REPLICA_GROUPS: str(plan.replica_groups),
         FT_LIGHTHOUSE: plan.lighthouse,
-        CLI_SETTINGS["strategy"]: FAULT_TOLERANT_STRATEGY,
+        CLI_SETTINGS["strategy"]: strategy or FAULT_TOLERANT_STRATEGIES[0],
     }
 
 

@@ -10,6 +10,7 @@ from fabric.utilities.lazy import lazy_exports
 if TYPE_CHECKING:
     from fabric.strategies.ddp import DDPStrategy
     from fabric.strategies.deepspeed.strategy import DeepSpeedStrategy
+    from fabric.strategies.fault_tolerant.fsdp import FaultTolerantFSDPStrategy
     from fabric.strategies.fault_tolerant.strategy import FaultTolerantDDPStrategy
     from fabric.strategies.fsdp.strategy import FSDPStrategy
     from fabric.strategies.mesh import MeshPlan
@@ -25,6 +26,7 @@ __all__ = [
     "DeepSpeedStrategy",
     "FSDPStrategy",
     "FaultTolerantDDPStrategy",
+    "FaultTolerantFSDPStrategy",
     "MeshPlan",
     "ModelParallelStrategy",
     "ParallelStrategy",
@@ -39,6 +41,7 @@ __getattr__ = lazy_exports(
         "DeepSpeedStrategy": "fabric.strategies.deepspeed.strategy",
         "FSDPStrategy": "fabric.strategies.fsdp.strategy",
         "FaultTolerantDDPStrategy": "fabric.strategies.fault_tolerant.strategy",
+        "FaultTolerantFSDPStrategy": "fabric.strategies.fault_tolerant.fsdp",
         "MeshPlan": "fabric.strategies.mesh",
         "ModelParallelStrategy": "fabric.strategies.model_parallel",
         "ParallelStrategy": "fabric.strategies.parallel",

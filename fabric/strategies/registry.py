@@ -35,6 +35,11 @@ STRATEGY_REGISTRY.register(
     "fabric.strategies.fault_tolerant.strategy:FaultTolerantDDPStrategy",
     description="DDP in each replica group, torchft's quorum across groups: a dead group does not stop the run",
 )
+STRATEGY_REGISTRY.register(
+    "fault_tolerant_fsdp",
+    "fabric.strategies.fault_tolerant.fsdp:FaultTolerantFSDPStrategy",
+    description="FSDP2 shards in each replica group, torchft's quorum across groups (HSDP that survives a dead group)",
+)
 STRATEGY_REGISTRY.register("deepspeed", _DEEPSPEED, description="DeepSpeed; ZeRO stage from the config, else 2")
 STRATEGY_REGISTRY.register("deepspeed_stage_1", _DEEPSPEED, description="DeepSpeed ZeRO-1: optimizer state", stage=1)
 STRATEGY_REGISTRY.register("deepspeed_stage_2", _DEEPSPEED, description="DeepSpeed ZeRO-2: + gradients", stage=2)

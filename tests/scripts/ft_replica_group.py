@@ -1,14 +1,17 @@
-"""One replica group of a fault-tolerant run (strategy="fault_tolerant_ddp"): trains a small regression until the
-run's committed step reaches the number in STOP_FILE, writing one JSON line per step and rank to REPORT_DIR.
+"""One replica group of a fault-tolerant run (strategy="fault_tolerant_ddp", or with ``--strategy`` FSDP2 shard groups):
+trains a small regression until the run's committed step reaches the number in STOP_FILE, writing one JSON line per
+step and rank (with the whole weights) to REPORT_DIR.
 
 Group and lighthouse come from the launcher's variables (FABRIC_FT_REPLICA_GROUP, FABRIC_FT_REPLICA_GROUPS,
 TORCHFT_LIGHTHOUSE). Each step's batch depends on the step and on the rank's data share, so a reference can recompute
 what the run should have trained.
 
-    python ft_replica_group.py REPORT_DIR STOP_FILE [--devices N] [--load CHECKPOINT] [--save CHECKPOINT]
+    python ft_replica_group.py REPORT_DIR STOP_FILE [--devices N] [--strategy S] [--seed N]
+                               [--load CHECKPOINT] [--save CHECKPOINT]
 
 ``--load`` loads a checkpoint before the first step and writes ``REPORT_DIR/loaded-groupG.json`` (the committed step
-count right after); ``--save`` saves one at the stop.
+count right after); ``--save`` saves one at the stop. Groups are initialised apart (step 0 syncs DDP groups), or
+alike from ``--seed``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from fabric import Fabric
 
@@ -28,6 +32,16 @@ def batch(step: int, share: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1000 * step + share)
     inputs = torch.randn(16, 8, generator=generator)
     return inputs, inputs.sum(dim=1, keepdim=True) * 0.5
+
+
+def build_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 1))
+
+
+def whole_weights(model: nn.Module) -> list[float]:
+    """Every weight of the model, gathered from the group's shards where it is sharded (a collective then)."""
+    tensors = [p.detach().full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
+    return [value for tensor in tensors for value in tensor.reshape(-1).tolist()]
 
 
 def stop_step(stop_file: Path) -> int | None:
@@ -40,14 +54,16 @@ def main() -> None:
     parser.add_argument("report_dir", type=Path)
     parser.add_argument("stop_file", type=Path)
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--strategy", default="fault_tolerant_ddp")
+    parser.add_argument("--seed", type=int)
     parser.add_argument("--load", type=Path)
     parser.add_argument("--save", type=Path)
     args = parser.parse_args()
 
-    fabric = Fabric(accelerator="cpu", devices=args.devices, strategy="fault_tolerant_ddp")
+    fabric = Fabric(accelerator="cpu", devices=args.devices, strategy=args.strategy)
     fabric.launch()
-    torch.manual_seed(int(os.environ["FABRIC_FT_REPLICA_GROUP"]) + 7)  # groups start apart: step 0 syncs them
-    model = nn.Linear(8, 1)
+    torch.manual_seed(int(os.environ["FABRIC_FT_REPLICA_GROUP"]) + 7 if args.seed is None else args.seed)
+    model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model, optimizer = fabric.setup(model, optimizer)
     strategy = fabric.strategy
@@ -78,7 +94,7 @@ def main() -> None:
                 "committed_steps": strategy.committed_steps,
                 "participants": strategy.replica_groups.participants,
                 "joined_at": strategy.replica_groups.joined_at,
-                "weights": [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()],
+                "weights": whole_weights(model),
             }
             out.write(json.dumps(record) + "\n")
             out.flush()

@@ -1,10 +1,12 @@
-"""One replica group of a fault-tolerant run under the Trainer (strategy="fault_tolerant_ddp"): a small regression
-trained from a DataLoader with a worker process, until the batch count reaches the number in STOP_FILE; one JSON line
-per batch and rank to REPORT_DIR, and checkpoints (for SIGTERM) in REPORT_DIR/ckpt-groupG.
+"""One replica group of a fault-tolerant run under the Trainer (strategy="fault_tolerant_ddp", or STRATEGY): a small
+regression trained from a DataLoader with a worker process, until the batch count reaches the number in STOP_FILE; one
+JSON line per batch and rank to REPORT_DIR, and checkpoints (for SIGTERM) in REPORT_DIR/ckpt-groupG.
 
 Group and lighthouse come from the launcher's variables, as in tests/scripts/ft_replica_group.py.
 
-    python ft_trainer_group.py REPORT_DIR STOP_FILE
+    python ft_trainer_group.py REPORT_DIR STOP_FILE [STRATEGY]
+
+DDP groups are initialised apart (step 0 syncs them); FSDP shard groups alike, as they must be.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric.trainer import Callback, Trainer
@@ -59,7 +62,7 @@ class Report(Callback):
             "batch_in_epoch": int(state.timestamp.batch_in_epoch),
             "indices": state.batch[2].tolist(),  # which samples this batch held
             "sampler": {name: getattr(state.dataloader.sampler, name) for name in SAMPLER_FIELDS},  # type: ignore[union-attr]
-            "weights": [value for p in state.model.parameters() for value in p.detach().reshape(-1).tolist()],
+            "weights": [value for p in state.model.parameters() for value in _whole(p).reshape(-1).tolist()],
         }
         with self.out.open("a") as out:
             out.write(json.dumps(record) + "\n")
@@ -68,10 +71,15 @@ class Report(Callback):
             state.stop_training()
 
 
+def _whole(parameter: torch.Tensor) -> torch.Tensor:
+    return parameter.detach().full_tensor() if isinstance(parameter, DTensor) else parameter.detach()
+
+
 def main() -> None:
     report_dir, stop_file = Path(sys.argv[1]), Path(sys.argv[2])
+    strategy = sys.argv[3] if len(sys.argv) > 3 else "fault_tolerant_ddp"
     group = int(os.environ["FABRIC_FT_REPLICA_GROUP"])
-    torch.manual_seed(group + 7)  # groups start apart: step 0 syncs them
+    torch.manual_seed(7 if strategy == "fault_tolerant_fsdp" else group + 7)
     inputs = torch.randn(SAMPLES, 8, generator=torch.Generator().manual_seed(0))
     dataset = TensorDataset(inputs, inputs.sum(dim=1, keepdim=True) * 0.5, torch.arange(SAMPLES))
     report = Report(report_dir / f"group{group}-pid{os.getpid()}.jsonl", stop_file, group)
@@ -81,7 +89,7 @@ def main() -> None:
         train_dataloader=DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1),
         max_duration="20ep",
         optimizers=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-        strategy="fault_tolerant_ddp",
+        strategy=strategy,
         accelerator="cpu",
         devices=1,
         callbacks=[report],

@@ -49,7 +49,8 @@ def probe_lighthouse(plan: FaultTolerance) -> None:
 
 class ReplicaGroups:
     """torchft's ``Manager`` for this process: rank ``group_rank`` of ``group_size`` in replica group
-    ``plan.replica_group``, whose own rendezvous store is at ``store_address:store_port``."""
+    ``plan.replica_group``, whose own rendezvous store is at ``store_address:store_port``; with ``init_sync`` torchft
+    makes the groups' states equal at the run's first step."""
 
     def __init__(
         self,
@@ -59,6 +60,7 @@ class ReplicaGroups:
         store_address: str,
         store_port: int,
         device: torch.device,
+        init_sync: bool = True,
     ) -> None:
         torchft = import_torchft()
         if group_rank == 0:  # only rank 0 of a group talks to the lighthouse
@@ -69,6 +71,7 @@ class ReplicaGroups:
             else torchft.ProcessGroupGloo(timeout=plan.timeout)
         )
         self.plan = plan
+        self._device = device
         self._manager = torchft.Manager(
             pg=process_group,
             load_state_dict=None,
@@ -84,6 +87,7 @@ class ReplicaGroups:
             store_port=store_port,
             lighthouse_addr=plan.lighthouse,
             replica_id=f"fabric_replica_group_{plan.replica_group}",
+            init_sync=init_sync,
         )
         self._step_begun = False
         self._state_names: list[str] = []
@@ -119,6 +123,14 @@ class ReplicaGroups:
             sizes = [tensor.numel() for tensor in group]
             for tensor, averaged in zip(group, torch.split(flat, sizes), strict=True):
                 tensor.copy_(averaged.view_as(tensor))
+
+    def agree(self, fingerprint: int) -> bool:
+        """Whether every group in this step's quorum holds ``fingerprint`` (an int below 2**32, the same rank's of
+        each group): its average over them, exact in float64, is ``fingerprint`` itself."""
+        mine = torch.tensor([float(fingerprint)], dtype=torch.float64, device=self._device)
+        averaged = mine.clone()
+        self._manager.allreduce(averaged).wait()
+        return bool(averaged.item() == mine.item())
 
     def commit(self) -> bool:
         """Whether this step's update may be applied: True on every group of the quorum, or False on all (a group

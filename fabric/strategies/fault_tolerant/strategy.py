@@ -1,4 +1,5 @@
-"""Fault-tolerant data parallelism: DDP inside a replica group, torchft's quorum across groups."""
+"""Fault-tolerant data parallelism: torchft's quorum across replica groups, on top of the strategy inside a group
+(:class:`FaultTolerantStrategy`), here DDP (:class:`FaultTolerantDDPStrategy`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import os
 import sys
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
@@ -17,13 +19,20 @@ from fabric.plugins.io.checkpoint_io import PathType
 from fabric.strategies.ddp import DDPStrategy
 from fabric.strategies.fault_tolerant.plan import DEFAULT_FT_TIMEOUT, FaultTolerance
 from fabric.strategies.fault_tolerant.replica_groups import ReplicaGroups, import_torchft
+from fabric.strategies.parallel import ParallelStrategy
+
+#: A state torchft sends a joining group: ``(load, state)``, ``state()`` on a healthy group, ``load`` on the joiner.
+StateFunctions = tuple[Callable[[Any], None], Callable[[], Any]]
 
 
-class FaultTolerantDDPStrategy(DDPStrategy):
+class FaultTolerantStrategy(ParallelStrategy):
     """Data parallelism that keeps training when a replica group dies, and lets a new one join, without a restart.
 
+    Mixed in before the strategy a group runs inside (DDP: :class:`FaultTolerantDDPStrategy`; FSDP2 shards:
+    :class:`~fabric.strategies.fault_tolerant.fsdp.FaultTolerantFSDPStrategy`), which decides what a rank's
+    gradients and state are (:meth:`_local_gradients`, :meth:`_module_state`, :meth:`_optimizer_state`).
     Each *replica group* is an ordinary Fabric job (``fabric run model``, ``torchrun``, a SLURM step, or
-    ``python train.py``) of one or more processes holding a full copy of the model, DDP among themselves.
+    ``python train.py``) of one or more processes, every group laid out alike.
     Across groups, torchft's lighthouse forms a quorum every step; the gradients are averaged over the groups in it,
     and the step commits on all of them or on none (a group that failed mid-step makes every group discard that
     update). A group that starts later, or again after a failure, receives the weights, optimizer state and step
@@ -44,8 +53,11 @@ class FaultTolerantDDPStrategy(DDPStrategy):
         lighthouse: the torchft lighthouse, ``"host:port"``; else ``TORCHFT_LIGHTHOUSE``.
         ft_timeout: how long a gradient exchange across groups or a recovery from a peer may take.
         quorum_timeout: how long a step waits for the lighthouse's quorum.
-        **kwargs: as :class:`~fabric.strategies.DDPStrategy` (``timeout`` is the in-group process group's).
+        **kwargs: as the strategy inside the group (``timeout`` is the in-group process group's).
     """
+
+    #: Whether torchft makes the groups' weights equal at the run's first step (each rank from the peer it assigns).
+    syncs_first_step: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -83,15 +95,16 @@ class FaultTolerantDDPStrategy(DDPStrategy):
     @property
     @override
     def data_parallel_shard(self) -> tuple[int, int]:
-        """Every group reads its own share: ``replica_groups x`` the group's processes split the data."""
+        """Every group reads its own share: ``replica_groups x`` the group's shares split the data."""
         plan = self.fault_tolerance
-        return plan.replica_groups * self.world_size, plan.replica_group * self.world_size + self.global_rank
+        shares, share = super().data_parallel_shard
+        return plan.replica_groups * shares, plan.replica_group * shares + share
 
     @property
     @override
     def batch_shares(self) -> int:
         """A group counts its own samples: the groups alive at a step are torchft's to know, not the plan's."""
-        return self.world_size
+        return super().data_parallel_shard[0]
 
     @override
     def setup_environment(self) -> None:
@@ -105,13 +118,19 @@ class FaultTolerantDDPStrategy(DDPStrategy):
                 store_address=environment.main_address,
                 store_port=environment.main_port,
                 device=self.root_device,
+                init_sync=self.syncs_first_step,
             )
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
-        self.replica_groups.register_state("model", module.load_state_dict, module.state_dict)
+        module = super().setup_module(module)
+        self._track(module)
+        return module
+
+    def _track(self, module: nn.Module) -> None:
+        """Register a set-up module's state for joining groups (in set-up order, alike on every group)."""
+        self.replica_groups.register_state("model", *self._module_state(module))
         self._modules.append(module)
-        return super().setup_module(module) if self.world_size > 1 else module
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
@@ -120,9 +139,9 @@ class FaultTolerantDDPStrategy(DDPStrategy):
                 f"{type(self).__name__} steps one optimizer (torchft commits once per step); got a second one, "
                 f"{type(optimizer).__name__}. Put all parameter groups in one optimizer."
             )
-        self._optimizer = optimizer
-        self.replica_groups.register_state("optimizer", optimizer.load_state_dict, optimizer.state_dict)
-        return super().setup_optimizer(optimizer)
+        self._optimizer = optimizer = super().setup_optimizer(optimizer)
+        self.replica_groups.register_state("optimizer", *self._optimizer_state(optimizer))
+        return optimizer
 
     @override
     def optimizer_zero_grad(self, optimizer: Optimizer, set_to_none: bool = True) -> None:
@@ -139,25 +158,36 @@ class FaultTolerantDDPStrategy(DDPStrategy):
         """Average the gradients across the groups, then step only if the step commits on all of them."""
         groups = self.replica_groups
         step = groups.steps_before
-        groups.average([p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None])
+        groups.average(self._local_gradients(optimizer))
+        self._before_commit()
         committed = groups.commit()
         self._report(step, committed)
         if not committed:
             return None
-        if step == 0 and self.world_size > 1:
-            self._agree_with_group_rank_zero()
+        self._after_commit(step)
         return super().optimizer_step(optimizer, closure)
 
-    def _agree_with_group_rank_zero(self) -> None:
-        """At the run's first step torchft syncs groups that started with different weights, but each rank of a
-        group recovers from the peer group torchft assigns to its rank (load balancing), so the ranks of one group
-        can receive different weights, and different averaged gradients (each rank's own recovering peer sends
-        zeros). Rank 0's are the same in every group: every rank takes them."""
-        for module in self._modules:
-            for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor.data, src=0)
-                if tensor.grad is not None:
-                    dist.broadcast(tensor.grad, src=0)
+    # --- what the strategy inside the group decides ---------------------------------------------------------------
+
+    def _module_state(self, module: nn.Module) -> StateFunctions:
+        """What a joining group receives of a set-up module: this rank's part of it."""
+        raise NotImplementedError
+
+    def _optimizer_state(self, optimizer: Optimizer) -> StateFunctions:
+        """What a joining group receives of the (set-up) optimizer: this rank's part of its state."""
+        raise NotImplementedError
+
+    def _local_gradients(self, optimizer: Optimizer) -> list[torch.Tensor]:
+        """This rank's gradients, in place, averaged with the same rank's of the other groups."""
+        raise NotImplementedError
+
+    def _before_commit(self) -> None:
+        """Runs after the gradients' exchange (the quorum known), before the step commits."""
+
+    def _after_commit(self, step: int) -> None:
+        """Runs once the step (this group's step ``step``) committed, before the optimizer applies it."""
+
+    # --- reports ---------------------------------------------------------------------------------------------------
 
     def _report(self, step: int, committed: bool) -> None:
         """One line (rank 0 of the group) when this group joins, a step is discarded, or the groups taking part
@@ -223,6 +253,44 @@ class FaultTolerantDDPStrategy(DDPStrategy):
     def __repr__(self) -> str:
         plan = self.fault_tolerance
         return (
-            f"FaultTolerantDDPStrategy(replica_group={plan.replica_group}, replica_groups={plan.replica_groups}, "
+            f"{type(self).__name__}(replica_group={plan.replica_group}, replica_groups={plan.replica_groups}, "
             f"lighthouse={plan.lighthouse!r})"
         )
+
+
+class FaultTolerantDDPStrategy(FaultTolerantStrategy, DDPStrategy):
+    """Fault-tolerant replica groups (:class:`FaultTolerantStrategy`) that each hold a full copy of the model, DDP
+    among a group's processes; ``**kwargs`` as :class:`~fabric.strategies.DDPStrategy`'s."""
+
+    @override
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        if self.world_size > 1:
+            return super().setup_module(module)
+        self._track(module)  # one process: no DDP wrapper, nothing to synchronise inside the group
+        return module
+
+    @override
+    def _module_state(self, module: nn.Module) -> StateFunctions:
+        return module.load_state_dict, module.state_dict
+
+    @override
+    def _optimizer_state(self, optimizer: Optimizer) -> StateFunctions:
+        return optimizer.load_state_dict, optimizer.state_dict
+
+    @override
+    def _local_gradients(self, optimizer: Optimizer) -> list[torch.Tensor]:
+        return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+    @override
+    def _after_commit(self, step: int) -> None:
+        """At the run's first step torchft syncs groups that started with different weights, but each rank of a
+        group recovers from the peer group torchft assigns to its rank (load balancing), so the ranks of one group
+        can receive different weights, and different averaged gradients (each rank's own recovering peer sends
+        zeros). Rank 0's are the same in every group: every rank takes them."""
+        if step != 0 or self.world_size == 1:
+            return
+        for module in self._modules:
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+                if tensor.grad is not None:
+                    dist.broadcast(tensor.grad, src=0)

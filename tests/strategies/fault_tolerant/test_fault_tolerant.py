@@ -94,16 +94,23 @@ def test_without_torchft_the_strategy_says_how_to_install_it(monkeypatch: pytest
         FaultTolerantDDPStrategy(replica_group=0, replica_groups=1, lighthouse="127.0.0.1:1")
 
 
-def test_the_strategy_is_a_registry_name() -> None:
+@pytest.mark.parametrize(
+    ("name", "inside"), [("fault_tolerant_ddp", "DDPStrategy"), ("fault_tolerant_fsdp", "FSDPStrategy")]
+)
+def test_the_strategies_are_registry_names(name: str, inside: str) -> None:
     require_modules("fault tolerance", "torchft")
-    from fabric import Fabric
-    from fabric.strategies import FaultTolerantDDPStrategy
+    from fabric import Fabric, strategies
+    from fabric.strategies.fault_tolerant.strategy import FaultTolerantStrategy
 
     environment = {FT_REPLICA_GROUP: "1", FT_REPLICA_GROUPS: "2", FT_LIGHTHOUSE: "127.0.0.1:29510"}
     with _environment(environment):
-        fabric = Fabric(accelerator="cpu", devices=1, strategy="fault_tolerant_ddp")
-    assert isinstance(fabric.strategy, FaultTolerantDDPStrategy)
-    assert fabric.strategy.fault_tolerance.replica_group == 1
+        fabric = Fabric(accelerator="cpu", devices=2, strategy=name)
+    strategy = fabric.strategy
+    assert isinstance(strategy, FaultTolerantStrategy) and isinstance(strategy, getattr(strategies, inside))
+    assert strategy.fault_tolerance.replica_group == 1
+    # group 1 of 2, each of 2 ranks: the data is split in 4 shares, this rank's is the group's first; a group counts
+    # its own samples
+    assert (strategy.data_parallel_shard, strategy.batch_shares) == ((4, 2), 2)
 
 
 def test_an_unreachable_lighthouse_fails_the_set_up_in_one_line(tmp_path: Path) -> None:
@@ -167,7 +174,7 @@ def test_fabric_run_model_makes_the_job_one_replica_group(tmp_path: Path) -> Non
         (("--replica-group=1", "--lighthouse=h:1"), "--replica-groups is not set: pass --replica-groups=N"),
         (
             ("--replica-groups=2", "--replica-group=1", "--lighthouse=h:1", "--strategy=ddp"),
-            "which needs --strategy=fault_tolerant_ddp; got --strategy=ddp",
+            "which needs --strategy=fault_tolerant_ddp or --strategy=fault_tolerant_fsdp; got --strategy=ddp",
         ),
     ],
 )
@@ -215,7 +222,10 @@ def test_fabric_run_model_plans_every_group_on_this_machine_with_a_lighthouse(tm
     ("options", "message"),
     [
         (("--replica-groups=0",), "--replica-groups=0 is not valid. Accepted: an int >= 1."),
-        (("--replica-groups=2", "--strategy=ddp"), "which needs --strategy=fault_tolerant_ddp; got --strategy=ddp"),
+        (
+            ("--replica-groups=2", "--strategy=ddp"),
+            "which needs --strategy=fault_tolerant_ddp or --strategy=fault_tolerant_fsdp; got --strategy=ddp",
+        ),
         (("--max-restarts=1",), "--max-restarts=1 restarts the replica groups this command starts, which needs"),
         (
             ("--replica-groups=2", "--replica-group=0", "--lighthouse=h:1", "--max-restarts=1"),
@@ -259,6 +269,8 @@ class Run:
     groups: int
     devices: int
     worker: str = WORKER
+    #: The strategy ``fabric run model`` is given (groups of several processes).
+    strategy: str = "fault_tolerant_ddp"
     processes: dict[int, subprocess.Popen[str]] = field(default_factory=dict)
 
     @property
@@ -277,6 +289,7 @@ class Run:
             command = [
                 *(sys.executable, "-m", "fabric_cli", "run", "model", "--accelerator=cpu", f"--devices={self.devices}"),
                 *(f"--replica-groups={self.groups}", f"--replica-group={group}", f"--lighthouse={lighthouse}"),
+                f"--strategy={self.strategy}",
                 *(f"--main-port={port}", f"--run-dir={self.directory / f'run{group}-{len(self.processes)}'}"),
                 worker[0],
                 "--",
@@ -343,7 +356,9 @@ def _environment(variables: dict[str, str]) -> Iterator[None]:
 
 
 @contextmanager
-def _fault_tolerant_run(directory: Path, groups: int, devices: int, worker: str = WORKER) -> Iterator[Run]:
+def _fault_tolerant_run(
+    directory: Path, groups: int, devices: int, worker: str = WORKER, strategy: str = "fault_tolerant_ddp"
+) -> Iterator[Run]:
     require_modules("fault tolerance", "torchft")
     require_namespaces("fault tolerance")
     with network_namespace("ft", veth=False) as namespace:
@@ -355,7 +370,7 @@ def _fault_tolerant_run(directory: Path, groups: int, devices: int, worker: str 
             env=launcher_environment(),
             cwd=directory,
         )
-        run = Run(namespace, directory, groups, devices, worker)
+        run = Run(namespace, directory, groups, devices, worker, strategy)
         try:
             assert lighthouse.stdout is not None
             assert lighthouse.stdout.readline().strip() == f"{FT_LIGHTHOUSE}=http://127.0.0.1:{LIGHTHOUSE_PORT}"
@@ -375,12 +390,34 @@ def _committed(records: list[dict[str, Any]]) -> int:
 
 
 @pytest.mark.end_to_end
-@pytest.mark.parametrize("devices", [1, 2], ids=["groups_of_1", "ddp_groups_of_2_by_fabric_run_model"])
+def test_fsdp_shard_groups_built_apart_stop_at_the_first_step_saying_to_seed_them_alike(tmp_path: Path) -> None:
+    """torchft syncs nothing at step 0 for shard groups (a rank would receive its shards from one group and its
+    neighbour from another); groups that built the model apart would each train their own weights."""
+    with _fault_tolerant_run(tmp_path, groups=2, devices=1) as run:
+        processes = [run.start_group(group, "--strategy=fault_tolerant_fsdp") for group in range(2)]  # seeds 7, 8
+        codes = [process.wait(timeout=EVENT_DEADLINE) for process in processes]
+    assert all(code != 0 for code in codes), codes
+    for group in range(2):
+        log = (tmp_path / f"group{group}-{group}.log").read_text()
+        assert f"Replica group {group} started with other weights than a peer group" in log, log[-2000:]
+        assert "fabric.seed_everything(N)" in log
+    assert not run.records()  # no step was taken
+
+
+@pytest.mark.end_to_end
+@pytest.mark.parametrize(
+    ("devices", "strategy"),
+    [(1, "fault_tolerant_ddp"), (2, "fault_tolerant_ddp"), (2, "fault_tolerant_fsdp")],
+    ids=["groups_of_1", "ddp_groups_of_2_by_fabric_run_model", "fsdp_shard_groups_of_2_by_fabric_run_model"],
+)
 def test_a_killed_replica_group_does_not_stop_the_others_and_rejoins_with_their_state(
-    tmp_path: Path, devices: int
+    tmp_path: Path, devices: int, strategy: str
 ) -> None:
-    with _fault_tolerant_run(tmp_path, groups=3, devices=devices) as run:
-        first = {group: run.start_group(group) for group in range(3)}
+    """FSDP2 shard groups: each rank's shards of the weights and optimizer state come from the same rank of a peer
+    group; the groups are built alike (one seed), as they must be (torchft does not sync shards at step 0)."""
+    options = [f"--strategy={strategy}"] + (["--seed=7"] if strategy == "fault_tolerant_fsdp" else [])
+    with _fault_tolerant_run(tmp_path, groups=3, devices=devices, strategy=strategy) as run:
+        first = {group: run.start_group(group, *options) for group in range(3)}
         records = run.wait_for(
             "all three groups training together",
             lambda rs: all(any(r["participants"] == 3 for r in _by_group(rs, g)) for g in range(3)),
@@ -398,7 +435,7 @@ def test_a_killed_replica_group_does_not_stop_the_others_and_rejoins_with_their_
                 for g in (0, 1)
             ),
         )
-        run.start_group(2)
+        run.start_group(2, *options)
         records = run.wait_for(
             "the restarted group 2 training with the others",
             lambda rs: any(
@@ -497,22 +534,28 @@ def test_one_fabric_run_model_starts_every_group_and_restarts_a_killed_one_that_
     assert len(set(map(str, final.values()))) == 1 and final[0][0] == stop  # all three to the stop, equal weights
 
 
+def _worker() -> Any:
+    """tests/scripts/ft_replica_group.py as a module: its model and data."""
+    sys.path.insert(0, str(Path(WORKER).parent))
+    try:
+        import ft_replica_group
+    finally:
+        sys.path.pop(0)
+    return ft_replica_group
+
+
 def _reference_weights(steps: int) -> list[float]:
     """What one group alone trains in ``steps`` steps (tests/scripts/ft_replica_group.py's model, data and seed)."""
     import torch
     from torch import nn
 
-    sys.path.insert(0, str(Path(WORKER).parent))
-    try:
-        from ft_replica_group import batch
-    finally:
-        sys.path.pop(0)
+    worker = _worker()
     torch.manual_seed(7)  # group 0's seed
-    model = nn.Linear(8, 1)
+    model = worker.build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for step in range(steps):
         optimizer.zero_grad()
-        inputs, targets = batch(step, 0)
+        inputs, targets = worker.batch(step, 0)
         nn.functional.mse_loss(model(inputs), targets).backward()
         optimizer.step()
     return [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()]
@@ -521,7 +564,6 @@ def _reference_weights(steps: int) -> list[float]:
 @pytest.mark.end_to_end
 def test_a_checkpoint_keeps_the_committed_steps_and_loads_in_a_normal_run_and_back(tmp_path: Path) -> None:
     import torch
-    from torch import nn
 
     from fabric import Fabric
 
@@ -541,7 +583,7 @@ def test_a_checkpoint_keeps_the_committed_steps_and_loads_in_a_normal_run_and_ba
 
     # a normal run loads the fault-tolerant checkpoint (the step count is Fabric's own entry, not handed back)
     fabric = Fabric(accelerator="cpu", devices=1)
-    model = nn.Linear(8, 1)
+    model = _worker().build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     assert fabric.load(saved, {"model": model, "optimizer": optimizer}) == {}
     weights = [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()]
@@ -575,11 +617,12 @@ def _share_order(sampler: dict[str, Any], samples: int) -> list[int]:
 
 
 @pytest.mark.end_to_end
+@pytest.mark.parametrize("strategy", ["fault_tolerant_ddp", "fault_tolerant_fsdp"])
 def test_the_trainer_trains_on_when_a_group_dies_rejoins_at_its_data_position_and_leaves_on_sigterm(
-    tmp_path: Path,
+    tmp_path: Path, strategy: str
 ) -> None:
     with _fault_tolerant_run(tmp_path, groups=3, devices=1, worker=TRAINER_WORKER) as run:
-        first = {group: run.start_group(group) for group in range(3)}
+        first = {group: run.start_group(group, strategy) for group in range(3)}
         records = run.wait_for(
             "all three groups training together",
             lambda rs: all(any(r["participants"] == 3 for r in _by_group(rs, g)) for g in range(3)),
@@ -591,7 +634,7 @@ def test_the_trainer_trains_on_when_a_group_dies_rejoins_at_its_data_position_an
             "the two survivors training 3 batches without group 2",
             lambda rs: all(sum(r["participants"] == 2 for r in _by_group(rs, g)) >= 3 for g in (0, 1)),
         )
-        run.start_group(2)
+        run.start_group(2, strategy)
         records = run.wait_for(
             "the restarted group 2 training with the others",
             lambda rs: any(r["pid"] != killed and r["participants"] == 3 for r in _by_group(rs, 2)),
