@@ -84,7 +84,9 @@ class EpochStart:
             "draws_base_seed": not _has_live_workers(dataloader),
             "dataset_state": dataset_state,
         }
-        return cls(fields, RngSnapshot.take())
+        # Over a sampler whose order is known, only torch draws before the resumed epoch is positioned (the order,
+        # the workers' base seed), and the current states come back before any fetch: torch's states suffice.
+        return cls(fields, RngSnapshot.take(torch_only=_index_skip_obstacle(dataloader) is None))
 
     def record(self) -> dict[str, Any]:
         """The record :func:`capture_epoch_start` returns."""
