@@ -99,9 +99,12 @@ class TrainStep:
         self._update_metrics = True  # False for the repeated evaluations of a closure step
 
     def refresh(self) -> None:
-        """Follow the state's optimizers and the strategy's precision (after ``fit()`` replaced either)."""
+        """Follow the state's optimizers, the strategy's precision and the model's methods (at every ``fit()``)."""
         self._unscale = self.fabric.strategy.precision.scales_gradients
         self.closure_step = check_closure_optimizers(self.state.optimizers, self.fabric)
+        #: ``model.loss`` as the set-up model resolves it (marked, guarded or plain), for the model it was read from:
+        #: read through the wrapper's ``__getattr__`` on every microbatch it cost more than the rest of the lookup.
+        self._loss_method: tuple[FabricModule, Callable[..., Any]] | None = None
 
     def set_microbatch_size(self, microbatch_size: int | str | None) -> None:
         """Train with microbatches of ``microbatch_size`` samples (``"auto"``: halved on out-of-memory errors)."""
@@ -234,7 +237,10 @@ class TrainStep:
         state.outputs = model(state.batch)
         fire.after_forward()
         fire.before_loss()
-        state.loss = model.loss(state.outputs, state.batch)
+        resolved = self._loss_method
+        if resolved is None or resolved[0] is not model:
+            resolved = self._loss_method = (model, model.loss)
+        state.loss = resolved[1](state.outputs, state.batch)
         fire.after_loss()
         fire.before_backward()
         loss = state.loss

@@ -455,8 +455,7 @@ class Trainer:
             self._train_step.set_microbatch_size(plan.settings.device_train_microbatch_size)
         if plan.precision is not None:
             switch_precision(self.fabric, plan.precision)
-        if new_optimizers is not None or plan.precision is not None:
-            self._train_step.refresh()
+        self._train_step.refresh()
 
     def _stage_optimizers(self, plan: StagePlan) -> tuple[list[Optimizer] | None, LRSchedule | None, list[LRScheduler]]:
         """The next stage's new optimizers (None: the Trainer's stay) and schedulers, set up and checked against
