@@ -1,6 +1,6 @@
 """Shared test fixtures: every test starts with no CLI variables set and global rank 0; the ``isolated`` marker;
 the ``cuda`` marker (real-GPU tests, skipped without a CUDA GPU); ``s3_server``/``s3_bucket`` (a real S3 API, see
-``object_store.py``)."""
+``object_store.py``); ``group_of_one`` (a gloo process group of this process alone)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch.distributed as dist
 from file_timing import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 - hooks: the slowest files
 from isolation import pytest_configure, pytest_pyfunc_call  # noqa: F401 - hooks: the ``isolated`` marker
 from mlflow_server import mlflow_server  # noqa: F401 - fixture: a real MLflow tracking server
@@ -47,3 +48,13 @@ def _clean_fabric_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture
+def group_of_one() -> Iterator[None]:
+    """A gloo process group of this process alone (world size 1), destroyed after the test."""
+    dist.init_process_group("gloo", store=dist.HashStore(), world_size=1, rank=0)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

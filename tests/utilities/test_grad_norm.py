@@ -3,24 +3,12 @@ cannot stack their norms; this one clips by the same total norm a single tensor 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, distribute_tensor
 
 from fabric.utilities.grad_norm import clip_grad_norm_
-
-
-@pytest.fixture
-def group_of_one() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), world_size=1, rank=0)  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("group_of_one")

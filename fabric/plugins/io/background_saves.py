@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from fabric.utilities.dtensor import laid_out_like
 from fabric.utilities.exceptions import CheckpointError
 from fabric.utilities.processes.exit import exit_process, register_cleanup
 
@@ -96,15 +97,7 @@ class BackgroundSaves:
         from torch.distributed.tensor import DTensor
 
         if isinstance(tensor, DTensor):  # a shard: copy the local part, keep the layout
-            local = self._copy(tensor.to_local(), previous)
-            return DTensor.from_local(
-                local,
-                tensor.device_mesh,
-                tensor.placements,
-                run_check=False,
-                shape=tensor.shape,
-                stride=tensor.stride(),
-            )
+            return laid_out_like(self._copy(tensor.to_local(), previous), tensor)
         source = tensor.detach()
         position = len(self._buffers)
         buffer = previous[position] if position < len(previous) else None

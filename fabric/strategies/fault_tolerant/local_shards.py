@@ -12,6 +12,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
+from fabric.utilities.dtensor import laid_out_like
+
 
 def local_module_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """``module.state_dict()`` with every ``DTensor`` replaced by this rank's shard."""
@@ -65,11 +67,4 @@ def _shaped_like(parameter: torch.Tensor, value: Any) -> Any:
         return value
     if value.shape != parameter.to_local().shape:
         return value
-    return DTensor.from_local(
-        value,
-        parameter.device_mesh,
-        parameter.placements,
-        run_check=False,
-        shape=parameter.shape,
-        stride=parameter.stride(),
-    )
+    return laid_out_like(value, parameter)

@@ -4,12 +4,10 @@ group receives), in a process group of one: the multi-rank case runs in test_fau
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, init_device_mesh
@@ -21,15 +19,6 @@ from fabric.strategies.fault_tolerant.local_shards import (
     local_module_state,
     local_optimizer_state,
 )
-
-
-@pytest.fixture
-def group_of_one() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), world_size=1, rank=0)  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _sharded(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
