@@ -6,12 +6,13 @@ Group and lighthouse come from the launcher's variables (FABRIC_FT_REPLICA_GROUP
 TORCHFT_LIGHTHOUSE). Each step's batch depends on the step and on the rank's data share, so a reference can recompute
 what the run should have trained.
 
-    python ft_replica_group.py REPORT_DIR STOP_FILE [--devices N] [--strategy S] [--seed N]
-                               [--load CHECKPOINT] [--save CHECKPOINT]
+    python ft_replica_group.py REPORT_DIR STOP_FILE [--devices N] [--strategy S] [--seed N] [--min-groups N]
+                               [--clip MAX_NORM] [--load CHECKPOINT] [--save CHECKPOINT]
 
 ``--load`` loads a checkpoint before the first step and writes ``REPORT_DIR/loaded-groupG.json`` (the committed step
 count right after); ``--save`` saves one at the stop. Groups are initialised apart (step 0 syncs DDP groups), or
-alike from ``--seed``.
+alike from ``--seed``; ``--min-groups`` is the strategy's ``min_replica_groups``; ``--clip`` clips the gradients' norm
+(``fabric.clip_gradients``) before each step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from fabric import Fabric
+from fabric.strategies import STRATEGY_REGISTRY
 
 
 def batch(step: int, share: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,11 +58,14 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--strategy", default="fault_tolerant_ddp")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--min-groups", type=int, default=1)
+    parser.add_argument("--clip", type=float)
     parser.add_argument("--load", type=Path)
     parser.add_argument("--save", type=Path)
     args = parser.parse_args()
 
-    fabric = Fabric(accelerator="cpu", devices=args.devices, strategy=args.strategy)
+    strategy = STRATEGY_REGISTRY.create(args.strategy, min_replica_groups=args.min_groups)
+    fabric = Fabric(accelerator="cpu", devices=args.devices, strategy=strategy)
     fabric.launch()
     torch.manual_seed(int(os.environ["FABRIC_FT_REPLICA_GROUP"]) + 7 if args.seed is None else args.seed)
     model = build_model()
@@ -85,6 +90,8 @@ def main() -> None:
             inputs, targets = batch(step, share)
             loss = nn.functional.mse_loss(model(inputs), targets)
             fabric.backward(loss)
+            if args.clip is not None:
+                fabric.clip_gradients(model, optimizer, max_norm=args.clip)
             optimizer.step()
             record = {
                 "group": group,

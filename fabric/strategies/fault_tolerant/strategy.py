@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -80,6 +82,10 @@ class FaultTolerantStrategy(ParallelStrategy):
         self._optimizer: Optimizer | None = None
         self._modules: list[nn.Module] = []
         self._participants = 0
+        #: Inside ``no_backward_sync``: the gradients are not complete yet, so not averaged across the groups.
+        self._accumulating = False
+        #: This step's gradients were averaged across the groups (at the end of its backward).
+        self._averaged = False
 
     @property
     def replica_groups(self) -> ReplicaGroups:
@@ -150,15 +156,40 @@ class FaultTolerantStrategy(ParallelStrategy):
 
     @override
     def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """The backward, then (unless accumulating) the gradients averaged across the groups at once: clipping, and
+        anything else that reads them before the step, sees the run's gradients, as under plain DDP."""
         self.replica_groups.begin_step()
         super().backward(tensor, module, *args, **kwargs)
+        if not self._accumulating:
+            self._average_gradients()
+
+    @override
+    def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
+        inner = super().no_backward_sync(module, enabled)
+        return self._accumulating_during(inner) if enabled else inner
+
+    @contextlib.contextmanager
+    def _accumulating_during(self, inner: AbstractContextManager[Any]) -> Iterator[None]:
+        self._accumulating = True
+        try:
+            with inner:
+                yield
+        finally:
+            self._accumulating = False
+
+    def _average_gradients(self) -> None:
+        if self._optimizer is not None:
+            self.replica_groups.average(self._local_gradients(self._optimizer))
+            self._averaged = True
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
-        """Average the gradients across the groups, then step only if the step commits on all of them."""
+        """Step only if the step commits on all the groups (their gradients averaged by then)."""
         groups = self.replica_groups
         step = groups.steps_before
-        groups.average(self._local_gradients(optimizer))
+        if not self._averaged:  # gradients accumulated (or synced by hand) without a last backward outside
+            self._average_gradients()
+        self._averaged = False
         self._before_commit()
         committed = groups.commit()
         self._report(step, committed)

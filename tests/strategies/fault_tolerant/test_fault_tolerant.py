@@ -561,6 +561,45 @@ def _reference_weights(steps: int) -> list[float]:
     return [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()]
 
 
+def _reference_clipped_weights(steps: int, shares: int, max_norm: float, synced_first: bool) -> list[float]:
+    """One process training on every share's batch, the gradients averaged over the shares, then clipped by norm:
+    what data parallelism over all the groups computes. With ``synced_first`` the first step has share 0's gradient
+    alone in the average: torchft's initial sync makes the other groups receive group 0's state in it, and they send
+    zeros (the step is 1/shares of share 0's)."""
+    import torch
+    from torch import nn
+
+    worker = _worker()
+    torch.manual_seed(7)
+    model = worker.build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        optimizer.zero_grad()
+        for share in range(1 if synced_first and step == 0 else shares):
+            inputs, targets = worker.batch(step, share)
+            (nn.functional.mse_loss(model(inputs), targets) / shares).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+    return [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()]
+
+
+@pytest.mark.end_to_end
+@pytest.mark.parametrize("strategy", ["fault_tolerant_ddp", "fault_tolerant_fsdp"])
+def test_clipping_sees_the_gradients_averaged_over_the_groups(tmp_path: Path, strategy: str) -> None:
+    """The groups' gradients were averaged in optimizer.step(), after fabric.clip_gradients had clipped each
+    group's own: the average of clipped gradients, not the clipped average, without a word."""
+    steps, max_norm = 4, 0.05
+    with _fault_tolerant_run(tmp_path, groups=2, devices=1) as run:
+        run.stop_at(steps)
+        options = (f"--strategy={strategy}", "--seed=7", "--min-groups=2", f"--clip={max_norm}")
+        processes = [run.start_group(group, *options) for group in range(2)]
+        assert [process.wait(timeout=EVENT_DEADLINE) for process in processes] == [0, 0]
+    last = [r for r in run.records() if r["committed_steps"] == steps]
+    assert len(last) == 2 and last[0]["weights"] == last[1]["weights"]
+    reference = _reference_clipped_weights(steps, 2, max_norm, synced_first=strategy == "fault_tolerant_ddp")
+    assert last[0]["weights"] == pytest.approx(reference, abs=1e-6)
+
+
 @pytest.mark.end_to_end
 def test_a_checkpoint_keeps_the_committed_steps_and_loads_in_a_normal_run_and_back(tmp_path: Path) -> None:
     import torch
