@@ -373,12 +373,12 @@ class Strategy:
         # With a GradScaler an overflowing step is expected and skipped, not an error.
         error_if_nonfinite = error_if_nonfinite and not self.precision.skips_non_finite_steps
         return torch.nn.utils.clip_grad_norm_(
-            _parameters_with_grad(optimizer), max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+            parameters_with_grad(optimizer), max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
         )
 
     def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float) -> None:
         self.precision.unscale_gradients(optimizer)
-        torch.nn.utils.clip_grad_value_(_parameters_with_grad(optimizer), clip_val)
+        torch.nn.utils.clip_grad_value_(parameters_with_grad(optimizer), clip_val)
 
     # --- collectives (single-process semantics; shapes match the distributed ones) ------------------
 
@@ -610,5 +610,6 @@ def _filtered(checkpoint: dict[str, Any], filter: Mapping[str, CheckpointFilter]
     return result
 
 
-def _parameters_with_grad(optimizer: Optimizer) -> list[torch.Tensor]:
+def parameters_with_grad(optimizer: Optimizer) -> list[torch.Tensor]:
+    """The parameters of ``optimizer`` that hold a gradient."""
     return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

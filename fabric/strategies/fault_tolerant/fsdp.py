@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -42,11 +41,6 @@ class FaultTolerantFSDPStrategy(FaultTolerantStrategy, FSDPStrategy):
     @override
     def _optimizer_state(self, optimizer: Optimizer) -> StateFunctions:
         return (lambda state: load_local_optimizer_state(optimizer, state)), (lambda: local_optimizer_state(optimizer))
-
-    @override
-    def _local_gradients(self, optimizer: Optimizer) -> list[torch.Tensor]:
-        gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        return [g.to_local() if isinstance(g, DTensor) else g for g in gradients]
 
     @override
     def _before_commit(self) -> None:

@@ -12,12 +12,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
-from fabric.utilities.dtensor import laid_out_like
+from fabric.utilities.dtensor import laid_out_like, local_part
 
 
 def local_module_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """``module.state_dict()`` with every ``DTensor`` replaced by this rank's shard."""
-    return {name: _local(value) for name, value in module.state_dict().items()}
+    return {name: local_part(value) for name, value in module.state_dict().items()}
 
 
 def load_local_module_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -27,13 +27,13 @@ def load_local_module_state(module: nn.Module, state: dict[str, torch.Tensor]) -
         raise ValueError(f"A peer group sent the state of another module: {sorted(set(own) ^ set(state))} differ.")
     with torch.no_grad():
         for name, value in own.items():
-            _local(value).copy_(state[name])
+            local_part(value).copy_(state[name])
 
 
 def local_optimizer_state(optimizer: Optimizer) -> dict[str, Any]:
     """``optimizer.state_dict()`` with this rank's shard of every ``DTensor`` (momentum, Adam's moments)."""
     saved = optimizer.state_dict()
-    state = {index: {key: _local(value) for key, value in entry.items()} for index, entry in saved["state"].items()}
+    state = {index: {key: local_part(value) for key, value in entry.items()} for index, entry in saved["state"].items()}
     return {"state": state, "param_groups": saved["param_groups"]}
 
 
@@ -53,13 +53,9 @@ def fingerprint(modules: list[nn.Module]) -> int:
     checksum = 0
     for module in modules:
         for tensor in (*module.parameters(), *module.buffers()):
-            local = _local(tensor.detach()).contiguous().cpu()
+            local = local_part(tensor.detach()).contiguous().cpu()
             checksum = zlib.crc32(local.view(torch.uint8).numpy().tobytes(), checksum) if local.numel() else checksum
     return checksum
-
-
-def _local(value: Any) -> Any:
-    return value.to_local() if isinstance(value, DTensor) else value
 
 
 def _shaped_like(parameter: torch.Tensor, value: Any) -> Any:

@@ -22,6 +22,8 @@ from fabric.strategies.ddp import DDPStrategy
 from fabric.strategies.fault_tolerant.plan import DEFAULT_FT_TIMEOUT, FaultTolerance
 from fabric.strategies.fault_tolerant.replica_groups import ReplicaGroups, import_torchft
 from fabric.strategies.parallel import ParallelStrategy
+from fabric.strategies.strategy import parameters_with_grad
+from fabric.utilities.dtensor import local_part
 
 #: A state torchft sends a joining group: ``(load, state)``, ``state()`` on a healthy group, ``load`` on the joiner.
 StateFunctions = tuple[Callable[[Any], None], Callable[[], Any]]
@@ -32,7 +34,7 @@ class FaultTolerantStrategy(ParallelStrategy):
 
     Mixed in before the strategy a group runs inside (DDP: :class:`FaultTolerantDDPStrategy`; FSDP2 shards:
     :class:`~fabric.strategies.fault_tolerant.fsdp.FaultTolerantFSDPStrategy`), which decides what a rank's
-    gradients and state are (:meth:`_local_gradients`, :meth:`_module_state`, :meth:`_optimizer_state`).
+    state is (:meth:`_module_state`, :meth:`_optimizer_state`) and what the first step needs.
     Each *replica group* is an ordinary Fabric job (``fabric run model``, ``torchrun``, a SLURM step, or
     ``python train.py``) of one or more processes, every group laid out alike.
     Across groups, torchft's lighthouse forms a quorum every step; the gradients are averaged over the groups in it,
@@ -209,8 +211,8 @@ class FaultTolerantStrategy(ParallelStrategy):
         raise NotImplementedError
 
     def _local_gradients(self, optimizer: Optimizer) -> list[torch.Tensor]:
-        """This rank's gradients, in place, averaged with the same rank's of the other groups."""
-        raise NotImplementedError
+        """This rank's gradients (a shard's local part), averaged in place with the same rank's of the other groups."""
+        return [local_part(p.grad) for p in parameters_with_grad(optimizer)]
 
     def _before_commit(self) -> None:
         """Runs after the gradients' exchange (the quorum known), before the step commits."""
@@ -307,10 +309,6 @@ class FaultTolerantDDPStrategy(FaultTolerantStrategy, DDPStrategy):
     @override
     def _optimizer_state(self, optimizer: Optimizer) -> StateFunctions:
         return optimizer.load_state_dict, optimizer.state_dict
-
-    @override
-    def _local_gradients(self, optimizer: Optimizer) -> list[torch.Tensor]:
-        return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
     @override
     def _after_commit(self, step: int) -> None:
