@@ -39,7 +39,7 @@ from fabric.strategies.fsdp.options import ShardPolicy
 from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
 from fabric.strategies.mesh import AUTO, DATA_PARALLEL_DIMS, MeshPlan
 from fabric.strategies.parallel import ParallelArgs, refuse_unexpected_arguments
-from fabric.strategies.pipeline import PipelineModule, PipelinePlan, build_schedule, keep_stage
+from fabric.strategies.pipeline import PipelineModule, PipelinePlan, keep_stage
 from fabric.strategies.same_batches import check_first_batch, refuse_different_batches
 from fabric.strategies.strategy import CheckpointFilter
 
@@ -142,11 +142,10 @@ class ModelParallelStrategy(FSDPStrategy):
         self.data_parallel_size = data_parallel_size
         self.tensor_parallel_size = tensor_parallel_size
         self.mesh_plan_given = mesh
-        self.pipeline = pipeline
+        self.pipeline: PipelinePlan | None = pipeline
         self._pipelines: weakref.WeakSet[PipelineModule] = weakref.WeakSet()
         if pipeline is not None:
             self.huggingface_refusal = PIPELINE_REFUSALS["huggingface"]
-            self.trainer_refusal = PIPELINE_REFUSALS["trainer"]
 
     @override
     def _check_mesh(self, plan: MeshPlan) -> None:
@@ -212,8 +211,7 @@ class ModelParallelStrategy(FSDPStrategy):
         forward_module = super().setup_module(module)
         if self.pipeline is not None:
             group = self.mesh["pipeline_parallel"].get_group()
-            schedule = build_schedule(forward_module, self.pipeline, self.pipeline_stage, group, self.root_device)
-            forward_module = PipelineModule(forward_module, schedule, self.pipeline, self.pipeline_stage, group)
+            forward_module = PipelineModule(forward_module, self.pipeline, self.pipeline_stage, group, self.root_device)
             self._pipelines.add(forward_module)
         plan = self.mesh_plan()
         sharers = {name: degree for name, degree in plan.resolved_degrees.items() if name not in DATA_PARALLEL_DIMS}
@@ -230,7 +228,7 @@ class ModelParallelStrategy(FSDPStrategy):
     @override
     def _shard(self, module: nn.Module) -> nn.Module:
         if self.pipeline is not None:
-            keep_stage(module, self.pipeline.split_points, self.pipeline_stage)
+            keep_stage(module, self.pipeline.split_points, self.pipeline_stage, self.pipeline.network)
         if self.parallelize_fn is None:  # pipeline stages without tensor parallelism
             return super()._shard(module)
         parallelized = self.parallelize_fn(module, self.mesh)
@@ -297,8 +295,6 @@ class ModelParallelStrategy(FSDPStrategy):
 PIPELINE_REFUSALS = {
     "huggingface": "each rank holds one pipeline stage; save a sharded checkpoint (fabric.save) and convert the "
     "consolidated file instead.",
-    "trainer": "the Trainer does not run pipeline parallelism yet (its loop computes the loss outside the model); "
-    "use Fabric's loop with model(inputs, target=targets).",
 }
 
 #: Mesh dimensions a degree above 1 of which this strategy cannot honour yet, and why.

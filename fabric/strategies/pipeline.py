@@ -6,7 +6,10 @@ last stage computes, the number of microbatches and the schedule (GPipe or 1F1B)
 in place, as torchtitan does: each rank keeps the modules of its own stage, so parameter names stay the model's (a
 checkpoint saved on one mesh loads on any other), and the parts of other stages are removed from their containers
 (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) or set to ``None`` elsewhere: the model's forward must skip
-a ``None`` part (``h = self.embed(tokens) if self.embed is not None else tokens``).
+a ``None`` part (``h = self.embed(tokens) if self.embed is not None else tokens``). With ``network=`` only that
+submodule is cut: the first stage runs the model's own forward (which turns the batch into the network's input and
+calls it), every later stage runs the network on the activations it receives (what the Trainer does with a model's
+``forward(batch)``).
 
 :class:`PipelineModule` is what ``fabric.setup`` returns the forward through. A pipeline runs the forward and the
 backward of every microbatch together, so the training loop reads::
@@ -19,6 +22,7 @@ backward of every microbatch together, so the training loop reads::
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +40,10 @@ SCHEDULES = {"GPipe": "ScheduleGPipe", "1F1B": "Schedule1F1B"}
 #: Containers whose forward runs the modules they still hold, so a part of another stage is removed from them.
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
+#: How many schedules (one per shape of the batch's tensors: torch's stages keep the shapes of their first step)
+#: a pipeline keeps; a ragged last batch or another sequence length adds one.
+SCHEDULES_KEPT = 8
+
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -47,17 +55,23 @@ class PipelinePlan:
         split_points: qualified names of the submodules that begin stages 1, 2, ... (one fewer than the mesh's
             ``pipeline_parallel`` degree), in the order the forward runs them, e.g. ``("blocks.2",)``.
         loss_fn: ``(output, target) -> loss`` of one microbatch, computed on the last stage; a mean over the
-            microbatch's samples keeps the gradients those of the whole batch's mean loss.
+            microbatch's samples keeps the gradients those of the whole batch's mean loss. ``None`` only under the
+            Trainer, which computes it with its model's ``loss(outputs, batch)``.
         microbatches: how many equal parts each rank's batch is split into (at least the number of stages for
             1F1B); ``None``: one per stage.
         schedule: ``"1F1B"`` (one forward, one backward in the steady state: activations of at most as many
             microbatches as stages are kept) or ``"GPipe"`` (every forward, then every backward).
+        network: the submodule that is cut into stages, e.g. ``"model"`` (every split point lies inside it, and
+            every parameter of the model too); the first stage runs the model's own forward, which must call the
+            network and return its output as it is, and the later stages run the network on what they receive.
+            ``""`` (default): the whole model, whose forward runs on every stage.
     """
 
     split_points: Sequence[str]
-    loss_fn: LossFn
+    loss_fn: LossFn | None = None
     microbatches: int | None = None
     schedule: str = "1F1B"
+    network: str = ""
 
     def __post_init__(self) -> None:
         points = self.split_points
@@ -69,9 +83,15 @@ class PipelinePlan:
         object.__setattr__(self, "split_points", tuple(points))
         if len(set(points)) != len(points):
             raise ValueError(f"PipelinePlan(split_points={points!r}) names a submodule twice.")
-        if not callable(self.loss_fn):
+        if self.loss_fn is not None and not callable(self.loss_fn):
             raise ValueError(
                 f"PipelinePlan(loss_fn={self.loss_fn!r}) is not valid. Accepted: (output, target) -> loss."
+            )
+        outside = [point for point in points if self.network and not point.startswith(f"{self.network}.")]
+        if not isinstance(self.network, str) or outside:
+            raise ValueError(
+                f"PipelinePlan(network={self.network!r}) is not valid with split_points={list(points)}. Accepted: "
+                "the name of the submodule every split point lies in (e.g. 'model' for 'model.blocks.2'), or ''."
             )
         count = self.microbatches
         if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
@@ -101,14 +121,19 @@ class PipelinePlan:
         return self.microbatches if self.microbatches is not None else self.num_stages
 
 
-def keep_stage(model: nn.Module, split_points: Sequence[str], stage_index: int) -> None:
+def keep_stage(model: nn.Module, split_points: Sequence[str], stage_index: int, network: str = "") -> None:
     """Remove from ``model``, in place, every part that does not belong to stage ``stage_index``.
 
-    The model is read as an ordered list of parts: each split point, its siblings and the siblings of its
+    The model (or its submodule ``network``, when named: the rest of the model stays on every stage and may hold
+    no parameter) is read as an ordered list of parts: each split point, its siblings and the siblings of its
     ancestors, in registration order (which must be the order the forward runs them). Stage ``i`` holds the parts
     from split point ``i - 1`` up to split point ``i``. A ``ValueError`` names a split point that is not a
     submodule or out of order, and a parameter that no stage can own (one held by an ancestor of a split point).
     """
+    if network:
+        cut = _network_of(model, network)
+        keep_stage(cut, [point[len(network) + 1 :] for point in split_points], stage_index)
+        return
     known = dict(model.named_modules())
     for point in split_points:
         if point not in known:
@@ -148,6 +173,25 @@ def keep_stage(model: nn.Module, split_points: Sequence[str], stage_index: int) 
                 parent._modules[name] = None
 
 
+def _network_of(model: nn.Module, network: str) -> nn.Module:
+    """The submodule ``network`` of ``model``, refused unless it holds every parameter of the model."""
+    try:
+        cut = model.get_submodule(network)
+    except AttributeError:
+        tops = ", ".join(name for name, _ in model.named_children())
+        raise ValueError(
+            f"PipelinePlan(network={network!r}) names no submodule of {type(model).__name__} (its top-level "
+            f"modules: {tops})."
+        ) from None
+    outside = [name for name, _ in model.named_parameters() if not name.startswith(f"{network}.")]
+    if outside:
+        raise ValueError(
+            f"{type(model).__name__} holds the parameter {outside[0]!r} outside its network {network!r}, which is "
+            "what the pipeline cuts into stages, so no stage can own it; move it into the network."
+        )
+    return cut
+
+
 def _parts(module: nn.Module, prefix: str, ancestors: set[str]) -> list[str]:
     """The qualified names of the parts (see :func:`keep_stage`) under ``module``, in registration order."""
     parts: list[str] = []
@@ -159,20 +203,63 @@ def _parts(module: nn.Module, prefix: str, ancestors: set[str]) -> list[str]:
     return parts
 
 
-def build_schedule(
-    stage_module: nn.Module,
-    plan: PipelinePlan,
-    stage_index: int,
-    group: ProcessGroup,
-    device: torch.device,
-) -> PipelineScheduleSingle:
-    """torch's stage for ``stage_module`` and the plan's schedule over it (shapes are inferred at the first step)."""
-    from torch.distributed import pipelining
+class StageForward:
+    """This rank's stage's forward, put on the stage module itself (so the hooks of its call, FSDP's among them,
+    still run).
 
-    stage = pipelining.PipelineStage(stage_module, stage_index, plan.num_stages, device, group=group)
-    schedule_class = getattr(pipelining, SCHEDULES[plan.schedule])
-    schedule: PipelineScheduleSingle = schedule_class(stage, n_microbatches=plan.microbatch_count, loss_fn=plan.loss_fn)
-    return schedule
+    torch's stages take tensors only, so the first stage is given the tensors of the call's inputs and rebuilds
+    the inputs' structure around them (:meth:`flatten` keeps it: tuples, lists, dicts, other leaves as they are)
+    before running the model's forward. With ``network`` the first stage's forward must call that submodule once and
+    return its output as it is, and the later stages run the network on the activations they receive.
+    """
+
+    def __init__(self, root: nn.Module, network: str, stage_index: int) -> None:
+        self._root, self._network, self._own_forward = root, network, type(root).forward
+        self._cut = root.get_submodule(network) if network else None
+        self._structure: tuple[Any, list[Any], list[bool]] | None = None
+        if stage_index == 0:
+            root.forward = self.first_stage
+        elif self._cut is not None:
+            root.forward = self.later_stage  # a method, not the module: setattr would register that as a child
+
+    def later_stage(self, *activations: torch.Tensor) -> Any:
+        assert self._cut is not None
+        return self._cut(*activations)
+
+    def flatten(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        """The tensors of ``(args, kwargs)`` that split into microbatches (at least one dimension), in order."""
+        from torch.utils._pytree import tree_flatten
+
+        leaves, spec = tree_flatten((args, kwargs))
+        splits = [isinstance(leaf, torch.Tensor) and leaf.dim() > 0 for leaf in leaves]
+        self._structure = spec, leaves, splits
+        return tuple(leaf for leaf, split in zip(leaves, splits, strict=True) if split)
+
+    def first_stage(self, *tensors: torch.Tensor) -> Any:
+        from torch.utils._pytree import tree_unflatten
+
+        assert self._structure is not None, "flatten() gives the first stage its inputs"
+        spec, leaves, splits = self._structure
+        given = iter(tensors)
+        args, kwargs = tree_unflatten(
+            [next(given) if split else leaf for leaf, split in zip(leaves, splits, strict=True)], spec
+        )
+        if self._cut is None:
+            return self._own_forward(self._root, *args, **kwargs)
+        seen: list[Any] = []
+        handle = self._cut.register_forward_hook(lambda _module, _inputs, output: seen.append(output))
+        try:
+            output = self._own_forward(self._root, *args, **kwargs)
+        finally:
+            handle.remove()
+        if len(seen) != 1 or output is not seen[0]:
+            raise ValueError(
+                f"PipelinePlan(network={self._network!r}): {type(self._root).__name__}.forward must call its network "
+                f"once and return its output as it is (it called it {len(seen)} time(s) and returned "
+                f"{'something else' if seen else type(output).__name__}): the first stage sends that output to the "
+                "next, and the last stage's network output is the model's output."
+            )
+        return output
 
 
 class PipelineModule(nn.Module):
@@ -181,25 +268,29 @@ class PipelineModule(nn.Module):
     With gradients enabled, the forward and backward of every microbatch run together and the gradients are those
     of the mean of the microbatch losses; under ``torch.no_grad()`` only the forward runs. With a target, the mean
     loss is returned on every rank of the pipeline (sent from the last stage); without one, the last stage returns
-    the model's output and the others ``None``.
+    the model's output and the others ``None``. torch's stages keep the shapes of their first step, so each shape
+    of the batch's tensors (a ragged last batch, another sequence length) gets a schedule of its own, built in step
+    on every rank of the pipeline (they read the same batches).
     """
 
     def __init__(
-        self,
-        stage_module: nn.Module,
-        schedule: PipelineScheduleSingle,
-        plan: PipelinePlan,
-        stage_index: int,
-        group: ProcessGroup,
+        self, stage_module: nn.Module, plan: PipelinePlan, stage_index: int, group: ProcessGroup, device: torch.device
     ) -> None:
         super().__init__()
+        if plan.loss_fn is None:
+            raise ValueError(
+                "PipelinePlan(loss_fn=None): the last stage needs the loss of a microbatch; give "
+                "loss_fn=(output, target) -> loss (only the Trainer supplies it, from its model's loss)."
+            )
+        self._stage_forward = StageForward(stage_module, plan.network, stage_index)
         self.stage_module = stage_module
-        self._schedule = schedule
         self._plan = plan
+        self._loss_fn: LossFn = plan.loss_fn
         self.stage_index = stage_index
         self._group = group
+        self._device = device
         self._last_loss: weakref.ref[torch.Tensor] | None = None
-        self._forward_only: PipelineScheduleSingle | None = None
+        self._schedules: OrderedDict[tuple[Any, ...], PipelineScheduleSingle] = OrderedDict()
 
     @property
     def is_first_stage(self) -> bool:
@@ -217,17 +308,17 @@ class PipelineModule(nn.Module):
                 "Under pipeline parallelism the training step runs the forward and the backward together, and the "
                 "last stage needs the target: call model(inputs, target=targets), or run under torch.no_grad()."
             )
-        self._check_batch(args, kwargs, target)
+        microbatches = self._microbatches(args, kwargs, target, training)
         losses: list[torch.Tensor] = []
-        inputs = args if self.is_first_stage else ()
-        kwargs = kwargs if self.is_first_stage else {}
+        inputs = self._stage_forward.flatten(args, kwargs) if self.is_first_stage else ()
         last_target = target if self.is_last_stage else None
         try:
             if target is None:
-                output = self._forward_only_schedule().step(*inputs, **kwargs)
+                output = self._schedule(args, kwargs, target, microbatches, "forward").step(*inputs)
                 return output if self.is_last_stage else None
-            run = self._schedule.step if training else self._schedule.eval
-            run(*inputs, target=last_target, losses=losses, **kwargs)
+            schedule = self._schedule(args, kwargs, target, microbatches, "train" if training else "eval")
+            run = schedule.step if training else schedule.eval
+            run(*inputs, target=last_target, losses=losses)
         except TypeError as error:
             if "NoneType" not in str(error):
                 raise
@@ -237,25 +328,63 @@ class PipelineModule(nn.Module):
             ) from error
         return self._loss_on_every_stage(losses)
 
-    def _forward_only_schedule(self) -> PipelineScheduleSingle:
-        """torch's forward-only schedule over the same stage, for outputs without a loss (built on first use)."""
-        if self._forward_only is None:
+    def _schedule(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any, microbatches: int, kind: str
+    ) -> PipelineScheduleSingle:
+        """The schedule for batches of these shapes (built on first use, the least recently used dropped beyond
+        :data:`SCHEDULES_KEPT`)."""
+        from torch.utils._pytree import tree_leaves
+
+        leaves = tree_leaves((args, kwargs, target))
+        key = (
+            kind,
+            microbatches,
+            *((tuple(leaf.shape), leaf.dtype) for leaf in leaves if isinstance(leaf, torch.Tensor)),
+        )
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            schedule = self._schedules[key] = self._build(microbatches, forward_only=kind == "forward")
+            if len(self._schedules) > SCHEDULES_KEPT:
+                self._schedules.popitem(last=False)
+        else:
+            self._schedules.move_to_end(key)
+        return schedule
+
+    def _build(self, microbatches: int, forward_only: bool) -> PipelineScheduleSingle:
+        """torch's stage over this rank's module and a schedule over it (shapes are inferred at its first step)."""
+        from torch.distributed import pipelining
+
+        stage = pipelining.PipelineStage(
+            self.stage_module, self.stage_index, self._plan.num_stages, self._device, group=self._group
+        )
+        if forward_only:
             from torch.distributed.pipelining import _ScheduleForwardOnly  # type: ignore[attr-defined]
 
-            self._forward_only = _ScheduleForwardOnly(self._schedule._stage, self._plan.microbatch_count)
-        return self._forward_only
+            forward_schedule: PipelineScheduleSingle = _ScheduleForwardOnly(stage, microbatches)
+            return forward_schedule
+        schedule_class = getattr(pipelining, SCHEDULES[self._plan.schedule])
+        schedule: PipelineScheduleSingle = schedule_class(stage, n_microbatches=microbatches, loss_fn=self._loss_fn)
+        return schedule
 
-    def _check_batch(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any) -> None:
+    def _microbatches(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any, training: bool) -> int:
+        """The plan's microbatches; a training batch that does not split into them evenly is refused (unequal
+        parts would weigh samples differently), a forward without gradients takes the most that divide it."""
+        from torch.utils._pytree import tree_leaves
+
         count = self._plan.microbatch_count
-        for value in (*args, *kwargs.values(), target):
+        for value in tree_leaves((args, kwargs, target)):
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                if value.shape[0] % count:
-                    raise ValueError(
-                        f"A batch of {value.shape[0]} samples does not split into {count} equal microbatches "
-                        f"(PipelinePlan(microbatches={self._plan.microbatches})): give each rank a batch size that "
-                        "is a multiple of the microbatches."
-                    )
-                return
+                samples = value.shape[0]
+                if samples % count == 0:
+                    return count
+                if not training:
+                    return max(divisor for divisor in range(1, count + 1) if samples % divisor == 0)
+                raise ValueError(
+                    f"A batch of {samples} samples does not split into {count} equal microbatches "
+                    f"(PipelinePlan(microbatches={self._plan.microbatches})): give each rank a batch size that "
+                    "is a multiple of the microbatches (drop_last=True for a ragged last batch)."
+                )
+        return count
 
     def _loss_on_every_stage(self, losses: list[torch.Tensor]) -> torch.Tensor:
         import torch.distributed as dist
@@ -263,7 +392,7 @@ class PipelineModule(nn.Module):
         if self.is_last_stage:
             loss = torch.stack([loss.detach().float() for loss in losses]).mean()
         else:
-            loss = torch.empty((), dtype=torch.float32, device=self._schedule._stage.device)
+            loss = torch.empty((), dtype=torch.float32, device=self._device)
         dist.broadcast(loss, group=self._group, group_src=self._plan.num_stages - 1)
         self._last_loss = weakref.ref(loss)
         return loss

@@ -66,6 +66,7 @@ _WEAK_REGISTRIES = (weakref.WeakSet, weakref.WeakKeyDictionary)
 
 if TYPE_CHECKING:
     from fabric.strategies.mesh import MeshPlan
+    from fabric.strategies.pipeline import PipelinePlan
 
 
 class Strategy:
@@ -80,8 +81,8 @@ class Strategy:
     #: Why ``fabric.save(..., format="huggingface")`` and loading such a folder cannot work with this strategy
     #: (one line naming what to do instead), or None where they work.
     huggingface_refusal: str | None = None
-    #: Why the Trainer cannot run on this strategy (one line naming what to do instead), or None where it can.
-    trainer_refusal: str | None = None
+    #: How the model is cut into pipeline stages, where it is (:class:`~fabric.strategies.ModelParallelStrategy`).
+    pipeline: PipelinePlan | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -35,7 +35,7 @@ from fabric.trainer.core.time import Timestamp
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.intervals import IntervalInput
 from fabric.trainer.metrics import compute_metrics, update_metric
-from fabric.trainer.microbatch import is_out_of_memory
+from fabric.trainer.microbatch import is_out_of_memory, joined_outputs
 
 
 @dataclass
@@ -159,8 +159,11 @@ _ROUND_EVENTS = {
 def _run_evaluator(
     state: State, engine: Engine, logger: Logger, evaluator: Evaluator, stop_requested: Callable[[], bool]
 ) -> None:
-    run_event, model = engine.run_event, state.model
-    eval_forward = getattr(model, "eval_forward", None) if hasattr(model.module, "eval_forward") else None
+    run_event, model, fabric = engine.run_event, state.model, require_fabric(state)
+    # Pipeline stages run the model's forward through the pipeline (the outputs on the last stage, None elsewhere)
+    pipelined = fabric.strategy.pipeline is not None
+    has_eval_forward = hasattr(model.module, "eval_forward") and not pipelined
+    eval_forward = getattr(model, "eval_forward", None) if has_eval_forward else None
     metrics = state.eval_metrics.get(evaluator.label, {})
     for metric in metrics.values():
         metric.reset()
@@ -168,7 +171,7 @@ def _run_evaluator(
     state.eval_batches = batches_in(evaluator)
     state.eval_timestamp = Timestamp()
     run_event(Event.EVAL_START)
-    spec, fabric = evaluator.data_spec, require_fabric(state)
+    spec = evaluator.data_spec
     microbatch_size = evaluator.device_eval_microbatch_size
     in_use = evaluator.auto_microbatch_size if microbatch_size == "auto" else microbatch_size
     state.device_eval_microbatch_size = in_use  # type: ignore[assignment]
@@ -186,8 +189,10 @@ def _run_evaluator(
             parts = spec.split_batch(full_batch, microbatch_size)  # type: ignore[arg-type]
             forwards = [_forward(state, run_event, eval_forward, part) for part in parts]
         if len(forwards) > 1:
-            state.batch, state.outputs = full_batch, _joined([outputs for _, outputs in forwards])
+            state.batch, state.outputs = full_batch, joined_outputs([outputs for _, outputs in forwards])
         for part, outputs in forwards:
+            if pipelined and outputs is None:  # a stage before the last: its metrics count nothing
+                continue
             part_samples = samples if len(forwards) == 1 else spec.get_num_samples_in_batch(part)
             for metric in metrics.values():
                 update_metric(model.module, part, outputs, metric, part_samples)
@@ -252,13 +257,6 @@ def _forward_auto(
                 "does not fit."
             ) from failure
         size = max(1, size // 2)
-
-
-def _joined(outputs: list[Any]) -> Any:
-    """The microbatches' outputs as one: concatenated when all are tensors, else the list."""
-    if all(isinstance(output, torch.Tensor) and output.dim() > 0 for output in outputs):
-        return torch.cat(outputs)
-    return outputs
 
 
 def batches_in(evaluator: Evaluator) -> int | None:

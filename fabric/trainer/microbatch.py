@@ -43,6 +43,13 @@ def loss_weight(microbatch: Any, total_samples: int) -> float:
     return batch_size(microbatch) / total_samples
 
 
+def joined_outputs(outputs: list[Any]) -> Any:
+    """The microbatches' outputs as one: concatenated when all are tensors, else the list."""
+    if all(isinstance(output, torch.Tensor) and output.dim() > 0 for output in outputs):
+        return torch.cat(outputs)
+    return outputs
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is a device or host allocation failure (what auto microbatching recovers from)."""
     if isinstance(error, torch.OutOfMemoryError):

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
     from fabric.strategies.fsdp.strategy import FSDPStrategy
     from fabric.strategies.mesh import MeshPlan
+    from fabric.strategies.pipeline import PipelinePlan
 
 #: Composer dtype names (``get_torch_dtype``'s) for ``mixed_precision={...}``.
 DTYPES: dict[str, torch.dtype] = {
@@ -150,28 +151,30 @@ class TPConfig:
 
 
 def strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStrategy | None:
-    """The strategy Composer's ``parallelism_config`` describes for ``model``; None without fsdp or tp sections."""
+    """The strategy Composer's ``parallelism_config`` describes for ``model``; None without fsdp, tp or pp
+    sections."""
     if parallelism_config is None:
         return None
     if not isinstance(parallelism_config, Mapping):
         raise ValueError(
             f"parallelism_config={parallelism_config!r} is not valid. Accepted: a dict {{'fsdp': {{...}}, "
-            "'tp': {...}}} (Composer's FSDP and TP config keys) or None."
+            "'tp': {...}, 'pp': {...}}} (Composer's FSDP and TP config keys, and pipeline stages) or None."
         )
-    unknown = sorted(set(parallelism_config) - {"fsdp", "tp"})
+    unknown = sorted(set(parallelism_config) - {"fsdp", "tp", "pp"})
     if unknown:
-        raise ValueError(f"parallelism_config has {unknown}; accepted sections: 'fsdp', 'tp'.")
-    fsdp, tp = parallelism_config.get("fsdp"), parallelism_config.get("tp")
+        raise ValueError(f"parallelism_config has {unknown}; accepted sections: 'fsdp', 'tp', 'pp'.")
+    fsdp, tp, pp = (parallelism_config.get(name) for name in ("fsdp", "tp", "pp"))
     if isinstance(tp, TPConfig):
         tp = {"tensor_parallel_degree": tp.tensor_parallel_degree, "layer_plan": tp.layer_plan}
-    if fsdp is None and tp is None:
+    if fsdp is None and tp is None and pp is None:
         return None
-    for name, section in (("fsdp", fsdp), ("tp", tp)):
+    for name, section in (("fsdp", fsdp), ("tp", tp), ("pp", pp)):
         if section is not None and not isinstance(section, Mapping):
             raise ValueError(
                 f"parallelism_config['{name}']={section!r} is not valid. Accepted: a dict of {name.upper()} keys."
             )
-    return _build(dict(fsdp or {}), model, None if tp is None else _tensor_parallel(dict(tp), model))
+    tensor_parallel = None if tp is None else _tensor_parallel(dict(tp), model)
+    return _build(dict(fsdp or {}), model, tensor_parallel, None if pp is None else _pipeline(dict(pp)))
 
 
 def _check_fsdp_keys(config: Mapping[str, Any]) -> None:
@@ -201,15 +204,24 @@ def _check_fsdp_keys(config: Mapping[str, Any]) -> None:
             )
 
 
-def _build(config: dict[str, Any], model: nn.Module, tensor_parallel: TensorParallelPlan | None) -> FSDPStrategy:
+def _build(
+    config: dict[str, Any],
+    model: nn.Module,
+    tensor_parallel: TensorParallelPlan | None,
+    pipeline: PipelinePlan | None,
+) -> FSDPStrategy:
     from fabric.strategies.fsdp.strategy import FSDPStrategy
     from fabric.strategies.model_parallel import ModelParallelStrategy
 
     _check_fsdp_keys(config)
-    options: dict[str, Any] = {"state_dict_type": _state_dict_type(config.get("state_dict_type", "full"))}
-    mesh = _mesh_plan(config, tensor_parallel)
+    # no rank holds a pipeline's whole model: its checkpoints are sharded unless "full" is asked for (and refused)
+    options: dict[str, Any] = {
+        "state_dict_type": _state_dict_type(config.get("state_dict_type", "full" if pipeline is None else "sharded"))
+    }
+    splits = tensor_parallel is not None or pipeline is not None  # ModelParallelStrategy: it takes the mesh only
+    mesh = _mesh_plan(config, tensor_parallel, 1 if pipeline is None else pipeline.num_stages)
     if "sharding_strategy" in config:
-        options |= _sharding_options(config["sharding_strategy"], mesh, tensor_parallel)
+        options |= _sharding_options(config["sharding_strategy"], mesh, splits)
     if mesh is not None:
         options["mesh"] = mesh
     if config.get("auto_wrap", True):
@@ -222,10 +234,10 @@ def _build(config: dict[str, Any], model: nn.Module, tensor_parallel: TensorPara
     if "mixed_precision" in config:
         options["mixed_precision"] = _mixed_precision(config["mixed_precision"])
     try:
-        if tensor_parallel is None:
+        if not splits:
             strategy = FSDPStrategy(**options)
         else:
-            strategy = ModelParallelStrategy(tensor_parallel, **options)
+            strategy = ModelParallelStrategy(tensor_parallel, pipeline=pipeline, **options)
     except ValueError as error:
         raise ValueError(f"parallelism_config['fsdp']: {error}") from None
     if config.get("verbose", False):
@@ -288,14 +300,40 @@ def _matches(name: str, pattern: str) -> bool:
     return len(atoms) == len(patterns) and all(fnmatch(atom, part) for atom, part in zip(atoms, patterns, strict=True))
 
 
-def _mesh_plan(config: Mapping[str, Any], tensor_parallel: TensorParallelPlan | None) -> MeshPlan | None:
-    """The degrees as a plan; None when neither a degree nor tensor parallelism is given (the mesh follows
-    ``sharding_strategy``)."""
+PP_KEYS = ("pipeline_parallel_degree", "split_points", "microbatches", "schedule", "network")
+
+
+def _pipeline(config: dict[str, Any]) -> PipelinePlan:
+    """The ``"pp"`` section as a plan (the loss is the model's): ``split_points`` and optionally the others of
+    :data:`PP_KEYS`; a ``pipeline_parallel_degree`` must be the stages the split points make."""
+    from fabric.strategies.pipeline import PipelinePlan
+
+    unknown = sorted(set(config) - set(PP_KEYS))
+    if unknown or "split_points" not in config:
+        raise ValueError(
+            f"parallelism_config['pp'] has {unknown or 'no split_points'}; accepted keys: {list(PP_KEYS)} "
+            "(split_points required)."
+        )
+    degree = config.pop("pipeline_parallel_degree", None)
+    try:
+        plan = PipelinePlan(**config)
+        if degree is not None:
+            plan.check_degree(degree)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"parallelism_config['pp']: {error}") from None
+    return plan
+
+
+def _mesh_plan(
+    config: Mapping[str, Any], tensor_parallel: TensorParallelPlan | None, pipeline_degree: int
+) -> MeshPlan | None:
+    """The degrees as a plan; None when neither a degree nor tensor or pipeline parallelism is given (the mesh
+    follows ``sharding_strategy``)."""
     from fabric.strategies.mesh import AUTO, MeshPlan
 
     shard = config.get("data_parallel_shard_degree")
     replicate = config.get("data_parallel_replicate_degree")
-    if shard in (None, -1) and replicate in (None, 1) and tensor_parallel is None:
+    if shard in (None, -1) and replicate in (None, 1) and tensor_parallel is None and pipeline_degree == 1:
         return None
     for key, value in (("data_parallel_shard_degree", shard), ("data_parallel_replicate_degree", replicate)):
         if value is not None and value != -1 and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -308,17 +346,17 @@ def _mesh_plan(config: Mapping[str, Any], tensor_parallel: TensorParallelPlan | 
             data_parallel_replicate=AUTO if replicate == -1 else replicate or 1,
             data_parallel=AUTO if shard in (None, -1) else shard,
             tensor_parallel=1 if tensor_parallel is None else tensor_parallel.degree,
+            pipeline_parallel=pipeline_degree,
         )
     except ValueError as error:
         raise ValueError(f"parallelism_config: {error}") from None
 
 
-def _sharding_options(
-    value: object, mesh: MeshPlan | None, tensor_parallel: TensorParallelPlan | None
-) -> dict[str, Any]:
-    """``sharding_strategy`` as FSDPStrategy takes it; with tensor parallelism (ModelParallelStrategy, which takes the
-    mesh only) as ``reshard_after_forward``, the mesh saying what is replicated."""
-    if tensor_parallel is None:
+def _sharding_options(value: object, mesh: MeshPlan | None, splits: bool) -> dict[str, Any]:
+    """``sharding_strategy`` as FSDPStrategy takes it; with tensor or pipeline parallelism (``splits``:
+    ModelParallelStrategy, which takes the mesh only) as ``reshard_after_forward``, the mesh saying what is
+    replicated."""
+    if not splits:
         return {"sharding_strategy": value}
     from fabric.strategies.fsdp.options import SHARDING_STRATEGIES, sharding_strategy_name
 
@@ -327,10 +365,11 @@ def _sharding_options(
     except ValueError as error:
         raise ValueError(f"parallelism_config['fsdp']: {error}") from None
     reshard, hybrid, replicate_only = SHARDING_STRATEGIES[name]
-    assert mesh is not None  # tensor parallelism always has a plan
+    assert mesh is not None  # tensor and pipeline parallelism always have a plan
     if (hybrid and mesh.data_parallel_replicate == 1) or (replicate_only and mesh.data_parallel != 1):
         raise ValueError(
-            f"parallelism_config['fsdp']['sharding_strategy']={value!r} with a 'tp' section needs the degrees that "
+            f"parallelism_config['fsdp']['sharding_strategy']={value!r} with a 'tp' or 'pp' section needs the degrees "
+            "that "
             f"say what is replicated: data_parallel_replicate_degree{' > 1' if hybrid else ''} "
             f"{'and data_parallel_shard_degree' if hybrid else '=-1 and data_parallel_shard_degree=1'}."
         )

@@ -51,6 +51,7 @@ from fabric.trainer.migration import (
     take_composer_arguments,
     translate_fabric_choices,
 )
+from fabric.trainer.pipeline import check_pipeline_settings, pipeline_network
 from fabric.trainer.profiler import Profiler
 from fabric.trainer.stages import default_optimizer, precision_for_fit
 from fabric.trainer.train_step import TokenCounter, count_tokens
@@ -89,6 +90,7 @@ class LoopSettings:
     def check_on(self, fabric: Fabric) -> None:
         """The checks that need the Fabric's strategy."""
         check_auto_microbatching(self.device_train_microbatch_size, fabric, "device_train_microbatch_size")
+        check_pipeline_settings(fabric.strategy, {"device_train_microbatch_size": self.device_train_microbatch_size})
 
 
 #: The names of the settings, which are also ``Trainer()``'s and ``fit()``'s parameter names.
@@ -153,12 +155,12 @@ class TrainerPlan:
     def make_fabric(self) -> Fabric:
         """The given Fabric, or one made from the choices, checked against what the Trainer needs (not launched)."""
         fabric = Fabric(**self.fabric_choices) if self.fabric is None else self.fabric
-        refusal = fabric.strategy.trainer_refusal
-        if refusal is not None:
-            raise ValueError(f"The Trainer cannot run on {type(fabric.strategy).__name__} yet: {refusal}")
         if self.dist_timeout is not None:
             apply_dist_timeout(fabric, self.dist_timeout)
         self.settings.check_on(fabric)
+        if fabric.strategy.pipeline is not None:
+            pipeline_network(fabric.strategy.pipeline, self.model)
+            check_pipeline_settings(fabric.strategy, {"accumulate_train_batch_on_tokens": self.accumulate_on_tokens})
         return fabric
 
 

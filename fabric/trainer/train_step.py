@@ -53,6 +53,7 @@ from fabric.wrappers import FabricModule, unwrap_optimizer
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
     from fabric.plugins.precision.precision import Precision
+    from fabric.trainer.pipeline import PipelineLoss
 
 TokenCounter = Callable[[Any], int]
 
@@ -80,8 +81,11 @@ class TrainStep:
         microbatch_size: int | str | None,
         token_counter: TokenCounter = count_tokens,
         accumulate_on_tokens: bool = False,
+        pipeline: PipelineLoss | None = None,
     ) -> None:
         self.state, self.engine = state, engine
+        #: The loss of the model's pipeline stages (the batch runs in one call of the model), or None.
+        self._pipeline = pipeline
         self.fabric = require_fabric(state)
         # Fixed once the processes joined, which the Trainer waits for before it builds its step.
         self._world_size = self.fabric.world_size
@@ -158,7 +162,9 @@ class TrainStep:
         samples = self.data_spec.get_num_samples_in_batch(full_batch)
         self._loss_total = self._tokens_over_ranks(full_batch) if self.accumulate_on_tokens else samples
         size = state.device_train_microbatch_size
-        if self.auto_microbatching:
+        if self._pipeline is not None:
+            total_loss = self._train_pipeline(self._pipeline, full_batch)
+        elif self.auto_microbatching:
             total_loss = self._train_with_auto_microbatches(full_batch, samples)
         elif size is None or size >= samples:  # the whole batch in one pass, the common case
             total_loss = self._train_microbatch(
@@ -261,6 +267,38 @@ class TrainStep:
         detached = total.detach()
         return detached * weight if weight != 1.0 else detached
 
+    def _train_pipeline(self, pipeline: PipelineLoss, batch: Any) -> torch.Tensor:
+        """Forward, loss and backward of every microbatch in the pipeline's one call, the events of a microbatch
+        around it (see :mod:`fabric.trainer.pipeline`); the metrics from the last stage's microbatches."""
+        state, fire = self.state, self.engine.fire
+        state.batch = batch
+        fire.before_forward()
+        batch = state.batch
+        loss: torch.Tensor = self._model(batch, target=pipeline.start(batch))
+        outputs = pipeline.outputs()
+        state.outputs, state.loss = outputs, loss
+        for event in ("after_forward", "before_loss", "after_loss", "before_backward", "after_backward"):
+            getattr(fire, event)()
+            changed = [
+                name
+                for name, value in (("batch", batch), ("outputs", outputs), ("loss", loss))
+                if getattr(state, name) is not value
+            ]
+            if changed:
+                raise RuntimeError(
+                    f"An algorithm or callback replaced state.{changed[0]} at {event.upper()}, but under pipeline "
+                    "parallelism the forward, loss and backward of the batch ran before that event, in one call of "
+                    "the pipeline: the change could not take effect. Change the batch at BEFORE_FORWARD, or leave "
+                    "this algorithm out."
+                )
+        if state.train_metrics:
+            with torch.no_grad():
+                for microbatch, microbatch_outputs in pipeline.microbatches:
+                    samples = self.data_spec.get_num_samples_in_batch(microbatch)
+                    for metric in state.train_metrics.values():
+                        update_metric(self._model.module, microbatch, microbatch_outputs, metric, samples)
+        return loss
+
     def _backward_per_optimizer(self, losses: Sequence[torch.Tensor], weight: float) -> torch.Tensor:
         """Loss ``i`` gives gradients to optimizer ``i``'s parameters only (a GAN's discriminator and generator)."""
         last = len(losses) - 1
@@ -336,11 +374,13 @@ def check_closure_optimizers(
         cause = "DeepSpeed steps through its engine, which takes no closure"
     elif (precision or fabric.strategy.precision).scales_gradients:
         cause = "precision='16-mixed' steps through a GradScaler, which takes no closure"
+    elif fabric.strategy.pipeline is not None:
+        cause = "pipeline stages compute the gradients inside the pipeline's step, which takes no closure"
     else:
         return True
     raise ValueError(
         f"{needing[0]} steps with a closure that recomputes the loss, but {cause}. Use precision='32-true' or "
-        "'bf16-mixed' without DeepSpeed, or an optimizer that steps without a closure."
+        "'bf16-mixed' without DeepSpeed or pipeline stages, or an optimizer that steps without a closure."
     )
 
 
@@ -360,6 +400,16 @@ def _total_loss(loss: Any) -> torch.Tensor:
     raise TypeError(
         f"model.loss() returned a {type(loss).__name__}; expected a tensor, a dict of tensors or a list of tensors."
     )
+
+
+def pipelined_loss(loss: Any, num_optimizers: int) -> torch.Tensor:
+    """``model.loss``'s value as the one tensor a pipeline's last stage differentiates per microbatch."""
+    if _per_optimizer_losses(loss, num_optimizers) is not None:
+        raise TypeError(
+            f"model.loss() returned one loss per optimizer ({num_optimizers}): under pipeline parallelism the "
+            "backward runs inside the pipeline, for one loss; return one tensor (or a dict with 'total')."
+        )
+    return _total_loss(loss)
 
 
 def _per_optimizer_losses(loss: Any, num_optimizers: int) -> Sequence[torch.Tensor] | None:

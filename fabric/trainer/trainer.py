@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from fabric.fabric import Fabric
 from fabric.plugins.io.checkpoint_io import StorageOptions
+from fabric.strategies.strategy import Strategy
 from fabric.trainer.callbacks._utils import user_model
 from fabric.trainer.checkpoint.checkpointer import find_resume_checkpoint, read_surgery_records
 from fabric.trainer.checkpoint.parts import SelectiveCheckpointer
@@ -64,6 +65,7 @@ from fabric.trainer.migration import (
     take_composer_arguments,
     without_excluded,
 )
+from fabric.trainer.pipeline import PipelineLoss
 from fabric.trainer.plan import (
     LoadPlan,
     StagePlan,
@@ -86,7 +88,7 @@ from fabric.trainer.stages import (
     warn_default_optimizer,
 )
 from fabric.trainer.surgery import reapply_surgery
-from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers
+from fabric.trainer.train_step import TokenCounter, TrainStep, check_closure_optimizers, pipelined_loss
 from fabric.utilities.seed import configure_deterministic_mode
 
 
@@ -238,6 +240,7 @@ class Trainer:
         if load.path is not None:  # surgery the checkpoint was saved with, and this run does not do itself
             surgery = without_excluded(read_surgery_records(load.path, plan.storage_options), load.excluded_algorithms)
             reapply_surgery(state.model, surgery, state.optimizers, state.algorithms)
+        pipeline = _pipeline_loss(self.fabric.strategy, state)
         state.model, state.optimizers = _setup_model(self.fabric, state.model, state.optimizers, plan.compile_options)
         lr_schedule, torch_schedulers = self._setup_schedulers(
             plan.schedulers, state.optimizers, plan.scale_schedule_ratio
@@ -253,6 +256,7 @@ class Trainer:
             microbatch_size=plan.settings.device_train_microbatch_size,
             token_counter=plan.token_counter,
             accumulate_on_tokens=plan.accumulate_on_tokens,
+            pipeline=pipeline,
         )
 
     def _set_up_checkpointing(self, plan: TrainerPlan) -> None:
@@ -830,6 +834,18 @@ def _setup_model(
     if callable(getattr(module, "eval_forward", None)):
         model.mark_forward_method("eval_forward")
     return model, set_up
+
+
+def _pipeline_loss(strategy: Strategy, state: State) -> PipelineLoss | None:
+    """Under pipeline stages, the loss the last stage computes from the model's ``loss``, given to the strategy's
+    plan before the model is set up (see :mod:`fabric.trainer.pipeline`); None otherwise."""
+    if strategy.pipeline is None or not hasattr(state.model, "loss"):  # a model without loss is refused at set-up
+        return None
+    model = state.model
+    loss: Callable[[Any, Any], Any] = model.loss  # type: ignore[assignment]  # the Trainer's models have one
+    pipeline = PipelineLoss(lambda outputs, batch: pipelined_loss(loss(outputs, batch), len(state.optimizers)))
+    strategy.pipeline = pipeline.plan(strategy.pipeline, model)
+    return pipeline
 
 
 def _all_schedulers(lr_schedule: LRSchedule | None, torch_schedulers: Sequence[LRScheduler]) -> list[Any]:

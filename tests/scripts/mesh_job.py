@@ -6,6 +6,11 @@ of each step and writes ``OUT/reference.pt`` (the loss of every step, the weight
 ``python mesh_job.py OUT trainer REPLICATE SHARD TENSOR``: the same ``STEPS`` through Composer's ``Trainer`` with
 ``parallelism_config`` (the degrees, and a ``tp`` section with the same layer plan); writes ``OUT/trainer-TAG.pt``.
 
+``python mesh_job.py OUT trainer-pp PIPELINE SHARD TENSOR``: the same ``STEPS`` through the Trainer on pipeline
+stages (the model's network cut as ``CUTS`` says), FSDP over SHARD and TP over TENSOR, given as ``parallelism_config``
+with a ``pp`` section (TENSOR 1) or as ``strategy=ModelParallelStrategy(..., pipeline=PipelinePlan(...))``; it also
+evaluates ``EVAL_SAMPLES`` samples in batches of 4 (a ragged last one) and writes ``OUT/trainer-TAG.pt``.
+
 ``python mesh_job.py OUT train PIPELINE REPLICATE SHARD TENSOR [LOAD_DIR]``: ``PIPELINE x REPLICATE x SHARD x TENSOR``
 processes (pipeline stages x HSDP x TP through ``ModelParallelStrategy(mesh=MeshPlan(...),
 pipeline=PipelinePlan(...))``, or ``FSDPStrategy(mesh=...)`` when PIPELINE and TENSOR are 1) train ``STEPS`` steps
@@ -28,6 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 VOCAB, DIM, HEADS, LENGTH, LAYERS = 32, 16, 4, 9, 2
 GLOBAL_BATCH, STEPS, EXTRA, LR = 8, 3, 2, 1e-2
+EVAL_SAMPLES = 10
 
 
 class Block(nn.Module):
@@ -96,6 +102,7 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH * (STEPS + EXTRA), LENGTH), generator=torch.Generator().manual_seed(1))
+eval_tokens = torch.randint(0, VOCAB, (EVAL_SAMPLES, LENGTH), generator=torch.Generator().manual_seed(2))
 out_dir, mode = Path(sys.argv[1]), sys.argv[2]
 
 if mode == "reference":
@@ -110,7 +117,10 @@ if mode == "reference":
         losses.append(loss.item())
         if step + 1 == STEPS:
             after_steps = full_weights(model)
-    torch.save({"losses": losses, "weights": after_steps, "final": full_weights(model)}, out_dir / "reference.pt")
+            with torch.no_grad():
+                eval_loss = loss_of(model, eval_tokens).item()
+    report = {"losses": losses, "weights": after_steps, "final": full_weights(model), "eval_loss": eval_loss}
+    torch.save(report, out_dir / "reference.pt")
     sys.exit(0)
 
 from fabric import Fabric  # noqa: E402
@@ -118,6 +128,9 @@ from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy, Pip
 
 if mode == "trainer":
     pipeline, (replicate, shard, tensor) = 1, (int(value) for value in sys.argv[3:6])
+    load_dir = None
+elif mode == "trainer-pp":
+    (pipeline, shard, tensor), replicate = (int(value) for value in sys.argv[3:6]), 1
     load_dir = None
 else:
     pipeline, replicate, shard, tensor = (int(value) for value in sys.argv[3:7])
@@ -162,6 +175,68 @@ if mode == "trainer":  # Composer's Trainer with parallelism_config describing t
     if trainer.fabric.is_global_zero:
         clock = trainer.state.timestamp.state_dict()
         torch.save({"weights": weights, "strategy": strategy_name, "timestamp": clock}, out_dir / f"trainer-{tag}.pt")
+    sys.exit(0)
+
+if mode == "trainer-pp":  # the Trainer on pipeline stages of a model whose network is a Transformer
+    from fabric.trainer import ComposerModel, Trainer
+
+    class GPT(ComposerModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Transformer()  # the network the pipeline cuts
+
+        def forward(self, batch: list[torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+            return self.model(batch[0][:, :-1])  # type: ignore[no-any-return]
+
+        def loss(self, logits: torch.Tensor, batch: list[torch.Tensor]) -> torch.Tensor:
+            return next_token_loss(logits, batch[0][:, 1:])
+
+        def get_metrics(self, is_train: bool = False) -> dict[str, object]:
+            return {"cross_entropy": self.loss}
+
+    torch.manual_seed(0)
+    gpt = GPT()
+    split_points, schedule = CUTS[pipeline]
+    points = [f"model.{point}" for point in split_points]
+    pp_section = {"pipeline_parallel_degree": pipeline, "split_points": points, "microbatches": 2, "schedule": schedule}
+    choices: dict[str, object]
+    if tensor == 1:
+        fsdp = {"data_parallel_shard_degree": shard}
+        choices = {"parallelism_config": {"fsdp": fsdp, "pp": pp_section}}
+    else:
+        stages = PipelinePlan(points, microbatches=2, schedule=schedule)
+        mesh = MeshPlan(pipeline_parallel=pipeline, data_parallel=shard, tensor_parallel=tensor)
+
+        def parallelize_network(model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+            parallelize(model.model, device_mesh)  # type: ignore[arg-type]
+            return model
+
+        choices = {"strategy": ModelParallelStrategy(parallelize_network, mesh=mesh, pipeline=stages)}
+    trainer = Trainer(
+        model=gpt,
+        train_dataloader=DataLoader(TensorDataset(tokens), batch_size=loader_batch),
+        eval_dataloader=DataLoader(TensorDataset(eval_tokens), batch_size=4),
+        max_duration=f"{STEPS}ba",
+        optimizers=torch.optim.AdamW(gpt.parameters(), lr=LR),
+        accelerator="cpu",
+        devices=pipeline * shard * tensor,
+        progress_bar=False,
+        **choices,
+    )
+    trainer.fit()
+    stage_weights = full_weights(gpt.model)
+    loss_over_ranks = trainer.fabric.all_reduce(trainer.state.loss, reduce_op="mean").item()  # each rank's share's
+    gathered: list[dict[str, torch.Tensor]] = [{} for _ in range(trainer.fabric.world_size)]
+    torch.distributed.all_gather_object(gathered, stage_weights)
+    if trainer.fabric.is_global_zero:
+        report = {
+            "weights": {name: value for stage in gathered for name, value in stage.items()},
+            "strategy": type(trainer.fabric.strategy).__name__,
+            "timestamp": trainer.state.timestamp.state_dict(),
+            "loss": loss_over_ranks,
+            "metrics": {name: float(value) for name, value in trainer.state.metrics.items()},
+        }
+        torch.save(report, out_dir / f"trainer-{tag}.pt")
     sys.exit(0)
 
 plan = MeshPlan(

@@ -38,6 +38,9 @@ CHAIN = [
 ]
 #: Composer's Trainer with parallelism_config: HSDP (both degrees given) x a tp section's layer plan.
 TRAINER_SHAPE = (2, 1, 2)
+#: The Trainer on pipeline stages (pipeline, shard, tensor): PP x FSDP from parallelism_config's pp section, PP x TP
+#: from strategy=ModelParallelStrategy(..., pipeline=PipelinePlan(...)).
+TRAINER_PIPELINES = [(2, 2, 1), (2, 1, 2)]
 LOSS_TOLERANCE, WEIGHT_TOLERANCE = 1e-5, 2e-5
 
 
@@ -64,6 +67,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _run(str(out), "train", *map(str, shape), *([previous] if previous else []))
         previous = str(out / f"ckpt-{_tag(shape)}")
     _run(str(out), "trainer", *map(str, TRAINER_SHAPE))
+    for pipeline, shard, tensor in TRAINER_PIPELINES:
+        _run(str(out), "trainer-pp", str(pipeline), str(shard), str(tensor))
     return out
 
 
@@ -109,6 +114,24 @@ def test_the_trainer_with_composers_parallelism_config_trains_like_one_process(r
     assert report["strategy"] == "ModelParallelStrategy"  # the tp section's layer plan, HSDP over the degrees
     assert _max_difference(report["weights"], reference["weights"]) < WEIGHT_TOLERANCE
     # the samples trained, each counted once: the 2 ranks of a tensor-parallel group train the same batch
+    assert (report["timestamp"]["batch"], report["timestamp"]["sample"]) == (3, 3 * 8)
+
+
+@pytest.mark.parametrize("shape", TRAINER_PIPELINES, ids=lambda shape: _tag((shape[0], 1, *shape[1:])))
+def test_the_trainer_on_pipeline_stages_trains_and_evaluates_like_one_process(
+    runs: Path, shape: tuple[int, int, int]
+) -> None:
+    pipeline, shard, tensor = shape
+    report = torch.load(runs / f"trainer-{_tag((pipeline, 1, shard, tensor))}.pt")
+    reference = torch.load(runs / "reference.pt")
+    assert report["strategy"] == "ModelParallelStrategy"
+    # the model's network cut into stages: its weights, every stage's, are the reference's after the same 3 steps
+    assert _max_difference(report["weights"], reference["weights"]) < WEIGHT_TOLERANCE
+    # the loss and the train metric of the last batch (the last stage's, per microbatch) are the global batch's
+    assert report["loss"] == pytest.approx(reference["losses"][2], rel=LOSS_TOLERANCE)
+    assert report["metrics"]["metrics/train/cross_entropy"] == pytest.approx(reference["losses"][2], rel=LOSS_TOLERANCE)
+    # evaluation of 10 samples in batches of 4 (ragged last batches: 5 per share with FSDP 2) is the reference's
+    assert report["metrics"]["metrics/eval/cross_entropy"] == pytest.approx(reference["eval_loss"], rel=LOSS_TOLERANCE)
     assert (report["timestamp"]["batch"], report["timestamp"]["sample"]) == (3, 3 * 8)
 
 

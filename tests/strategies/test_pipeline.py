@@ -20,7 +20,7 @@ from torch import nn
 
 from fabric import Fabric
 from fabric.strategies import MeshPlan, ModelParallelStrategy, PipelinePlan
-from fabric.strategies.pipeline import keep_stage
+from fabric.strategies.pipeline import StageForward, keep_stage
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "pipeline_job.py"
 
@@ -92,10 +92,64 @@ def test_pipeline_settings_that_cannot_work_are_refused_at_construction() -> Non
         Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="16-mixed")
 
 
-def test_the_trainer_refuses_a_pipeline_naming_fabrics_loop() -> None:
+class ComposerGPT(nn.Module):
+    """A Trainer model whose network (``model``) the pipeline cuts: ``forward(batch)`` runs on the first stage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = GPT()
+
+    def forward(self, batch: list[torch.Tensor]) -> torch.Tensor:
+        return self.model(batch[0])  # type: ignore[no-any-return]
+
+    def loss(self, logits: torch.Tensor, batch: list[torch.Tensor]) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), batch[1].flatten())
+
+
+class FlatComposerGPT(GPT):
+    """A Trainer model that is its own network: its forward(batch) cannot run on a later stage's activations."""
+
+    def forward(self, batch: list[torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(batch[0])
+
+    loss = ComposerGPT.loss
+
+
+@pytest.mark.parametrize(
+    ("model", "plan", "arguments", "message"),
+    [
+        (
+            FlatComposerGPT(),
+            PipelinePlan(["blocks.2"]),
+            {},
+            r"split_points=\['blocks.2'\]\) cuts FlatComposerGPT itself, .* inside one submodule it calls \(its "
+            r"network, one of \['blocks', 'embedding', 'head'\], e.g. 'model.blocks.2'\)",
+        ),
+        (
+            ComposerGPT(),
+            PipelinePlan(["model.blocks.2"], F.mse_loss),
+            {},
+            r"loss_fn=<function mse_loss .*leave loss_fn",
+        ),
+        (
+            ComposerGPT(),
+            PipelinePlan(["model.blocks.2"]),
+            {"device_train_microbatch_size": 2},
+            r"device_train_microbatch_size=2 cannot be honoured under pipeline parallelism: .*PipelinePlan\(micro",
+        ),
+        (
+            ComposerGPT(),
+            PipelinePlan(["model.blocks.2"]),
+            {"accumulate_train_batch_on_tokens": True},
+            r"accumulate_train_batch_on_tokens=True cannot be honoured under pipeline parallelism",
+        ),
+    ],
+)
+def test_the_trainer_refuses_what_a_pipeline_cannot_do_when_it_is_built(
+    model: nn.Module, plan: PipelinePlan, arguments: dict[str, object], message: str
+) -> None:
     from fabric.trainer import Trainer
 
-    plan = PipelinePlan(["blocks.2"], F.mse_loss)
     strategy = ModelParallelStrategy(pipeline=plan)  # no mesh given: one rank per stage, FSDP over the rest
     fabric = Fabric(accelerator="cpu", devices=4, strategy=strategy)
     assert strategy.mesh_plan().degrees == {
@@ -105,8 +159,40 @@ def test_the_trainer_refuses_a_pipeline_naming_fabrics_loop() -> None:
         "context_parallel": 1,
         "tensor_parallel": 1,
     }
-    with pytest.raises(ValueError, match=r"cannot run on ModelParallelStrategy yet: .*model\(inputs, target=targets\)"):
-        Trainer(GPT(), fabric=fabric)
+    with pytest.raises(ValueError, match=message):
+        Trainer(model, fabric=fabric, **arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"split_points": ["model.blocks.2"], "stages": 2}, r"\['pp'\] has \['stages'\]; accepted keys: .*"),
+        ({"microbatches": 2}, r"\['pp'\] has no split_points; accepted keys"),
+        (
+            {"split_points": ["model.blocks.2"], "pipeline_parallel_degree": 4},
+            r"\['pp'\]: PipelinePlan\(split_points=\['model.blocks.2'\]\) makes 2 stages, but the mesh has pipeline_p",
+        ),
+        ({"split_points": ["model.blocks.2"], "schedule": "zb"}, r"\['pp'\]: PipelinePlan\(schedule='zb'\) is not"),
+    ],
+)
+def test_a_bad_pp_section_is_refused_naming_the_key(section: dict[str, object], message: str) -> None:
+    from fabric.trainer.parallelism import strategy_from
+
+    with pytest.raises(ValueError, match=message):
+        strategy_from({"pp": section}, ComposerGPT())
+
+
+def test_a_pp_section_describes_pipeline_stages_with_sharded_checkpoints() -> None:
+    from fabric.trainer.parallelism import strategy_from
+
+    strategy = strategy_from(
+        {"pp": {"split_points": ["model.blocks.2"], "microbatches": 4, "schedule": "GPipe"}}, ComposerGPT()
+    )
+    assert isinstance(strategy, ModelParallelStrategy)
+    assert strategy.pipeline == PipelinePlan(["model.blocks.2"], microbatches=4, schedule="GPipe")
+    assert strategy.state_dict_type == "sharded"  # no rank holds the whole model: Composer's "full" cannot be
+    with pytest.raises(ValueError, match=r"state_dict_type='full'\) cannot gather one file on rank 0"):
+        strategy_from({"pp": {"split_points": ["model.blocks.2"]}, "fsdp": {"state_dict_type": "full"}}, ComposerGPT())
 
 
 # --- the cut -------------------------------------------------------------------------------------------
@@ -136,6 +222,55 @@ def test_stages_chained_compute_what_the_whole_model_computes() -> None:
     inputs = torch.randn(4, 3)
     assert torch.equal(stages[1](stages[0](inputs)), whole(inputs))
     assert list(dict(stages[1].named_children())) == ["2", "3", "4"]  # a Sequential keeps its indexes as names
+
+
+class Wrapper(nn.Module):
+    """A model around a network, with a parameterless part beside it (a loss module), as Trainer models have."""
+
+    def __init__(self, post_process: bool = False) -> None:
+        super().__init__()
+        self.model = GPT()
+        self.criterion = nn.CrossEntropyLoss()
+        self.post_process = post_process
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = self.model(batch["tokens"])
+        return logits.softmax(-1) if self.post_process else logits
+
+
+def test_a_named_network_alone_is_cut_and_the_stages_run_the_models_forward_then_the_network() -> None:
+    torch.manual_seed(0)
+    whole = Wrapper()
+    stages = [Wrapper() for _ in range(2)]
+    for stage, model in enumerate(stages):
+        model.load_state_dict(whole.state_dict())
+        keep_stage(model, ["model.blocks.2"], stage, network="model")
+        assert isinstance(model.criterion, nn.CrossEntropyLoss)  # outside the network: kept on every stage
+        StageForward(model, "model", stage)
+    assert _parameter_names(stages[1]) == [f"model.{name}" for name in _parameter_names(GPT())][5:]
+    batch = {"tokens": torch.randint(0, 10, (3, 5)), "name": "a leaf that is no tensor"}
+    tensors = StageForward(stages[0], "model", 0).flatten((batch,), {})  # the tensors torch's stage is given
+    assert len(tensors) == 1
+    # the first stage rebuilds the dict around its microbatch and runs Wrapper.forward; the next runs the network
+    assert torch.allclose(stages[1](stages[0](*tensors)), whole(batch))
+
+
+def test_a_first_stage_whose_forward_changes_the_networks_output_is_refused() -> None:
+    model = Wrapper(post_process=True)
+    keep_stage(model, ["model.blocks.2"], 0, network="model")
+    first = StageForward(model, "model", 0)
+    tensors = first.flatten(({"tokens": torch.randint(0, 10, (3, 5))},), {})
+    with pytest.raises(ValueError, match=r"Wrapper.forward must call its network once and return its output as it is"):
+        model(*tensors)
+
+
+def test_a_parameter_outside_the_named_network_is_refused() -> None:
+    model = Wrapper()
+    model.scale = nn.Parameter(torch.ones(()))
+    with pytest.raises(ValueError, match=r"Wrapper holds the parameter 'scale' outside its network 'model'"):
+        keep_stage(model, ["model.blocks.2"], 0, network="model")
+    with pytest.raises(ValueError, match=r"PipelinePlan\(network='net'\) is not valid with split_points="):
+        PipelinePlan(["model.blocks.2"], network="net")
 
 
 @pytest.mark.parametrize(
