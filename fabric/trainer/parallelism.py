@@ -46,6 +46,12 @@ The ``"tp"`` section (Composer's ``TPConfig``): ``tensor_parallel_degree`` is th
 ``layer_plan`` (``{"module.path": ParallelStyle}``, ``*`` matching one name) is applied with
 ``parallelize_module`` over ``mesh["tensor_parallel"]`` before FSDP shards; a plan key naming no submodule of the
 model is refused. Without an ``"fsdp"`` section its defaults apply.
+
+The ``"pp"`` section (this project's; Composer has none) cuts the model into pipeline stages: ``split_points``
+(required), ``microbatches``, ``schedule`` and ``network`` as in :class:`~fabric.strategies.pipeline.PipelinePlan`, and
+``pipeline_parallel_degree`` checked against the stages they make; the loss is the model's (see
+:mod:`fabric.trainer.pipeline`), and checkpoints are sharded unless ``state_dict_type="full"`` is asked for (refused:
+no rank holds the whole model).
 """
 
 from __future__ import annotations

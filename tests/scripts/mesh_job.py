@@ -11,6 +11,9 @@ stages (the model's network cut as ``CUTS`` says), FSDP over SHARD and TP over T
 with a ``pp`` section (TENSOR 1) or as ``strategy=ModelParallelStrategy(..., pipeline=PipelinePlan(...))``; it also
 evaluates ``EVAL_SAMPLES`` samples in batches of 4 (a ragged last one) and writes ``OUT/trainer-TAG.pt``.
 
+``python mesh_job.py OUT trainer-resume LOAD_DIR``: one process continues the Trainer's checkpoint LOAD_DIR (saved by
+``trainer-pp`` after ``STEPS`` batches) to ``STEPS + EXTRA`` batches; writes ``OUT/trainer-resumed.pt``.
+
 ``python mesh_job.py OUT train PIPELINE REPLICATE SHARD TENSOR [LOAD_DIR]``: ``PIPELINE x REPLICATE x SHARD x TENSOR``
 processes (pipeline stages x HSDP x TP through ``ModelParallelStrategy(mesh=MeshPlan(...),
 pipeline=PipelinePlan(...))``, or ``FSDPStrategy(mesh=...)`` when PIPELINE and TENSOR are 1) train ``STEPS`` steps
@@ -132,6 +135,9 @@ if mode == "trainer":
 elif mode == "trainer-pp":
     (pipeline, shard, tensor), replicate = (int(value) for value in sys.argv[3:6]), 1
     load_dir = None
+elif mode == "trainer-resume":
+    pipeline, replicate, shard, tensor = 1, 1, 1, 1
+    load_dir = sys.argv[3]
 else:
     pipeline, replicate, shard, tensor = (int(value) for value in sys.argv[3:7])
     load_dir = sys.argv[7] if len(sys.argv) > 7 else None
@@ -177,7 +183,7 @@ if mode == "trainer":  # Composer's Trainer with parallelism_config describing t
         torch.save({"weights": weights, "strategy": strategy_name, "timestamp": clock}, out_dir / f"trainer-{tag}.pt")
     sys.exit(0)
 
-if mode == "trainer-pp":  # the Trainer on pipeline stages of a model whose network is a Transformer
+if mode in ("trainer-pp", "trainer-resume"):  # the Trainer on pipeline stages of a model whose network is a Transformer
     from fabric.trainer import ComposerModel, Trainer
 
     class GPT(ComposerModel):
@@ -196,6 +202,23 @@ if mode == "trainer-pp":  # the Trainer on pipeline stages of a model whose netw
 
     torch.manual_seed(0)
     gpt = GPT()
+    if mode == "trainer-resume":  # one process continues the checkpoint a pipeline's Trainer saved, to the end
+        torch.manual_seed(123)
+        gpt = GPT()  # other initial weights: all must come from the checkpoint
+        trainer = Trainer(
+            model=gpt,
+            train_dataloader=DataLoader(TensorDataset(tokens), batch_size=GLOBAL_BATCH),
+            max_duration=f"{STEPS + EXTRA}ba",
+            optimizers=torch.optim.AdamW(gpt.parameters(), lr=LR),
+            load_path=load_dir,
+            accelerator="cpu",
+            devices=1,
+            progress_bar=False,
+        )
+        trainer.fit()
+        clock = trainer.state.timestamp.state_dict()
+        torch.save({"final": full_weights(gpt.model), "timestamp": clock}, out_dir / "trainer-resumed.pt")
+        sys.exit(0)
     split_points, schedule = CUTS[pipeline]
     points = [f"model.{point}" for point in split_points]
     pp_section = {"pipeline_parallel_degree": pipeline, "split_points": points, "microbatches": 2, "schedule": schedule}
@@ -221,6 +244,9 @@ if mode == "trainer-pp":  # the Trainer on pipeline stages of a model whose netw
         accelerator="cpu",
         devices=pipeline * shard * tensor,
         progress_bar=False,
+        save_folder=str(out_dir / f"trainer-ckpt-{tag}"),
+        save_interval=f"{STEPS}ba",
+        save_filename="ba{batch}",
         **choices,
     )
     trainer.fit()

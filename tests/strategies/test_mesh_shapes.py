@@ -52,6 +52,12 @@ def _tag(shape: tuple[int, ...]) -> str:
     return _tag(tuple(rest)) if pipeline == 1 else f"pp{pipeline}x" + "x".join(map(str, rest))
 
 
+def _trainer_tag(shape: tuple[int, int, int]) -> str:
+    """The job's name for the Trainer on pipeline stages ``(pipeline, shard, tensor)``."""
+    pipeline, shard, tensor = shape
+    return _tag((pipeline, 1, shard, tensor))
+
+
 def _run(*args: str) -> None:
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
@@ -69,6 +75,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run(str(out), "trainer", *map(str, TRAINER_SHAPE))
     for pipeline, shard, tensor in TRAINER_PIPELINES:
         _run(str(out), "trainer-pp", str(pipeline), str(shard), str(tensor))
+    _run(str(out), "trainer-resume", str(out / f"trainer-ckpt-{_trainer_tag(TRAINER_PIPELINES[0])}" / "ba3"))
     return out
 
 
@@ -117,12 +124,11 @@ def test_the_trainer_with_composers_parallelism_config_trains_like_one_process(r
     assert (report["timestamp"]["batch"], report["timestamp"]["sample"]) == (3, 3 * 8)
 
 
-@pytest.mark.parametrize("shape", TRAINER_PIPELINES, ids=lambda shape: _tag((shape[0], 1, *shape[1:])))
+@pytest.mark.parametrize("shape", TRAINER_PIPELINES, ids=_trainer_tag)
 def test_the_trainer_on_pipeline_stages_trains_and_evaluates_like_one_process(
     runs: Path, shape: tuple[int, int, int]
 ) -> None:
-    pipeline, shard, tensor = shape
-    report = torch.load(runs / f"trainer-{_tag((pipeline, 1, shard, tensor))}.pt")
+    report = torch.load(runs / f"trainer-{_trainer_tag(shape)}.pt")
     reference = torch.load(runs / "reference.pt")
     assert report["strategy"] == "ModelParallelStrategy"
     # the model's network cut into stages: its weights, every stage's, are the reference's after the same 3 steps
@@ -133,6 +139,16 @@ def test_the_trainer_on_pipeline_stages_trains_and_evaluates_like_one_process(
     # evaluation of 10 samples in batches of 4 (ragged last batches: 5 per share with FSDP 2) is the reference's
     assert report["metrics"]["metrics/eval/cross_entropy"] == pytest.approx(reference["eval_loss"], rel=LOSS_TOLERANCE)
     assert (report["timestamp"]["batch"], report["timestamp"]["sample"]) == (3, 3 * 8)
+
+
+def test_a_checkpoint_the_trainer_saved_on_pipeline_stages_continues_in_one_process_like_the_reference(
+    runs: Path,
+) -> None:
+    report = torch.load(runs / "trainer-resumed.pt")
+    reference = torch.load(runs / "reference.pt")
+    # PP 2 x FSDP 2 saved after 3 batches (every stage's parameters and AdamW state); one process trains batches 4-5
+    assert (report["timestamp"]["batch"], report["timestamp"]["sample"]) == (5, 5 * 8)
+    assert _max_difference(report["final"], reference["final"]) < WEIGHT_TOLERANCE
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 2, 2), (2, 1, 1, 2)], ids=_tag)
