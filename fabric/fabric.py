@@ -450,6 +450,22 @@ class Fabric:
             )
         return self._strategy.no_backward_sync(module._forward_module, enabled)
 
+    def context_parallel(
+        self,
+        buffers: Sequence[torch.Tensor],
+        seq_dims: Sequence[int],
+        no_restore: Sequence[torch.Tensor] = (),
+    ) -> AbstractContextManager[None]:
+        """Split the sequence of each of ``buffers`` (its dimension ``seq_dims[i]``) over the mesh's
+        ``context_parallel`` ranks inside the context, forward, loss and backward run in it; the buffers are
+        restored on exit, except those in ``no_restore``. Nothing happens on a mesh without context parallelism::
+
+            with fabric.context_parallel([tokens, targets], seq_dims=[1, 1], no_restore=[tokens, targets]):
+                loss = loss_fn(model(tokens), targets)  # this rank's part of the sequence
+                fabric.backward(loss)
+        """
+        return self._strategy.context_parallel(buffers, seq_dims, no_restore)
+
     def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """Build a module directly on the device and in the precision's dtype.
 

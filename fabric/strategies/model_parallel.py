@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -35,6 +36,7 @@ from torch.optim import Optimizer
 from typing_extensions import Unpack, override
 
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
+from fabric.strategies import context_parallel
 from fabric.strategies.fsdp.options import ShardPolicy
 from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
 from fabric.strategies.mesh import AUTO, DATA_PARALLEL_DIMS, MeshPlan
@@ -106,11 +108,12 @@ class ModelParallelStrategy(FSDPStrategy):
             raise ValueError(
                 f"pipeline={pipeline!r} is not valid. Accepted: a fabric.strategies.PipelinePlan, or None."
             )
-        if not callable(parallelize_fn) and not (pipeline is not None and parallelize_fn is None):
+        splits_otherwise = pipeline is not None or (mesh is not None and mesh.context_parallel != 1)
+        if not callable(parallelize_fn) and not (splits_otherwise and parallelize_fn is None):
             raise ValueError(
                 f"ModelParallelStrategy needs parallelize_fn, a callable (model, device_mesh) -> model (or a "
-                f"pipeline= plan); got {parallelize_fn!r}. Pass strategy=ModelParallelStrategy(parallelize_fn=...) "
-                "instead of strategy='model_parallel'."
+                f"pipeline= plan, or a mesh with context_parallel); got {parallelize_fn!r}. Pass "
+                "strategy=ModelParallelStrategy(parallelize_fn=...) instead of strategy='model_parallel'."
             )
         if pipeline is not None and state_dict_type == "full":
             raise ValueError(
@@ -127,7 +130,7 @@ class ModelParallelStrategy(FSDPStrategy):
                 "thing; give the degrees in the MeshPlan only."
             )
         if mesh is not None:
-            _refuse_unavailable_dimensions(mesh, pipeline)
+            _check_pipeline_dimension(mesh, pipeline)
         refuse_unexpected_arguments(type(self), common)  # FSDPStrategy would take the others as Lightning's
         super().__init__(
             reshard_after_forward=reshard_after_forward,
@@ -144,6 +147,7 @@ class ModelParallelStrategy(FSDPStrategy):
         self.mesh_plan_given = mesh
         self.pipeline: PipelinePlan | None = pipeline
         self._pipelines: weakref.WeakSet[PipelineModule] = weakref.WeakSet()
+        self._context_batches_checked = False
         if pipeline is not None:
             self.huggingface_refusal = PIPELINE_REFUSALS["huggingface"]
 
@@ -154,17 +158,23 @@ class ModelParallelStrategy(FSDPStrategy):
                 f"ModelParallelStrategy(data_parallel_size={self.data_parallel_size!r}, tensor_parallel_size="
                 f"{self.tensor_parallel_size!r}) conflicts with the CLI's --mesh={plan.as_text()}. Remove one of them."
             )
-        _refuse_unavailable_dimensions(plan, self.pipeline)
+        _check_pipeline_dimension(plan, self.pipeline)
 
     @override
     def configuration_error(self) -> str | None:
         own_error = super().configuration_error()
-        if own_error is not None or self.pipeline is None:
+        if own_error is not None:
             return own_error
         plan = self.mesh_plan()
         degrees = plan.resolved_degrees
+        pipelined = self.pipeline is not None
+        cannot_split = context_parallel.refusal(degrees["context_parallel"], self.accelerator.device_type, pipelined)
+        if cannot_split is not None:
+            return f"{type(self).__name__}: {cannot_split}"
+        if self.pipeline is None:
+            return self._tensor_parallel_error(plan)
         try:
-            _refuse_unavailable_dimensions(plan, self.pipeline)
+            _check_pipeline_dimension(plan, self.pipeline)
             self.pipeline.check_degree(degrees["pipeline_parallel"])
         except ValueError as error:
             return f"{type(self).__name__}: {error}"
@@ -174,10 +184,14 @@ class ModelParallelStrategy(FSDPStrategy):
                 "backward inside the model's call, where the loss is not scaled; use '32-true', 'bf16-mixed' or "
                 "'bf16-true'."
             )
-        if degrees["tensor_parallel"] > 1 and self.parallelize_fn is None:
+        return self._tensor_parallel_error(plan)
+
+    def _tensor_parallel_error(self, plan: MeshPlan) -> str | None:
+        degree = plan.resolved_degrees["tensor_parallel"]
+        if degree > 1 and self.parallelize_fn is None:
             return (
-                f"ModelParallelStrategy: the mesh {plan.describe()} has tensor_parallel={degrees['tensor_parallel']} "
-                "but no parallelize_fn to split the layers; pass parallelize_fn=."
+                f"ModelParallelStrategy: the mesh {plan.describe()} has tensor_parallel={degree} but no "
+                "parallelize_fn to split the layers; pass parallelize_fn=."
             )
         return None
 
@@ -198,6 +212,37 @@ class ModelParallelStrategy(FSDPStrategy):
         return self.mesh["tensor_parallel"]
 
     @property
+    @override
+    def data_parallel_mesh(self) -> DeviceMesh:
+        """With context parallelism FSDP shards over ``data_parallel x context_parallel`` flattened (the parts of a
+        sequence average their gradients as data-parallel ranks do), with replicas as its second dimension."""
+        if self.mesh_plan().context_parallel == 1:
+            return super().data_parallel_mesh
+        shard = self.mesh["data_parallel", "context_parallel"]._flatten(SHARD_AND_CONTEXT)
+        if self.mesh_plan().data_parallel_replicate == 1:
+            return shard
+        return self.mesh["data_parallel_replicate", SHARD_AND_CONTEXT]
+
+    @override
+    def context_parallel(
+        self,
+        buffers: Sequence[torch.Tensor],
+        seq_dims: Sequence[int],
+        no_restore: Sequence[torch.Tensor] = (),
+    ) -> AbstractContextManager[None]:
+        """Inside: each buffer holds this rank's part of its sequence (see :mod:`fabric.strategies.context_parallel`);
+        nothing happens without context parallelism."""
+        plan = self.mesh_plan()
+        degree = plan.resolved_degrees["context_parallel"]
+        if degree == 1:
+            return super().context_parallel(buffers, seq_dims, no_restore)
+        if not self._context_batches_checked:  # the group's ranks must split the same sequences (a collective)
+            self._context_batches_checked = True
+            sharers = _described({"context_parallel": degree})
+            refuse_different_batches(list(buffers), plan.data_parallel_index(self.global_rank), sharers)
+        return context_parallel.sequence_sharded(self.mesh["context_parallel"], buffers, seq_dims, no_restore)
+
+    @property
     def pipeline_stage(self) -> int:
         """This rank's stage (its position along ``pipeline_parallel``); 0 without pipeline parallelism."""
         if self.mesh_plan().pipeline_parallel == 1:
@@ -214,16 +259,20 @@ class ModelParallelStrategy(FSDPStrategy):
             forward_module = PipelineModule(forward_module, self.pipeline, self.pipeline_stage, group, self.root_device)
             self._pipelines.add(forward_module)
         plan = self.mesh_plan()
-        sharers = {name: degree for name, degree in plan.resolved_degrees.items() if name not in DATA_PARALLEL_DIMS}
+        # ranks that hold parts of one model copy: a self-sharding loader would feed them different data (the ranks of
+        # a context-parallel group forward parts of one sequence: compared whole in context_parallel())
+        sharers = {name: degree for name, degree in plan.resolved_degrees.items() if name not in SEQUENCE_SHARED}
         sharers = {name: degree for name, degree in sharers.items() if degree > 1}
-        if sharers:  # ranks that hold parts of one model copy: a self-sharding loader would feed them different data
-            index = plan.data_parallel_index(self.global_rank)
-            described = " x ".join(f"{name}={degree}" for name, degree in sharers.items())
+        if sharers:
+            index = (plan.data_parallel_index(self.global_rank), self._context_parallel_rank())
             check_first_batch(
                 forward_module,
-                functools.partial(refuse_different_batches, data_parallel_index=index, sharers=described),
+                functools.partial(refuse_different_batches, data_parallel_index=index, sharers=_described(sharers)),
             )
         return forward_module
+
+    def _context_parallel_rank(self) -> int:
+        return 0 if self.mesh_plan().context_parallel == 1 else self.mesh["context_parallel"].get_local_rank()
 
     @override
     def _shard(self, module: nn.Module) -> nn.Module:
@@ -297,17 +346,17 @@ PIPELINE_REFUSALS = {
     "consolidated file instead.",
 }
 
-#: Mesh dimensions a degree above 1 of which this strategy cannot honour yet, and why.
-UNAVAILABLE_DIMENSIONS = {
-    "context_parallel": "torch's context_parallel shards the CUDA attention kernels only (on CPU its backward has no "
-    "sharding strategy for aten._scaled_dot_product_flash_attention_for_cpu_backward), and it is not wired here yet",
-}
+#: The name of the flattened ``data_parallel x context_parallel`` dimension FSDP shards over.
+SHARD_AND_CONTEXT = "data_parallel_context_parallel"
+#: The dimensions whose ranks' forwards are not given the same batch: different data, or parts of one sequence.
+SEQUENCE_SHARED = (*DATA_PARALLEL_DIMS, "context_parallel")
 
 
-def _refuse_unavailable_dimensions(mesh: MeshPlan, pipeline: PipelinePlan | None) -> None:
-    for name, reason in UNAVAILABLE_DIMENSIONS.items():
-        if mesh.degrees[name] != 1:
-            raise ValueError(f"MeshPlan({name}={mesh.degrees[name]!r}) cannot be honoured: {reason}.")
+def _described(sharers: Mapping[str, int]) -> str:
+    return " x ".join(f"{name}={degree}" for name, degree in sharers.items())
+
+
+def _check_pipeline_dimension(mesh: MeshPlan, pipeline: PipelinePlan | None) -> None:
     if mesh.pipeline_parallel != 1 and pipeline is None:
         raise ValueError(
             f"MeshPlan(pipeline_parallel={mesh.pipeline_parallel!r}) needs to know where to cut the model: pass "

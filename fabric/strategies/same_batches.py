@@ -11,7 +11,7 @@ the first batch across the ranks that share a data-parallel index (one ``all_gat
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -51,9 +51,11 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
         yield from (leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor) and leaf is not value)
 
 
-def refuse_different_batches(batch: Any, data_parallel_index: int, sharers: str) -> None:
+def refuse_different_batches(batch: Any, data_parallel_index: Hashable, sharers: str) -> None:
     """Raise a ``ValueError`` on every rank when ranks with the same ``data_parallel_index`` were given different
-    ``batch``es (a collective: every rank calls it at the same forward). ``sharers`` names their dimensions."""
+    ``batch``es (a collective: every rank calls it at the same forward). ``sharers`` names their dimensions; under
+    context parallelism the forward sees a part of the sequence, so there the index is the pair of the data-parallel
+    and the context-parallel positions (the whole batches are compared when the sequence is split)."""
     mine = (data_parallel_index, batch_fingerprint(batch))
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)

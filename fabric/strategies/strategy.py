@@ -339,6 +339,13 @@ class Strategy:
         """Skip gradient synchronisation inside the context; nothing to skip with a single process."""
         return contextlib.nullcontext()
 
+    def context_parallel(
+        self, buffers: Sequence[torch.Tensor], seq_dims: Sequence[int], no_restore: Sequence[torch.Tensor] = ()
+    ) -> AbstractContextManager[None]:
+        """Split the buffers' sequences over the mesh's ``context_parallel`` ranks inside the context; nothing to
+        split without that dimension (so one loop runs on every mesh)."""
+        return contextlib.nullcontext()
+
     # --- the step -----------------------------------------------------------------------------------
 
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:

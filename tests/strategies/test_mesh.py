@@ -86,13 +86,9 @@ def test_fsdp_alone_refuses_a_tensor_parallel_degree_naming_the_strategy_that_ta
             r"MeshPlan\(pipeline_parallel=2\) needs to know where to cut the model: pass "
             r"ModelParallelStrategy\(pipeline=PipelinePlan\(split_points=\[...\], loss_fn=...\)\)",
         ),
-        (
-            {"context_parallel": 2},
-            r"MeshPlan\(context_parallel=2\) cannot be honoured: torch's context_parallel shards the CUDA",
-        ),
     ],
 )
-def test_dimensions_not_available_yet_are_refused_with_the_reason(arguments: dict[str, int], message: str) -> None:
+def test_a_pipeline_degree_without_a_plan_is_refused_with_the_reason(arguments: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ModelParallelStrategy(_identity, mesh=MeshPlan(**arguments))  # type: ignore[arg-type]
 
