@@ -52,6 +52,11 @@ The ``"pp"`` section (this project's; Composer has none) cuts the model into pip
 ``pipeline_parallel_degree`` checked against the stages they make; the loss is the model's (see
 :mod:`fabric.trainer.pipeline`), and checkpoints are sharded unless ``state_dict_type="full"`` is asked for (refused:
 no rank holds the whole model).
+
+The ``"cp"`` section (this project's too) splits sequences over ``context_parallel_degree`` ranks (CUDA only):
+``seq_dims`` names the batch entries that hold sequences (keys of a dict batch, positions of a tuple or list batch)
+with their sequence dimension, ``buffers`` the model buffers (rotary tables) with theirs; the Trainer splits them
+around each microbatch (:class:`SequenceSplit`, :mod:`fabric.strategies.context_parallel`).
 """
 
 from __future__ import annotations
@@ -166,21 +171,23 @@ def strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStrategy 
             f"parallelism_config={parallelism_config!r} is not valid. Accepted: a dict {{'fsdp': {{...}}, "
             "'tp': {...}, 'pp': {...}}} (Composer's FSDP and TP config keys, and pipeline stages) or None."
         )
-    unknown = sorted(set(parallelism_config) - {"fsdp", "tp", "pp"})
+    unknown = sorted(set(parallelism_config) - {"fsdp", "tp", "pp", "cp"})
     if unknown:
-        raise ValueError(f"parallelism_config has {unknown}; accepted sections: 'fsdp', 'tp', 'pp'.")
-    fsdp, tp, pp = (parallelism_config.get(name) for name in ("fsdp", "tp", "pp"))
+        raise ValueError(f"parallelism_config has {unknown}; accepted sections: 'fsdp', 'tp', 'pp', 'cp'.")
+    fsdp, tp, pp, cp = (parallelism_config.get(name) for name in ("fsdp", "tp", "pp", "cp"))
     if isinstance(tp, TPConfig):
         tp = {"tensor_parallel_degree": tp.tensor_parallel_degree, "layer_plan": tp.layer_plan}
-    if fsdp is None and tp is None and pp is None:
+    if fsdp is None and tp is None and pp is None and cp is None:
         return None
-    for name, section in (("fsdp", fsdp), ("tp", tp), ("pp", pp)):
+    for name, section in (("fsdp", fsdp), ("tp", tp), ("pp", pp), ("cp", cp)):
         if section is not None and not isinstance(section, Mapping):
             raise ValueError(
                 f"parallelism_config['{name}']={section!r} is not valid. Accepted: a dict of {name.upper()} keys."
             )
     tensor_parallel = None if tp is None else _tensor_parallel(dict(tp), model)
-    return _build(dict(fsdp or {}), model, tensor_parallel, None if pp is None else _pipeline(dict(pp)))
+    pipeline = None if pp is None else _pipeline(dict(pp))
+    context_degree = 1 if cp is None else sequence_split_from(parallelism_config).degree  # type: ignore[union-attr]
+    return _build(dict(fsdp or {}), model, tensor_parallel, pipeline, context_degree)
 
 
 def _check_fsdp_keys(config: Mapping[str, Any]) -> None:
@@ -215,6 +222,7 @@ def _build(
     model: nn.Module,
     tensor_parallel: TensorParallelPlan | None,
     pipeline: PipelinePlan | None,
+    context_degree: int,
 ) -> FSDPStrategy:
     from fabric.strategies.fsdp.strategy import FSDPStrategy
     from fabric.strategies.model_parallel import ModelParallelStrategy
@@ -224,8 +232,14 @@ def _build(
     options: dict[str, Any] = {
         "state_dict_type": _state_dict_type(config.get("state_dict_type", "full" if pipeline is None else "sharded"))
     }
-    splits = tensor_parallel is not None or pipeline is not None  # ModelParallelStrategy: it takes the mesh only
-    mesh = _mesh_plan(config, tensor_parallel, 1 if pipeline is None else pipeline.num_stages)
+    # ModelParallelStrategy, which takes the mesh only
+    splits = tensor_parallel is not None or pipeline is not None or context_degree > 1
+    degrees = {
+        "tensor_parallel": 1 if tensor_parallel is None else tensor_parallel.degree,
+        "pipeline_parallel": 1 if pipeline is None else pipeline.num_stages,
+        "context_parallel": context_degree,
+    }
+    mesh = _mesh_plan(config, degrees)
     if "sharding_strategy" in config:
         options |= _sharding_options(config["sharding_strategy"], mesh, splits)
     if mesh is not None:
@@ -306,6 +320,76 @@ def _matches(name: str, pattern: str) -> bool:
     return len(atoms) == len(patterns) and all(fnmatch(atom, part) for atom, part in zip(atoms, patterns, strict=True))
 
 
+CP_KEYS = ("context_parallel_degree", "seq_dims", "buffers")
+
+
+@dataclass(frozen=True)
+class SequenceSplit:
+    """The ``"cp"`` section: the mesh's ``context_parallel`` degree, and what the Trainer splits along the sequence
+    around each microbatch's forward and backward: the batch's entries (keys of a mapping batch, positions of a
+    tuple or list batch) and the model's buffers (by name, e.g. rotary tables), each with its sequence dimension."""
+
+    degree: int
+    batch: Mapping[str | int, int]
+    buffers: Mapping[str, int]
+
+    def tensors(self, batch: Any, model: nn.Module) -> tuple[list[torch.Tensor], list[int]]:
+        """The tensors to split in ``batch`` and ``model``, and their sequence dimensions."""
+        tensors, dims = [], []
+        for key, dim in self.batch.items():
+            entry = _entry(batch, key)
+            if not isinstance(entry, torch.Tensor):
+                raise ValueError(
+                    f"parallelism_config['cp']['seq_dims'] names the batch entry {key!r}, but this "
+                    f"{type(batch).__name__} batch holds {type(entry).__name__} there; name entries that hold "
+                    "sequence tensors (keys of a dict batch, positions of a tuple or list batch)."
+                )
+            tensors.append(entry)
+            dims.append(dim)
+        for name, dim in self.buffers.items():
+            tensors.append(model.get_buffer(name))
+            dims.append(dim)
+        return tensors, dims
+
+
+def _entry(batch: Any, key: str | int) -> Any:
+    """``batch[key]``, or None where the batch has no such entry."""
+    try:
+        return batch[key]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def sequence_split_from(parallelism_config: object) -> SequenceSplit | None:
+    """The ``"cp"`` section of ``parallelism_config`` checked, or None without one."""
+    section = parallelism_config.get("cp") if isinstance(parallelism_config, Mapping) else None
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ValueError(f"parallelism_config['cp']={section!r} is not valid. Accepted: a dict of CP keys.")
+    unknown = sorted(set(section) - set(CP_KEYS))
+    degree, seq_dims = section.get("context_parallel_degree"), section.get("seq_dims")
+    buffers = section.get("buffers") or {}
+    if unknown or not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
+        raise ValueError(
+            f"parallelism_config['cp'] is not valid ({unknown or f'context_parallel_degree={degree!r}'}). Accepted "
+            f"keys: {list(CP_KEYS)}, context_parallel_degree a positive int."
+        )
+    if not seq_dims:
+        raise ValueError(
+            "parallelism_config['cp'] needs seq_dims: the batch entries that hold sequences and their sequence "
+            "dimension, e.g. {'input_ids': 1, 'labels': 1}."
+        )
+    for name, dims in (("seq_dims", seq_dims), ("buffers", buffers)):
+        if not isinstance(dims, Mapping) or not all(isinstance(dim, int) and dim >= 0 for dim in dims.values()):
+            raise ValueError(
+                f"parallelism_config['cp']['{name}']={dims!r} is not valid. Accepted: a dict of "
+                f"{'batch entries' if name == 'seq_dims' else 'buffer names'} to the dimension of their sequence, "
+                "e.g. {'input_ids': 1, 'labels': 1}."
+            )
+    return SequenceSplit(degree, dict(seq_dims), dict(buffers))
+
+
 PP_KEYS = ("pipeline_parallel_degree", "split_points", "microbatches", "schedule", "network")
 
 
@@ -330,16 +414,14 @@ def _pipeline(config: dict[str, Any]) -> PipelinePlan:
     return plan
 
 
-def _mesh_plan(
-    config: Mapping[str, Any], tensor_parallel: TensorParallelPlan | None, pipeline_degree: int
-) -> MeshPlan | None:
-    """The degrees as a plan; None when neither a degree nor tensor or pipeline parallelism is given (the mesh
-    follows ``sharding_strategy``)."""
+def _mesh_plan(config: Mapping[str, Any], splits: Mapping[str, int]) -> MeshPlan | None:
+    """The degrees as a plan (``splits``: the tensor, pipeline and context degrees); None when neither a
+    data-parallel degree nor a split is given (the mesh follows ``sharding_strategy``)."""
     from fabric.strategies.mesh import AUTO, MeshPlan
 
     shard = config.get("data_parallel_shard_degree")
     replicate = config.get("data_parallel_replicate_degree")
-    if shard in (None, -1) and replicate in (None, 1) and tensor_parallel is None and pipeline_degree == 1:
+    if shard in (None, -1) and replicate in (None, 1) and all(degree == 1 for degree in splits.values()):
         return None
     for key, value in (("data_parallel_shard_degree", shard), ("data_parallel_replicate_degree", replicate)):
         if value is not None and value != -1 and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -351,8 +433,7 @@ def _mesh_plan(
         return MeshPlan(
             data_parallel_replicate=AUTO if replicate == -1 else replicate or 1,
             data_parallel=AUTO if shard in (None, -1) else shard,
-            tensor_parallel=1 if tensor_parallel is None else tensor_parallel.degree,
-            pipeline_parallel=pipeline_degree,
+            **splits,
         )
     except ValueError as error:
         raise ValueError(f"parallelism_config: {error}") from None

@@ -51,6 +51,7 @@ from fabric.trainer.migration import (
     take_composer_arguments,
     translate_fabric_choices,
 )
+from fabric.trainer.parallelism import SequenceSplit, sequence_split_from
 from fabric.trainer.pipeline import check_pipeline_settings, pipeline_network
 from fabric.trainer.profiler import Profiler
 from fabric.trainer.stages import default_optimizer, precision_for_fit
@@ -147,6 +148,8 @@ class TrainerPlan:
     compile_options: dict[str, Any] | None
     token_counter: TokenCounter
     accumulate_on_tokens: bool
+    #: What ``parallelism_config["cp"]`` splits along the sequence around each microbatch (None without it).
+    sequence_split: SequenceSplit | None
     deterministic_mode: bool
     fabric: Fabric | None
     fabric_choices: dict[str, Any]
@@ -158,6 +161,7 @@ class TrainerPlan:
         if self.dist_timeout is not None:
             apply_dist_timeout(fabric, self.dist_timeout)
         self.settings.check_on(fabric)
+        _check_sequence_split(fabric, self.sequence_split)
         if fabric.strategy.pipeline is not None:
             pipeline_network(fabric.strategy.pipeline, self.model)
             check_pipeline_settings(fabric.strategy, {"accumulate_train_batch_on_tokens": self.accumulate_on_tokens})
@@ -205,11 +209,26 @@ def plan_trainer(arguments: Mapping[str, Any]) -> TrainerPlan:
         compile_options=check_compile_config(given["compile_config"], model),
         token_counter=_token_counter(given["get_num_tokens_in_batch"], model),
         accumulate_on_tokens=check_flag(given["accumulate_train_batch_on_tokens"], "accumulate_train_batch_on_tokens"),
+        sequence_split=sequence_split_from(given["parallelism_config"]),
         deterministic_mode=check_flag(given["deterministic_mode"], "deterministic_mode"),
         fabric=given["fabric"],
         fabric_choices=_fabric_choices(given, choices),
         dist_timeout=check_dist_timeout(given["dist_timeout"], fabric_given=given["fabric"] is not None),
     )
+
+
+def _check_sequence_split(fabric: Fabric, split: SequenceSplit | None) -> None:
+    """A mesh with context parallelism needs the ``cp`` section's ``seq_dims``: which batch entries to split."""
+    from fabric.strategies.model_parallel import ModelParallelStrategy  # loaded with torch.distributed's FSDP
+
+    if split is None and isinstance(fabric.strategy, ModelParallelStrategy):
+        degree = fabric.strategy.mesh_plan().resolved_degrees["context_parallel"]
+        if degree > 1:
+            raise ValueError(
+                f"The mesh has context_parallel={degree}, but the Trainer does not know which batch entries hold "
+                "sequences: pass parallelism_config={'cp': {'context_parallel_degree': "
+                f"{degree}, 'seq_dims': {{'input_ids': 1, 'labels': 1}}}}, ...}} instead of the strategy."
+            )
 
 
 def _loggers(given: Mapping[str, Any]) -> list[Any]:

@@ -53,6 +53,7 @@ from fabric.wrappers import FabricModule, unwrap_optimizer
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
     from fabric.plugins.precision.precision import Precision
+    from fabric.trainer.parallelism import SequenceSplit
     from fabric.trainer.pipeline import PipelineLoss
 
 TokenCounter = Callable[[Any], int]
@@ -82,8 +83,13 @@ class TrainStep:
         token_counter: TokenCounter = count_tokens,
         accumulate_on_tokens: bool = False,
         pipeline: PipelineLoss | None = None,
+        sequence_split: SequenceSplit | None = None,
     ) -> None:
         self.state, self.engine = state, engine
+        #: What a context-parallel mesh splits along the sequence around each microbatch, or None.
+        self._sequence_split = sequence_split
+        if sequence_split is not None:
+            self._train_microbatch = self._train_sequence_parts  # type: ignore[method-assign]
         #: The loss of the model's pipeline stages (the batch runs in one call of the model), or None.
         self._pipeline = pipeline
         self.fabric = require_fabric(state)
@@ -234,6 +240,14 @@ class TrainStep:
             total_loss = loss if total_loss is None else total_loss + loss
         assert total_loss is not None
         return total_loss
+
+    def _train_sequence_parts(self, microbatch: Any, weight: float) -> torch.Tensor:
+        """:meth:`_train_microbatch` on this rank's part of each sequence (context parallelism; the tensors are whole
+        again after it)."""
+        assert self._sequence_split is not None
+        tensors, dims = self._sequence_split.tensors(microbatch, self._model.module)
+        with self.fabric.context_parallel(tensors, seq_dims=dims):
+            return TrainStep._train_microbatch(self, microbatch, weight)
 
     def _train_microbatch(self, microbatch: Any, weight: float) -> torch.Tensor:
         state, fire = self.state, self.engine.fire

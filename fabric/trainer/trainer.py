@@ -257,6 +257,7 @@ class Trainer:
             token_counter=plan.token_counter,
             accumulate_on_tokens=plan.accumulate_on_tokens,
             pipeline=pipeline,
+            sequence_split=plan.sequence_split,
         )
 
     def _set_up_checkpointing(self, plan: TrainerPlan) -> None:

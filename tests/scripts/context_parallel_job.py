@@ -11,6 +11,8 @@ context_parallel`` and its gradient averaging, AdamW.
 ``python context_parallel_job.py OUT reference``: one process, the whole global batch of every step.
 ``python context_parallel_job.py OUT train``: the 4 ranks; rank 0 writes ``OUT/train.pt``.
 ``python context_parallel_job.py OUT different``: the same with every rank given its own samples (refused).
+``python context_parallel_job.py OUT trainer``: the Trainer with ``parallelism_config``'s ``cp`` section; rank 0 writes
+``OUT/trainer.pt``.
 Both write the loss of each step and the weights after the last.
 """
 
@@ -82,6 +84,40 @@ def split_sequences(
 
 context_parallel.DEVICE_TYPES = ("cuda", "cpu")
 context_parallel.torch_context_parallel = lambda: split_sequences  # type: ignore[assignment,return-value]
+
+if mode == "trainer":  # the Trainer from parallelism_config's cp section, on the same batches
+    from fabric.trainer import ComposerModel, Trainer
+
+    class PerPosition(ComposerModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_model()
+
+        def forward(self, batch: list[torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+            return self.net(batch[0])  # type: ignore[no-any-return]
+
+        def loss(self, outputs: torch.Tensor, batch: list[torch.Tensor]) -> torch.Tensor:
+            return F.mse_loss(outputs, batch[1])
+
+    composer_model = PerPosition()
+    cp = {"context_parallel_degree": 2, "seq_dims": {0: 1, 1: 1}}  # inputs and targets: (batch, sequence, features)
+    trainer = Trainer(
+        model=composer_model,
+        train_dataloader=DataLoader(TensorDataset(inputs, targets), batch_size=GLOBAL_BATCH // 2),
+        max_duration=f"{STEPS}ba",
+        optimizers=torch.optim.AdamW(composer_model.parameters(), lr=LR),
+        parallelism_config={"fsdp": {"data_parallel_shard_degree": 2}, "cp": cp},
+        accelerator="cpu",
+        devices=4,
+        progress_bar=False,
+    )
+    trainer.fit()
+    loss = trainer.fabric.all_reduce(trainer.state.loss, reduce_op="mean").item()
+    weights = {name: value.full_tensor().detach() for name, value in composer_model.net.state_dict().items()}
+    if trainer.fabric.is_global_zero:
+        clock = trainer.state.timestamp.state_dict()
+        torch.save({"weights": weights, "loss": loss, "seen": seen, "timestamp": clock}, out_dir / "trainer.pt")
+    sys.exit(0)
 
 strategy = ModelParallelStrategy(mesh=MeshPlan(data_parallel=2, context_parallel=2))
 fabric = Fabric(accelerator="cpu", devices=4, strategy=strategy)

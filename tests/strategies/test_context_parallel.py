@@ -88,3 +88,43 @@ def test_ranks_of_a_context_parallel_group_given_different_batches_are_stopped(t
     assert "Ranks 0 and 1 hold parts of one model copy (context_parallel=2) and must be given the same batches" in (
         done.stderr
     )
+
+
+def test_the_trainer_splits_the_sequences_its_cp_section_names_and_trains_like_one_process(tmp_path: Path) -> None:
+    for mode in ("reference", "trainer"):
+        done = _run(tmp_path, mode)
+        assert done.returncode == 0, done.stderr[-4000:]
+    report, reference = torch.load(tmp_path / "trainer.pt"), torch.load(tmp_path / "reference.pt")
+    # seq_dims {0: 1, 1: 1}: the inputs and the targets of each batch, halved along the sequence, every step
+    assert report["seen"] == [{"mesh": ("context_parallel",), "shapes": [(2, 3, 8), (2, 3, 4)]}] * 3
+    assert report["loss"] == pytest.approx(reference["losses"][-1], rel=1e-5)  # the parts' mean: the batch's
+    for name, value in reference["weights"].items():
+        assert torch.allclose(report["weights"][name], value, atol=1e-6), name
+    assert (report["timestamp"]["batch"], report["timestamp"]["sample"]) == (3, 12)  # the whole batches counted
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"context_parallel_degree": 2}, r"\['cp'\] needs seq_dims: the batch entries that hold sequences"),
+        ({"context_parallel_degree": 0, "seq_dims": {0: 1}}, r"context_parallel_degree=0\). Accepted keys"),
+        ({"context_parallel_degree": 2, "seq_dims": {0: -1}}, r"\['seq_dims'\]=\{0: -1\} is not valid"),
+        ({"context_parallel_degree": 2, "seq_dims": {0: 1}, "ring": True}, r"is not valid \(\['ring'\]\)"),
+    ],
+)
+def test_a_bad_cp_section_is_refused_naming_the_key(section: dict[str, object], message: str) -> None:
+    from fabric.trainer.parallelism import sequence_split_from
+
+    with pytest.raises(ValueError, match=message):
+        sequence_split_from({"cp": section})
+
+
+def test_the_named_batch_entries_must_hold_tensors() -> None:
+    from fabric.trainer.parallelism import sequence_split_from
+
+    split = sequence_split_from({"cp": {"context_parallel_degree": 2, "seq_dims": {"input_ids": 1, 2: 1}}})
+    assert split is not None
+    tokens = torch.zeros(2, 6)
+    assert split.tensors({"input_ids": tokens, 2: tokens}, torch.nn.Linear(1, 1)) == ([tokens, tokens], [1, 1])
+    with pytest.raises(ValueError, match=r"names the batch entry 'input_ids', but this list batch holds NoneType"):
+        split.tensors([tokens], torch.nn.Linear(1, 1))

@@ -82,7 +82,9 @@ def test_pipeline_settings_that_cannot_work_are_refused_at_construction() -> Non
         ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2), pipeline=plan, state_dict_type="full")
     with pytest.raises(ValueError, match=r"pipeline=\['blocks.2'\] is not valid. Accepted: a fabric.strategies"):
         ModelParallelStrategy(pipeline=["blocks.2"])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"needs parallelize_fn.*\(or a pipeline= plan\)"):
+    with pytest.raises(
+        ValueError, match=r"needs parallelize_fn.*\(or a pipeline= plan, or a mesh with context_parallel\)"
+    ):
         ModelParallelStrategy(mesh=MeshPlan(tensor_parallel=2))
     strategy = ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2, tensor_parallel=2), pipeline=plan)
     with pytest.raises(ValueError, match=r"has tensor_parallel=2 but no parallelize_fn to split the layers"):
