@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -146,8 +147,27 @@ loader_batch = GLOBAL_BATCH // (replicate * shard)
 #: Where each pipeline degree cuts the model, and its schedule (the microbatches: 2, or one per stage).
 CUTS = {2: (["blocks.1"], "1F1B"), 4: (["blocks.0", "blocks.1", "norm"], "GPipe")}
 
-if mode == "trainer":  # Composer's Trainer with parallelism_config describing the same mesh
+
+def fit_trainer(model: nn.Module, batch_size: int, batches: int, **options: object) -> Any:
+    """The Trainer fitted on CPU for ``batches`` batches of ``batch_size`` of the train tokens, with AdamW."""
     from fabric.trainer import Trainer
+
+    loader = DataLoader(TensorDataset(tokens), batch_size=batch_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader,
+        max_duration=f"{batches}ba",
+        optimizers=optimizer,
+        accelerator="cpu",
+        progress_bar=False,
+        **options,  # type: ignore[arg-type]
+    )
+    trainer.fit()
+    return trainer
+
+
+if mode == "trainer":  # Composer's Trainer with parallelism_config describing the same mesh
 
     class ComposerTransformer(Transformer):
         def forward(self, batch: list[torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
@@ -164,17 +184,9 @@ if mode == "trainer":  # Composer's Trainer with parallelism_config describing t
     config: dict[str, object] = {"fsdp": fsdp | {"state_dict_type": "sharded"}}
     if tensor > 1:
         config["tp"] = {"tensor_parallel_degree": tensor, "layer_plan": {f"blocks.*.{n}": s for n, s in styles.items()}}
-    trainer = Trainer(
-        model=composer_model,
-        train_dataloader=DataLoader(TensorDataset(tokens), batch_size=loader_batch),
-        max_duration=f"{STEPS}ba",
-        optimizers=torch.optim.AdamW(composer_model.parameters(), lr=LR),
-        parallelism_config=config,
-        accelerator="cpu",
-        devices=replicate * shard * tensor,
-        progress_bar=False,
+    trainer = fit_trainer(
+        composer_model, loader_batch, STEPS, parallelism_config=config, devices=replicate * shard * tensor
     )
-    trainer.fit()
     trained = trainer.state.model
     weights = full_weights(getattr(trained, "module", trained))
     strategy_name = type(trainer.fabric.strategy).__name__
@@ -184,7 +196,7 @@ if mode == "trainer":  # Composer's Trainer with parallelism_config describing t
     sys.exit(0)
 
 if mode in ("trainer-pp", "trainer-resume"):  # the Trainer on pipeline stages of a model whose network is a Transformer
-    from fabric.trainer import ComposerModel, Trainer
+    from fabric.trainer import ComposerModel
 
     class GPT(ComposerModel):
         def __init__(self) -> None:
@@ -205,17 +217,7 @@ if mode in ("trainer-pp", "trainer-resume"):  # the Trainer on pipeline stages o
     if mode == "trainer-resume":  # one process continues the checkpoint a pipeline's Trainer saved, to the end
         torch.manual_seed(123)
         gpt = GPT()  # other initial weights: all must come from the checkpoint
-        trainer = Trainer(
-            model=gpt,
-            train_dataloader=DataLoader(TensorDataset(tokens), batch_size=GLOBAL_BATCH),
-            max_duration=f"{STEPS + EXTRA}ba",
-            optimizers=torch.optim.AdamW(gpt.parameters(), lr=LR),
-            load_path=load_dir,
-            accelerator="cpu",
-            devices=1,
-            progress_bar=False,
-        )
-        trainer.fit()
+        trainer = fit_trainer(gpt, GLOBAL_BATCH, STEPS + EXTRA, load_path=load_dir, devices=1)
         clock = trainer.state.timestamp.state_dict()
         torch.save({"final": full_weights(gpt.model), "timestamp": clock}, out_dir / "trainer-resumed.pt")
         sys.exit(0)
@@ -235,21 +237,17 @@ if mode in ("trainer-pp", "trainer-resume"):  # the Trainer on pipeline stages o
             return model
 
         choices = {"strategy": ModelParallelStrategy(parallelize_network, mesh=mesh, pipeline=stages)}
-    trainer = Trainer(
-        model=gpt,
-        train_dataloader=DataLoader(TensorDataset(tokens), batch_size=loader_batch),
+    trainer = fit_trainer(
+        gpt,
+        loader_batch,
+        STEPS,
         eval_dataloader=DataLoader(TensorDataset(eval_tokens), batch_size=4),
-        max_duration=f"{STEPS}ba",
-        optimizers=torch.optim.AdamW(gpt.parameters(), lr=LR),
-        accelerator="cpu",
         devices=pipeline * shard * tensor,
-        progress_bar=False,
         save_folder=str(out_dir / f"trainer-ckpt-{tag}"),
         save_interval=f"{STEPS}ba",
         save_filename="ba{batch}",
         **choices,
     )
-    trainer.fit()
     stage_weights = full_weights(gpt.model)
     loss_over_ranks = trainer.fabric.all_reduce(trainer.state.loss, reduce_op="mean").item()  # each rank's share's
     gathered: list[dict[str, torch.Tensor]] = [{} for _ in range(trainer.fabric.world_size)]
