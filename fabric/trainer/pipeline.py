@@ -18,7 +18,7 @@ updated there and summed over every rank as usual.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 REFUSALS = {
     "device_train_microbatch_size": "the pipeline splits each batch into PipelinePlan(microbatches=...) itself; "
     "leave device_train_microbatch_size out",
+    "grad_accum": "the pipeline splits each batch into PipelinePlan(microbatches=...) itself; leave grad_accum out",
     "accumulate_train_batch_on_tokens": "the pipeline averages its equal microbatches' losses; weight by tokens "
     "inside model.loss instead",
 }
@@ -64,7 +65,7 @@ def pipeline_network(plan: PipelinePlan, model: nn.Module) -> str:
     return network
 
 
-def check_pipeline_settings(strategy: Strategy, settings: dict[str, object]) -> None:
+def check_pipeline_settings(strategy: Strategy, settings: Mapping[str, object]) -> None:
     """A ``ValueError`` naming the first of ``settings`` (by name, truthy when asked for) a pipeline cannot honour."""
     if strategy.pipeline is None:
         return

@@ -91,7 +91,11 @@ class LoopSettings:
     def check_on(self, fabric: Fabric) -> None:
         """The checks that need the Fabric's strategy."""
         check_auto_microbatching(self.device_train_microbatch_size, fabric, "device_train_microbatch_size")
-        check_pipeline_settings(fabric.strategy, {"device_train_microbatch_size": self.device_train_microbatch_size})
+        microbatches = {
+            "device_train_microbatch_size": self.device_train_microbatch_size,
+            "grad_accum": self.grad_accum,
+        }
+        check_pipeline_settings(fabric.strategy, microbatches)
 
 
 #: The names of the settings, which are also ``Trainer()``'s and ``fit()``'s parameter names.

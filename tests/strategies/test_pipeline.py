@@ -142,6 +142,12 @@ class FlatComposerGPT(GPT):
         (
             ComposerGPT(),
             PipelinePlan(["model.blocks.2"]),
+            {"grad_accum": 2},
+            r"grad_accum=2 cannot be honoured under pipeline parallelism: .*leave grad_accum out",
+        ),
+        (
+            ComposerGPT(),
+            PipelinePlan(["model.blocks.2"]),
             {"accumulate_train_batch_on_tokens": True},
             r"accumulate_train_batch_on_tokens=True cannot be honoured under pipeline parallelism",
         ),
