@@ -232,16 +232,18 @@ def _build(
     options: dict[str, Any] = {
         "state_dict_type": _state_dict_type(config.get("state_dict_type", "full" if pipeline is None else "sharded"))
     }
-    # ModelParallelStrategy, which takes the mesh only
-    splits = tensor_parallel is not None or pipeline is not None or context_degree > 1
+    # the sections that need ModelParallelStrategy, which takes the mesh only
+    given = (("tp", tensor_parallel is not None), ("pp", pipeline is not None), ("cp", context_degree > 1))
+    sections = [name for name, present in given if present]
+    splits = bool(sections)
     degrees = {
         "tensor_parallel": 1 if tensor_parallel is None else tensor_parallel.degree,
         "pipeline_parallel": 1 if pipeline is None else pipeline.num_stages,
         "context_parallel": context_degree,
     }
-    mesh = _mesh_plan(config, degrees)
+    mesh = _mesh_plan(config, degrees if splits else None)
     if "sharding_strategy" in config:
-        options |= _sharding_options(config["sharding_strategy"], mesh, splits)
+        options |= _sharding_options(config["sharding_strategy"], mesh, sections)
     if mesh is not None:
         options["mesh"] = mesh
     if config.get("auto_wrap", True):
@@ -414,14 +416,15 @@ def _pipeline(config: dict[str, Any]) -> PipelinePlan:
     return plan
 
 
-def _mesh_plan(config: Mapping[str, Any], splits: Mapping[str, int]) -> MeshPlan | None:
-    """The degrees as a plan (``splits``: the tensor, pipeline and context degrees); None when neither a
-    data-parallel degree nor a split is given (the mesh follows ``sharding_strategy``)."""
+def _mesh_plan(config: Mapping[str, Any], splits: Mapping[str, int] | None) -> MeshPlan | None:
+    """The degrees as a plan (``splits``: the tensor, pipeline and context degrees, None without a tp, pp or cp
+    section); None when neither a data-parallel degree nor a section is given (the mesh follows
+    ``sharding_strategy``)."""
     from fabric.strategies.mesh import AUTO, MeshPlan
 
     shard = config.get("data_parallel_shard_degree")
     replicate = config.get("data_parallel_replicate_degree")
-    if shard in (None, -1) and replicate in (None, 1) and all(degree == 1 for degree in splits.values()):
+    if shard in (None, -1) and replicate in (None, 1) and splits is None:
         return None
     for key, value in (("data_parallel_shard_degree", shard), ("data_parallel_replicate_degree", replicate)):
         if value is not None and value != -1 and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -433,17 +436,17 @@ def _mesh_plan(config: Mapping[str, Any], splits: Mapping[str, int]) -> MeshPlan
         return MeshPlan(
             data_parallel_replicate=AUTO if replicate == -1 else replicate or 1,
             data_parallel=AUTO if shard in (None, -1) else shard,
-            **splits,
+            **(splits or {}),
         )
     except ValueError as error:
         raise ValueError(f"parallelism_config: {error}") from None
 
 
-def _sharding_options(value: object, mesh: MeshPlan | None, splits: bool) -> dict[str, Any]:
-    """``sharding_strategy`` as FSDPStrategy takes it; with tensor or pipeline parallelism (``splits``:
-    ModelParallelStrategy, which takes the mesh only) as ``reshard_after_forward``, the mesh saying what is
+def _sharding_options(value: object, mesh: MeshPlan | None, sections: list[str]) -> dict[str, Any]:
+    """``sharding_strategy`` as FSDPStrategy takes it; with tensor, pipeline or context parallelism (``sections``
+    given: ModelParallelStrategy, which takes the mesh only) as ``reshard_after_forward``, the mesh saying what is
     replicated."""
-    if not splits:
+    if not sections:
         return {"sharding_strategy": value}
     from fabric.strategies.fsdp.options import SHARDING_STRATEGIES, sharding_strategy_name
 
@@ -455,8 +458,8 @@ def _sharding_options(value: object, mesh: MeshPlan | None, splits: bool) -> dic
     assert mesh is not None  # tensor and pipeline parallelism always have a plan
     if (hybrid and mesh.data_parallel_replicate == 1) or (replicate_only and mesh.data_parallel != 1):
         raise ValueError(
-            f"parallelism_config['fsdp']['sharding_strategy']={value!r} with a 'tp' or 'pp' section needs the degrees "
-            "that "
+            f"parallelism_config['fsdp']['sharding_strategy']={value!r} with a {' and '.join(map(repr, sections))} "
+            "section needs the degrees that "
             f"say what is replicated: data_parallel_replicate_degree{' > 1' if hybrid else ''} "
             f"{'and data_parallel_shard_degree' if hybrid else '=-1 and data_parallel_shard_degree=1'}."
         )
