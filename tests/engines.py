@@ -203,10 +203,16 @@ class NodePair:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
+#: The states of a job that has ended (``scontrol show job``'s ``JobState``).
+ENDED_JOB_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+)
+
+
 class SlurmCluster:
     """A one-node SLURM cluster (munged, slurmctld, slurmd) in its own namespace, all its files in ``directory``.
 
-    ``run``/``popen`` start a client command (``srun``, ``sbatch --wait``, ``salloc``, ``scancel``, ``squeue``) in
+    ``run``/``popen`` start a client command (``srun``, ``salloc``, ``scancel``, ``squeue``) in
     the namespace with ``SLURM_CONF`` set and the environment of ``launcher_environment``, in ``directory`` unless
     ``cwd`` says otherwise; ``srun`` and ``sbatch`` pass that environment on to the tasks.
     """
@@ -238,6 +244,27 @@ class SlurmCluster:
     ) -> subprocess.Popen[str]:
         """Start a client command the test signals or waits for itself (``stop_process`` it in a ``finally``)."""
         return self.namespace.popen(args, self.environment(env), cwd or self.directory, **options)
+
+    def batch(self, args: list[str], timeout: float = 120.0) -> int:
+        """Submit a batch job (``sbatch ARGS``) and wait for its end; its exit code. ``sbatch --wait`` polls at growing
+        intervals up to 10 s, so it returned up to that long after the job ended; here ``scontrol`` is asked every
+        0.1 s (the controller keeps an ended job's record for MinJobAge, 300 s by default)."""
+        submitted = self.run(["sbatch", "--parsable", *args], timeout=30)
+        if submitted.returncode != 0:
+            raise RuntimeError(f"sbatch {' '.join(args)} failed: {submitted.stderr}")
+        job = submitted.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record = dict(
+                field.split("=", 1)
+                for field in self.run(["scontrol", "-o", "show", "job", job], timeout=30).stdout.split()
+                if "=" in field
+            )
+            if record.get("JobState") in ENDED_JOB_STATES:
+                code, signal_number = (int(part) for part in record["ExitCode"].split(":"))
+                return 128 + signal_number if signal_number else code  # as a shell reports a signalled command
+            time.sleep(0.1)
+        raise TimeoutError(f"batch job {job} did not end within {timeout:.0f} s")
 
     def job_ids(self) -> list[str]:
         """The ids of the jobs the cluster holds, pending or running."""
@@ -347,7 +374,9 @@ class SlurmCluster:
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A running one-node SLURM cluster for the tests of one module (about 1.1 s to start)."""
-    require_engine("SLURM", "munged", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "scancel", "squeue", "sinfo")
+    require_engine(
+        "SLURM", "munged", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "scancel", "squeue", "sinfo", "scontrol"
+    )
     require_namespaces("SLURM")
     with network_namespace("slurm", veth=True) as namespace:
         cluster = SlurmCluster(namespace, tmp_path_factory.mktemp("slurm"))

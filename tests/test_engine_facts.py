@@ -37,11 +37,19 @@ def test_srun_tasks_get_this_python_and_can_exceed_the_cores(slurm_cluster: Slur
 def test_a_batch_shell_is_not_a_step(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/bash\npython -c '{PRINT_VARIABLES}' SLURM_\n")
-    result = slurm_cluster.run(["sbatch", "--wait", "-n", "2", f"--output={tmp_path / 'job.out'}", str(script)])
-    assert result.returncode == 0, result.stderr
+    assert slurm_cluster.batch(["-n", "2", f"--output={tmp_path / 'job.out'}", str(script)]) == 0
     (shell,) = _printed((tmp_path / "job.out").read_text())
     assert (shell["SLURM_PROCID"], shell["SLURM_NTASKS"]) == ("0", "2")
     assert "SLURM_STEP_ID" not in shell and "SLURM_STEPID" not in shell
+
+
+def test_a_batch_job_ends_with_its_scripts_exit_code(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """What the tests' batch jobs report (SlurmCluster.batch): the script's code, a signal as 128 + its number."""
+    script = tmp_path / "fails.sh"
+    script.write_text("#!/bin/bash\nexit 3\n")
+    assert slurm_cluster.batch([f"--output={tmp_path / 'fails.out'}", str(script)]) == 3
+    script.write_text("#!/bin/bash\nkill -TERM $$\n")
+    assert slurm_cluster.batch([f"--output={tmp_path / 'killed.out'}", str(script)]) == 128 + 15
 
 
 def test_salloc_runs_its_command_outside_any_task(slurm_cluster: SlurmCluster) -> None:

@@ -60,8 +60,7 @@ def test_an_sbatch_script_without_srun_launches_the_ranks_itself(slurm_cluster: 
     """The batch shell's variables (SLURM_NTASKS=2, no SLURM_STEP_ID) were taken for a 2-task step, and the job
     waited silently for 30 minutes for a rank 1 nobody started."""
     script = _batch_script(tmp_path, f"python {WORLD} {tmp_path} devices=2")
-    result = slurm_cluster.run(["sbatch", "--wait", str(script)], timeout=120)
-    assert result.returncode == 0, (tmp_path / "job.out").read_text()[-3000:]
+    assert slurm_cluster.batch([str(script)]) == 0, (tmp_path / "job.out").read_text()[-3000:]
     ranks = reports(tmp_path, 2)
     assert_one_world_trained(ranks, 2)
     assert {r["environment"] for r in ranks} == {"LocalEnvironment"}
@@ -69,8 +68,7 @@ def test_an_sbatch_script_without_srun_launches_the_ranks_itself(slurm_cluster: 
 
 def test_an_sbatch_script_with_srun_trains_one_world(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     script = _batch_script(tmp_path, f"srun python {WORLD} {tmp_path}")
-    result = slurm_cluster.run(["sbatch", "--wait", str(script)], timeout=120)
-    assert result.returncode == 0, (tmp_path / "job.out").read_text()[-3000:]
+    assert slurm_cluster.batch([str(script)]) == 0, (tmp_path / "job.out").read_text()[-3000:]
     ranks = reports(tmp_path, 2)
     assert_one_world_trained(ranks, 2)
     assert {r["environment"] for r in ranks} == {"SLURMEnvironment"}
