@@ -26,8 +26,8 @@ on every interface. Usage::
 
 The survivors' wall time lost is mostly the lighthouse's heartbeat timeout: the quorum after a failure waits until
 the dead group's heartbeats (every 100 ms) are that old. ``fabric lighthouse --heartbeat-timeout-ms`` sets it; a
-shorter one finds a dead group sooner and takes a group that stalls that long (a busy host) for dead, which then
-rejoins at the next step as a restarted one would.
+shorter one finds a dead group sooner, and also takes a group whose heartbeats stall that long (an overloaded host)
+for dead, which then takes part again from a later quorum (as docs/fault-tolerance.md says).
 """
 
 from __future__ import annotations
