@@ -170,10 +170,15 @@ def _run_python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
 
 
+#: What neither ``Fabric`` nor the Trainer imports until a run uses it: dynamo and the optional packages, and DCP with
+#: DTensor (0.4 s, sympy among them), which only sharded strategies and sharded or Hugging Face checkpoints need.
+LOADED_ON_USE = ("torch._dynamo", "deepspeed", "tensorboard", "torch.distributed.checkpoint", "torch.distributed.tensor")
+
+
 def test_import_fabric_is_lazy_and_never_loads_dynamo() -> None:
     assert _run_python("import sys, fabric; print('torch' in sys.modules)") == "False"
     code = (
-        "import sys\nfrom fabric import Fabric\nFabric(accelerator='cpu')\n"
-        "print(sorted(m for m in ('torch._dynamo', 'deepspeed', 'tensorboard') if m in sys.modules))"
+        "import sys\nfrom fabric import Fabric\nfrom fabric.trainer import Trainer\nFabric(accelerator='cpu')\n"
+        f"print(sorted(m for m in {LOADED_ON_USE!r} if m in sys.modules))"
     )
     assert _run_python(code) == "[]"

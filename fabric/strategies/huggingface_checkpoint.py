@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from fabric.plugins.io.checkpoint_io import PathType
 from fabric.plugins.io.distributed_checkpoint import temporary_directory
@@ -39,6 +38,8 @@ if TYPE_CHECKING:
 
 def _weights(module: nn.Module) -> dict[str, torch.Tensor]:
     """What this rank holds of each of ``module``'s tensors: a DTensor's shard under FSDP2 and TP, else the tensor."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict  # DCP and DTensor: 0.4 s to import
+
     state_dict = get_model_state_dict(module)
     weights = {name: value for name, value in state_dict.items() if isinstance(value, torch.Tensor)}
     if len(weights) != len(state_dict):
@@ -92,4 +93,6 @@ def load_huggingface(
     shapes = {name: tuple(value.shape) for name, value in state_dict.items()}
     names = names_to_read(Path(path), shapes, strict, patterns, tied_names(state_dict))
     read_huggingface({saved_name: state_dict[name] for name, saved_name in names.items()}, Path(path))
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     set_model_state_dict(module, {name: state_dict[name] for name in names}, options=StateDictOptions(strict=False))
