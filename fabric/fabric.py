@@ -622,9 +622,9 @@ class Fabric:
         key_mapping: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """Load a checkpoint written by :meth:`save` (a file, or a sharded or DeepSpeed directory), or a folder in
-        Hugging Face's layout into ``state={"model": model}`` (each rank reading only its shards; ``key_mapping``
-        renames the folder's tensors to the model's names, ``{regex: replacement}`` as in ``transformers``'
-        ``from_pretrained``, the first matching pattern applied).
+        Hugging Face's layout, on a disk or at a URL, into ``state={"model": model}`` (each rank reading only its
+        shards; ``key_mapping`` renames the folder's tensors to the model's names, ``{regex: replacement}`` as in
+        ``transformers``' ``from_pretrained``, the first matching pattern applied).
 
         With ``state``, its modules, optimizers and stateful objects are filled in place, plain values
         are replaced, and the entries not asked for are returned. Without it, the whole checkpoint is
@@ -641,7 +641,7 @@ class Fabric:
             )
         if form is CheckpointFormat.HUGGINGFACE:
             module = _only_model(unwrapped, "Loading a Hugging Face folder")
-            load_huggingface(self._strategy, path, module, strict, key_mapping)
+            load_huggingface(self._strategy, path, module, strict, key_mapping, storage_options)
             self._strategy.module_loaded(module)
             self.barrier("load")
             return {}

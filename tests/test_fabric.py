@@ -172,7 +172,13 @@ def _run_python(code: str) -> str:
 
 #: What neither ``Fabric`` nor the Trainer imports until a run uses it: dynamo and the optional packages, and DCP with
 #: DTensor (0.4 s, sympy among them), which only sharded strategies and sharded or Hugging Face checkpoints need.
-LOADED_ON_USE = ("torch._dynamo", "deepspeed", "tensorboard", "torch.distributed.checkpoint", "torch.distributed.tensor")
+LOADED_ON_USE = (
+    "torch._dynamo",
+    "deepspeed",
+    "tensorboard",
+    "torch.distributed.checkpoint",
+    "torch.distributed.tensor",
+)
 
 
 def test_import_fabric_is_lazy_and_never_loads_dynamo() -> None:

@@ -5,24 +5,29 @@ DCP's ``get_model_state_dict`` gives each rank what it holds (DTensor shards und
 otherwise), so one path serves them all: every rank writes its part into a temporary sibling of the destination,
 rank 0 merges the parts into Hugging Face's files, and the folder is renamed into place only when complete (a
 previous folder at the destination stays until then). Loading checks every name and shape against the files'
-headers first, so a mismatch changes nothing.
+headers first, so a mismatch changes nothing. A folder at a URL loads from a copy in each node's temporary directory,
+made by the node's first rank and removed after the load (saving to a URL is refused: write it to a file system).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from fabric.plugins.io.checkpoint_io import PathType
+from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.distributed_checkpoint import temporary_directory
 from fabric.plugins.io.huggingface import (
     compile_key_mapping,
     config_files,
+    download_weights,
     finish_folder,
     names_to_read,
     read_huggingface,
@@ -31,6 +36,8 @@ from fabric.plugins.io.huggingface import (
     write_huggingface,
 )
 from fabric.plugins.io.storage import is_remote
+from fabric.plugins.io.temporaries import remove_temporary
+from fabric.utilities.exceptions import CheckpointError
 
 if TYPE_CHECKING:
     from fabric.strategies.strategy import Strategy
@@ -49,10 +56,10 @@ def _weights(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def check_supported(strategy: Strategy, path: PathType, action: str) -> None:
-    """Refuse, in one line, a strategy or a path that cannot hold a Hugging Face folder."""
+    """Refuse, in one line, a strategy that cannot hold a Hugging Face folder, or a URL to save one to."""
     if strategy.huggingface_refusal is not None:
         raise ValueError(f"{action} a Hugging Face folder: {strategy.huggingface_refusal}")
-    if is_remote(path):
+    if action == "Saving" and is_remote(path):
         raise ValueError(
             f"{action} a Hugging Face folder at a URL ({os.fspath(path)!r}) is not provided yet: write it to a local "
             "or shared file system path."
@@ -83,16 +90,55 @@ def save_huggingface(
 
 
 def load_huggingface(
-    strategy: Strategy, path: PathType, module: nn.Module, strict: bool, key_mapping: Mapping[str, str] | None
+    strategy: Strategy,
+    path: PathType,
+    module: nn.Module,
+    strict: bool,
+    key_mapping: Mapping[str, str] | None,
+    storage_options: StorageOptions = None,
 ) -> None:
-    """Fill ``module`` from the Hugging Face folder ``path``, each rank reading its shards (a collective).
-    ``key_mapping`` renames the folder's tensors to the model's names (regex -> replacement, as ``transformers``)."""
+    """Fill ``module`` from the Hugging Face folder ``path`` (a directory or a URL), each rank reading its shards (a
+    collective). ``key_mapping`` renames the folder's tensors to the model's names (regex -> replacement, as
+    ``transformers``); ``storage_options`` go to fsspec for a URL."""
     check_supported(strategy, path, "Loading")
     patterns = compile_key_mapping(key_mapping)
     state_dict = _weights(module)
     shapes = {name: tuple(value.shape) for name, value in state_dict.items()}
-    names = names_to_read(Path(path), shapes, strict, patterns, tied_names(state_dict))
-    read_huggingface({saved_name: state_dict[name] for name, saved_name in names.items()}, Path(path))
+    with _local_folder(strategy, path, storage_options) as folder:
+        names = names_to_read(folder, shapes, strict, patterns, tied_names(state_dict))
+        read_huggingface({saved_name: state_dict[name] for name, saved_name in names.items()}, folder)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(module, {name: state_dict[name] for name in names}, options=StateDictOptions(strict=False))
+
+
+@contextlib.contextmanager
+def _local_folder(strategy: Strategy, path: PathType, storage_options: StorageOptions) -> Iterator[Path]:
+    """``path`` itself on a file system. For a URL, a copy of its weights in this node's temporary directory, made
+    by the node's first rank (the ranks of a node share it) and removed once every rank has read it; a failed copy
+    on any node fails every rank with its message."""
+    if not is_remote(path):
+        yield Path(path)
+        return
+    name = strategy.broadcast(f"fabric-huggingface-{uuid.uuid4().hex}" if strategy.is_global_zero else None)
+    folder = Path(tempfile.gettempdir()) / name
+    copies = strategy.local_rank == 0
+    failure = ""
+    if copies:
+        folder.mkdir()
+        try:
+            download_weights(path, folder, storage_options)
+        except Exception as error:  # every rank must learn of it, not wait for this one at the next collective
+            failure = str(error).rstrip(".") or type(error).__name__
+    failed = strategy.all_reduce(torch.tensor(float(bool(failure))), reduce_op="sum")
+    try:
+        if failed.item():
+            raise CheckpointError(
+                f"Copying the Hugging Face folder {os.fspath(path)!r} to a local disk failed on "
+                f"{int(failed.item())} node(s){': ' + failure if failure else ''}; nothing was loaded."
+            )
+        yield folder
+        strategy.barrier("huggingface_read")
+    finally:
+        if copies:
+            remove_temporary(folder)

@@ -5,7 +5,9 @@ The layout is what ``transformers``' ``save_pretrained`` writes and ``from_pretr
 ``model.safetensors`` is the one-file form). Writing, every rank saves only its own shards (a DTensor's local piece,
 or its share of replicated tensors) into a staging folder; the coordinating rank then merges them, one output file at
 a time, into the standard files and the index, and the staging folder goes. Reading, every rank reads only the slices
-its own shards cover. Nothing in these files executes on load (safetensors holds tensors and a JSON header only).
+its own shards cover; a folder at a URL (``s3://...``) is first copied, its index and weight files only, to a local
+temporary folder, once per node (:func:`downloaded`). Nothing in these files executes on load (safetensors holds
+tensors and a JSON header only).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from typing import Any
 
 import torch
 
-from fabric.plugins.io.checkpoint_io import PathType
+from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.distributed_checkpoint import (
     _single_process_warning_silenced,
     _without_process_group,
     publish,
     temporary_directory,
 )
+from fabric.plugins.io.storage import filesystem
 from fabric.plugins.io.temporaries import remove_temporary
 from fabric.utilities.exceptions import CheckpointError
 
@@ -44,6 +47,24 @@ def is_huggingface_directory(path: PathType) -> bool:
     """Whether ``path`` is a folder in Hugging Face's layout (an index, or the one-file form)."""
     folder = Path(path)
     return (folder / INDEX_FILE).is_file() or (folder / SINGLE_FILE).is_file()
+
+
+def download_weights(url: PathType, local: Path, storage_options: StorageOptions = None) -> None:
+    """Copy the Hugging Face folder at ``url`` into the empty local folder ``local``: its index and the weight files
+    it lists (or the one-file form), nothing else. Raises :class:`CheckpointError` naming a listed file that is not
+    there."""
+    fs, root = filesystem(url, storage_options)
+    index = f"{root.rstrip('/')}/{INDEX_FILE}"
+    if fs.isfile(index):
+        (local / INDEX_FILE).write_bytes(fs.cat_file(index))
+        names = sorted(set(json.loads((local / INDEX_FILE).read_text())["weight_map"].values()))
+    else:
+        names = [SINGLE_FILE]
+    for name in names:
+        try:
+            fs.get_file(f"{root.rstrip('/')}/{name}", str(local / name))
+        except FileNotFoundError:
+            raise CheckpointError(f"{url}: its index names {name}, which is not there.") from None
 
 
 def file_numbers(sizes: Mapping[str, int], max_file_bytes: int) -> dict[str, int]:

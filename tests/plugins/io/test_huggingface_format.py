@@ -1,8 +1,9 @@
 """``fabric.save(path, {"model": model}, format="huggingface")`` and ``fabric.load`` of a Hugging Face folder:
 real gloo processes (tests/scripts/huggingface_job.py) under FSDP2 and tensor parallelism write a folder that
 ``transformers`` loads with identical weights, and read a ``save_pretrained`` folder into 2 and 4 ranks with the
-reference's logits; in one process, a save replaces a folder atomically, and a mismatch (a missing tensor, a wrong
-shape, a file the index names but lacks) fails naming it with the model unchanged."""
+reference's logits, also from a bucket of a real S3 API (moto's server); in one process, a save replaces a folder
+atomically, and a mismatch (a missing tensor, a wrong shape, a file the index names but lacks) fails naming it with the
+model unchanged."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
+from object_store import S3Server
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -33,9 +37,9 @@ def _model(seed: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(CONFIG).eval()
 
 
-def _job(out: Path, *arguments: str) -> None:
+def _job(out: Path, *arguments: str, env: dict[str, str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env = {key: value for key, value in (env or os.environ).items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     command = [sys.executable, str(SCRIPT), str(out), *arguments]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -109,6 +113,47 @@ def test_a_transformers_folder_loads_into_sharded_models_each_rank_reading_its_s
     assert (logits - expected).abs().max() < 1e-5  # seed 1's model unless every weight was read
 
 
+def _uploaded(folder: Path, url: str, without: str = "") -> str:
+    """``url`` after copying the folder's files (but ``without``) there."""
+    fs, root = fsspec.core.url_to_fs(url)
+    for file in sorted(folder.iterdir()):
+        if file.name != without:
+            fs.put_file(str(file), f"{root}/{file.name}")
+    return url
+
+
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
+def test_a_folder_in_a_bucket_loads_into_a_sharded_model(
+    tmp_path: Path, pretrained: tuple[Path, torch.Tensor], s3_server: S3Server, s3_bucket: str
+) -> None:
+    """Each node's first rank copies the folder to its temporary directory; the ranks read their shards from it."""
+    folder, expected = pretrained
+    url = _uploaded(folder, f"{s3_bucket}/pretrained")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    _job(tmp_path / "out", "load", "fsdp", "2", url, env=s3_server.environment({"TMPDIR": str(scratch)}))
+    logits = torch.load(tmp_path / "out" / "logits.pt")
+    assert (logits - expected).abs().max() < 1e-5
+    assert list(scratch.iterdir()) == []  # the copy is gone
+
+
+def test_one_process_loads_a_folder_from_a_bucket_and_removes_its_copy(
+    tmp_path: Path, pretrained: tuple[Path, torch.Tensor], s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, _ = pretrained
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    fabric = Fabric(accelerator="cpu")
+    target = fabric.setup(_model(1))
+    fabric.load(_uploaded(folder, f"{s3_bucket}/pretrained"), {"model": target})
+    _assert_same_weights(_model(0), target.module)
+    assert list(tmp_path.iterdir()) == []
+    broken = _uploaded(folder, f"{s3_bucket}/broken", without="model-00002-of-00002.safetensors")
+    _unchanged_after(
+        r"its index names model-00002-of-00002\.safetensors, which is not there; nothing was loaded", broken
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_one_process_saves_replaces_the_previous_folder_and_loads_back(tmp_path: Path) -> None:
     fabric = Fabric(accelerator="cpu")
     folder = tmp_path / "exported"
@@ -122,7 +167,7 @@ def test_one_process_saves_replaces_the_previous_folder_and_loads_back(tmp_path:
     _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(folder))
 
 
-def _unchanged_after(error: str, folder: Path, strict: bool = True) -> None:
+def _unchanged_after(error: str, folder: Path | str, strict: bool = True) -> None:
     fabric = Fabric(accelerator="cpu")
     target = fabric.setup(_model(1))
     with pytest.raises(CheckpointError, match=error):
