@@ -575,11 +575,12 @@ class Fabric:
 
         ``format="huggingface"`` writes ``state={"model": model}``'s weights as a folder in Hugging Face's layout
         (``model-0000i-of-0000N.safetensors`` of at most ``max_file_bytes`` each, the index, and a ``transformers``
-        model's ``config.json``) that ``from_pretrained`` reads, every rank writing only its shards (local paths,
-        synchronous; any strategy but DeepSpeed).
+        model's ``config.json``) that ``from_pretrained`` reads, every rank writing only its shards (synchronous; any
+        strategy but DeepSpeed). At an object store URL rank 0 gathers the weights, writes them locally and uploads
+        them, the index last.
         """
         if format is not None:
-            self._save_in_format(format, path, state, filter, async_save, max_file_bytes)
+            self._save_in_format(format, path, state, filter, async_save, max_file_bytes, storage_options)
             return finished()
         self._check_launched()
         _check_filter(filter, state)
@@ -598,6 +599,7 @@ class Fabric:
         filter: Mapping[str, CheckpointFilter] | None,
         async_save: bool,
         max_file_bytes: int,
+        storage_options: StorageOptions,
     ) -> None:
         if format not in SAVE_FORMATS:
             raise ValueError(f"fabric.save(format={format!r}): accepted formats are {list(SAVE_FORMATS)} (or None).")
@@ -606,10 +608,10 @@ class Fabric:
         if max_file_bytes <= 0:
             raise ValueError(f"fabric.save(max_file_bytes={max_file_bytes}) must be positive.")
         module = _only_model(_unwrap_objects(state), f"fabric.save(format={format!r})")
-        check_supported(self._strategy, path, "Saving")
+        check_supported(self._strategy, "Saving")
         self._check_launched()
         self._strategy.background_saves.wait()
-        save_huggingface(self._strategy, path, module, max_file_bytes)
+        save_huggingface(self._strategy, path, module, max_file_bytes, storage_options=storage_options)
 
     def load(
         self,

@@ -99,19 +99,31 @@ def consolidate(checkpoint_dir: str, output: str) -> int:
 def to_huggingface(checkpoint: str, output: str, max_file_bytes: int | None) -> str:
     """Read ``checkpoint`` whole and write its model entry as the Hugging Face folder ``output``, atomically;
     returns what was written, in words."""
+    import tempfile
     from pathlib import Path
 
     from fabric.plugins.io.formats import read_whole
-    from fabric.plugins.io.huggingface import DEFAULT_MAX_FILE_BYTES, write_huggingface_folder
+    from fabric.plugins.io.huggingface import (
+        DEFAULT_MAX_FILE_BYTES,
+        check_upload_target,
+        write_huggingface_folder,
+        write_huggingface_to_url,
+    )
     from fabric.plugins.io.storage import is_remote
     from fabric.plugins.io.torch_io import TorchCheckpointIO
     from fabric.trainer.huggingface import huggingface_folder_contents
 
-    if is_remote(output):
-        raise ValueError(f"--format huggingface writes to a local or shared file system path, not {output!r}.")
+    remote = is_remote(output)
+    if remote:
+        check_upload_target(output)
     model = read_whole(checkpoint, TorchCheckpointIO()).get("model")
     if not isinstance(model, dict):
         raise ValueError(f"{checkpoint!r} has no 'model' entry of weights to write as a Hugging Face folder.")
-    weights, files = huggingface_folder_contents(model, Path(output))
-    write_huggingface_folder(weights, Path(output), max_file_bytes or DEFAULT_MAX_FILE_BYTES, files)
+    # file names are checked against the file system they are first written to: the local one for a URL
+    weights, files = huggingface_folder_contents(model, Path(tempfile.gettempdir()) if remote else Path(output))
+    max_file_bytes = max_file_bytes or DEFAULT_MAX_FILE_BYTES
+    if remote:
+        write_huggingface_to_url(weights, output, max_file_bytes, files)
+    else:
+        write_huggingface_folder(weights, Path(output), max_file_bytes, files)
     return f"{len(weights)} tensors" + (f" and {', '.join(sorted(files))}" if files else "")

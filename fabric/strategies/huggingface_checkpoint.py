@@ -25,6 +25,7 @@ from torch import nn
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.distributed_checkpoint import temporary_directory
 from fabric.plugins.io.huggingface import (
+    check_upload_target,
     compile_key_mapping,
     config_files,
     download_weights,
@@ -34,6 +35,7 @@ from fabric.plugins.io.huggingface import (
     removed_on_failure,
     tied_names,
     write_huggingface,
+    write_huggingface_to_url,
 )
 from fabric.plugins.io.storage import is_remote
 from fabric.plugins.io.temporaries import remove_temporary
@@ -55,15 +57,10 @@ def _weights(module: nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
-def check_supported(strategy: Strategy, path: PathType, action: str) -> None:
-    """Refuse, in one line, a strategy that cannot hold a Hugging Face folder, or a URL to save one to."""
+def check_supported(strategy: Strategy, action: str) -> None:
+    """Refuse, in one line, a strategy that cannot hold a Hugging Face folder."""
     if strategy.huggingface_refusal is not None:
         raise ValueError(f"{action} a Hugging Face folder: {strategy.huggingface_refusal}")
-    if action == "Saving" and is_remote(path):
-        raise ValueError(
-            f"{action} a Hugging Face folder at a URL ({os.fspath(path)!r}) is not provided yet: write it to a local "
-            "or shared file system path."
-        )
 
 
 def save_huggingface(
@@ -74,10 +71,17 @@ def save_huggingface(
     *,
     dtype: torch.dtype | None = None,
     files: Mapping[str, bytes] | None = None,
+    storage_options: StorageOptions = None,
 ) -> None:
     """Write ``module``'s weights (in ``dtype`` when given) to the folder ``path`` in Hugging Face's layout, with a
     ``transformers`` model's config and ``files`` (a tokenizer's) beside them (a collective; call
-    :func:`check_supported` first)."""
+    :func:`check_supported` first). For a URL, rank 0 gathers the weights whole, writes the folder in its temporary
+    directory and uploads it (:func:`~fabric.plugins.io.huggingface.upload_folder`)."""
+    if is_remote(path):
+        check_upload_target(path)
+        files = {**config_files(module), **(files or {})}
+        _save_to_url(strategy, path, module, max_file_bytes, dtype, files, storage_options)
+        return
     state_dict = _weights(module)
     target = Path(path)
     temporary: Path = strategy.broadcast(temporary_directory(target) if strategy.is_global_zero else None)
@@ -100,7 +104,7 @@ def load_huggingface(
     """Fill ``module`` from the Hugging Face folder ``path`` (a directory or a URL), each rank reading its shards (a
     collective). ``key_mapping`` renames the folder's tensors to the model's names (regex -> replacement, as
     ``transformers``); ``storage_options`` go to fsspec for a URL."""
-    check_supported(strategy, path, "Loading")
+    check_supported(strategy, "Loading")
     patterns = compile_key_mapping(key_mapping)
     state_dict = _weights(module)
     shapes = {name: tuple(value.shape) for name, value in state_dict.items()}
@@ -142,3 +146,33 @@ def _local_folder(strategy: Strategy, path: PathType, storage_options: StorageOp
     finally:
         if copies:
             remove_temporary(folder)
+
+
+def _save_to_url(
+    strategy: Strategy,
+    url: PathType,
+    module: nn.Module,
+    max_file_bytes: int,
+    dtype: torch.dtype | None,
+    files: Mapping[str, bytes],
+    storage_options: StorageOptions = None,
+) -> None:
+    """Rank 0 gathers every tensor whole (CPU memory for the model), writes the folder locally and uploads it; the
+    other ranks wait for the outcome, which they raise too."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    tied = tied_names(_weights(module))  # a gathered copy no longer shares its tensor: read the ties before
+    whole = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    failure = ""
+    if strategy.is_global_zero:
+        weights = {name: value for name, value in whole.items() if isinstance(value, torch.Tensor) and name not in tied}
+        try:
+            write_huggingface_to_url(weights, url, max_file_bytes, files, dtype, storage_options)
+        except Exception as error:
+            failure = f"{type(error).__name__}: {error}"
+    failure = strategy.broadcast(failure)
+    if failure:
+        raise CheckpointError(
+            f"Saving the Hugging Face folder {os.fspath(url)!r} failed on rank 0 ({failure}); a folder there is as "
+            "it was."
+        )

@@ -1,11 +1,12 @@
 """Hugging Face folders from several ranks, for tests/plugins/io/test_huggingface_format.py:
-``python huggingface_job.py OUT_DIR save STRATEGY DEVICES [tied]`` or ``... OUT_DIR load STRATEGY DEVICES FOLDER``.
+``python huggingface_job.py OUT_DIR save STRATEGY DEVICES [tied] [URL]`` or
+``... OUT_DIR load STRATEGY DEVICES FOLDER``.
 
 A tiny random-initialised Llama (``transformers``) set up with STRATEGY (``fsdp``, ``hsdp``: 2 replicas of
 DEVICES/2 shards, ``ddp`` or ``tp``: tensor parallelism over the MLP projections) on DEVICES gloo ranks. ``save``:
-the seed-0 model written to ``OUT_DIR/hf`` with ``format="huggingface"`` in files of at most 200 kB (``tied``: its
-head tied to its embedding). ``load``: a seed-1 model filled from FOLDER; rank 0 writes its logits on fixed tokens
-to ``OUT_DIR/logits.pt``.
+the seed-0 model written to ``OUT_DIR/hf`` (or URL) with ``format="huggingface"`` in files of at most 200 kB
+(``tied``: its head tied to its embedding). ``load``: a seed-1 model filled from FOLDER; rank 0 writes its logits on
+fixed tokens to ``OUT_DIR/logits.pt``.
 """
 
 import sys
@@ -20,7 +21,8 @@ from fabric import Fabric
 from fabric.strategies import FSDPStrategy, ModelParallelStrategy
 
 out_dir, mode, strategy_name, devices = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
-TIED = mode == "save" and sys.argv[5:] == ["tied"]
+TIED = mode == "save" and "tied" in sys.argv[5:]
+TARGET = next((argument for argument in sys.argv[5:] if "://" in argument), out_dir / "hf")
 CONFIG = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=TIED)  # fmt: skip
 TOKENS = torch.arange(24).reshape(2, 12) % CONFIG.vocab_size
@@ -46,7 +48,7 @@ fabric = Fabric(accelerator="cpu", devices=devices, strategy=strategy)
 fabric.launch()
 if mode == "save":
     model = fabric.setup(make_model(0))
-    fabric.save(out_dir / "hf", {"model": model}, format="huggingface", max_file_bytes=200_000)
+    fabric.save(TARGET, {"model": model}, format="huggingface", max_file_bytes=200_000)
 else:
     model = fabric.setup(make_model(1))
     fabric.load(sys.argv[5], {"model": model})

@@ -1,11 +1,11 @@
 """A tiny randomly initialised GPT-2 trained by the Trainer: ``python trainer_huggingface.py OUT_DIR DEVICES
-[STRATEGY]`` (``ddp`` by default on several ranks, or ``fsdp``).
+[STRATEGY [HF_FOLDER]]`` (``ddp`` by default on several ranks, or ``fsdp``).
 
 No download: the config is built here. The global batch is 8 whatever the number of ranks and every
 sequence is full length, so one process and two DDP or FSDP ranks reach the same weights. Each rank saves
 what it computed to ``OUT_DIR/rank{rank}.pt`` (whole tensors); all ranks save a Trainer checkpoint to
 ``OUT_DIR/ckpt.pt`` and, with a ``HuggingFaceCheckpointer`` every epoch, Hugging Face folders to
-``OUT_DIR/hf/huggingface/ba{batch}``.
+``OUT_DIR/hf/huggingface/ba{batch}`` (``HF_FOLDER/huggingface/ba{batch}`` when given: a URL, say).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def train(out_dir: Path, devices: int, strategy: str = "ddp") -> dict[str, Any]:
+def train(out_dir: Path, devices: int, strategy: str = "ddp", hf_folder: str | None = None) -> dict[str, Any]:
     torch.manual_seed(0)
     model = HuggingFaceModel(tiny_gpt2())
     trainer = Trainer(
@@ -60,7 +60,7 @@ def train(out_dir: Path, devices: int, strategy: str = "ddp") -> dict[str, Any]:
         accelerator="cpu",
         strategy=strategy if devices > 1 else "auto",
         devices=devices,
-        callbacks=[HuggingFaceCheckpointer(str(out_dir / "hf"), "1ep")],
+        callbacks=[HuggingFaceCheckpointer(hf_folder or str(out_dir / "hf"), "1ep")],
     )
     trainer.fit()
     trainer.save_checkpoint(str(out_dir / "ckpt.pt"))

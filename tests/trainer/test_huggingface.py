@@ -116,6 +116,27 @@ def test_fabric_consolidate_writes_a_trainer_checkpoint_as_a_folder_the_auto_cla
     assert not (tmp_path / "out").exists()
 
 
+def test_fabric_consolidate_uploads_the_folder_to_a_bucket(tmp_path: Path, s3_bucket: str) -> None:
+    from click.testing import CliRunner
+
+    from fabric_cli.cli import cli
+
+    tokenizer = _tokenizer()
+    torch.manual_seed(0)
+    model = HuggingFaceModel(script.tiny_gpt2(), tokenizer=tokenizer)
+    torch.save({"model": model.state_dict()}, tmp_path / "ckpt.pt")
+    url = f"{s3_bucket}/exported"
+    result = CliRunner().invoke(cli, ["consolidate", str(tmp_path / "ckpt.pt"), url, "--format", "huggingface"])
+    assert result.exit_code == 0, result.output
+    assert _bucket_folders(s3_bucket, tmp_path / "copy") == ["exported"]
+    folder = tmp_path / "copy" / "exported"
+    ids = torch.tensor([[2, 3, 4, 5]])
+    torch.testing.assert_close(
+        transformers.AutoModelForCausalLM.from_pretrained(folder)(ids).logits, model.model(ids).logits
+    )
+    assert transformers.AutoTokenizer.from_pretrained(folder)("w1 w2")["input_ids"] == tokenizer("w1 w2")["input_ids"]
+
+
 def _stacked(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {key: torch.stack([row[key] for row in rows]) for key in rows[0]}
 
@@ -194,13 +215,42 @@ def test_hugging_face_checkpointer_writes_fsdp_shards_from_every_rank_into_one_f
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)  # FSDP trained as one process did
 
 
+def _bucket_folders(url: str, local: Path) -> list[str]:
+    """The folders under ``url`` (copied into ``local``), by name."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.invalidate_cache()
+    fs.get(f"{root}/", str(local), recursive=True)
+    return sorted(path.name for path in local.iterdir())
+
+
+def test_hugging_face_checkpointer_uploads_each_folder_to_a_bucket(tmp_path: Path, s3_bucket: str) -> None:
+    single = script.train(tmp_path, 1, hf_folder=f"{s3_bucket}/run")
+    assert _bucket_folders(f"{s3_bucket}/run/huggingface", tmp_path / "copy") == ["ba12", "ba4", "ba8"]
+    _assert_folder_holds(tmp_path / "copy" / "ba12", single["params"])
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
+def test_hugging_face_checkpointer_uploads_two_fsdp_ranks_weights_to_a_bucket(
+    tmp_path: Path, s3_server: Any, s3_bucket: str
+) -> None:
+    command = [sys.executable, str(SCRIPT), str(tmp_path), "2", "fsdp", f"{s3_bucket}/run"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=s3_server.environment())
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    assert _bucket_folders(f"{s3_bucket}/run/huggingface", tmp_path / "copy") == ["ba12", "ba4", "ba8"]
+    _assert_folder_holds(tmp_path / "copy" / "ba12", ranks[0]["params"])
+
+
 def test_hugging_face_checkpointer_refuses_what_it_cannot_write(tmp_path: Path) -> None:
     from fabric.trainer.callbacks import HuggingFaceCheckpointer
 
     with pytest.raises(ValueError, match=r"precision='fp8': accepted values are \['float32', 'bfloat16', 'float16'\]"):
         HuggingFaceCheckpointer(str(tmp_path), "1ep", precision="fp8")
-    with pytest.raises(ValueError, match=r"save_folder='s3://bucket/run'\) writes to a local or shared file system"):
-        HuggingFaceCheckpointer("s3://bucket/run", "1ep")
+    with pytest.raises(ValueError, match=r"save_folder='ftp://host/run'\): .*written to an object store"):
+        HuggingFaceCheckpointer("ftp://host/run", "1ep")
     with pytest.raises(ValueError, match=r"MLflow registration .* is not provided"):
         HuggingFaceCheckpointer(str(tmp_path), "1ep", mlflow_registered_model_name="gpt")
     from tiny_models import Regressor

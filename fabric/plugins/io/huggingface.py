@@ -6,17 +6,20 @@ The layout is what ``transformers``' ``save_pretrained`` writes and ``from_pretr
 or its share of replicated tensors) into a staging folder; the coordinating rank then merges them, one output file at
 a time, into the standard files and the index, and the staging folder goes. Reading, every rank reads only the slices
 its own shards cover; a folder at a URL (``s3://...``) is first copied, its index and weight files only, to a local
-temporary folder, once per node (:func:`downloaded`). Nothing in these files executes on load (safetensors holds
-tensors and a JSON header only).
+temporary folder, once per node (:func:`download_weights`). A folder for a URL is written locally, then published
+there by :func:`upload_folder`. Nothing in these files executes on load (safetensors holds tensors and a JSON header
+only).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import struct
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,10 +30,11 @@ from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.distributed_checkpoint import (
     _single_process_warning_silenced,
     _without_process_group,
+    new_generation,
     publish,
     temporary_directory,
 )
-from fabric.plugins.io.storage import filesystem
+from fabric.plugins.io.storage import OBJECT_STORE_PROTOCOLS, filesystem
 from fabric.plugins.io.temporaries import remove_temporary
 from fabric.utilities.exceptions import CheckpointError
 
@@ -112,11 +116,16 @@ def _tensor_identity(value: torch.Tensor) -> object:
 
 
 def write_huggingface(
-    state_dict: dict[str, torch.Tensor], folder: Path, max_file_bytes: int, dtype: torch.dtype | None = None
+    state_dict: dict[str, torch.Tensor],
+    folder: Path,
+    max_file_bytes: int,
+    dtype: torch.dtype | None = None,
+    alone: bool = False,
 ) -> None:
-    """Every rank writes its shards of ``state_dict`` into ``folder`` (a collective; a tied tensor once, under its
-    first name; floating-point tensors in ``dtype`` when given); the coordinator merges them into the Hugging Face
-    files. Call :func:`finish_folder` on rank 0 once every rank returned."""
+    """Every rank writes its shards of ``state_dict`` into ``folder`` (a collective, unless ``alone``: this process
+    holds every tensor whole; a tied tensor once, under its first name; floating-point tensors in ``dtype`` when
+    given); the coordinator merges them into the Hugging Face files. Call :func:`finish_folder` on rank 0 once every
+    rank returned."""
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
@@ -134,7 +143,7 @@ def write_huggingface(
         enable_consolidation=True,
     )
     with _single_process_warning_silenced():
-        save(state_dict, storage_writer=writer, no_dist=_without_process_group())
+        save(state_dict, storage_writer=writer, no_dist=alone or _without_process_group())
 
 
 def remove_staging(folder: Path) -> None:
@@ -281,13 +290,97 @@ def finish_folder(temporary: Path, target: Path, files: Mapping[str, bytes]) -> 
 
 
 def write_huggingface_folder(
-    weights: dict[str, torch.Tensor], target: Path, max_file_bytes: int, files: Mapping[str, bytes]
+    weights: dict[str, torch.Tensor],
+    target: Path,
+    max_file_bytes: int,
+    files: Mapping[str, bytes],
+    dtype: torch.dtype | None = None,
 ) -> None:
-    """Write whole tensors held by this one process as the Hugging Face folder ``target``, atomically."""
+    """Write whole tensors held by this one process as the Hugging Face folder ``target``, atomically (the other
+    ranks of a job, if any, take no part)."""
     temporary = temporary_directory(target)
     with removed_on_failure(temporary):
-        write_huggingface(weights, temporary, max_file_bytes)
+        write_huggingface(weights, temporary, max_file_bytes, dtype, alone=True)
         finish_folder(temporary, target, files)
+
+
+def write_huggingface_to_url(
+    weights: dict[str, torch.Tensor],
+    url: PathType,
+    max_file_bytes: int,
+    files: Mapping[str, bytes],
+    dtype: torch.dtype | None = None,
+    storage_options: StorageOptions = None,
+) -> None:
+    """Write whole tensors held by this one process as the Hugging Face folder at ``url``: into this machine's
+    temporary directory first (room for the weights), then :func:`upload_folder`."""
+    check_upload_target(url)
+    with tempfile.TemporaryDirectory(prefix="fabric-huggingface-") as scratch:
+        local = Path(scratch) / "folder"
+        write_huggingface_folder(weights, local, max_file_bytes, files, dtype)
+        upload_folder(local, url, storage_options)
+
+
+def check_upload_target(url: PathType) -> None:
+    """A ``ValueError`` unless ``url`` is on an object store, where one request replaces the index whole (the switch
+    of :func:`upload_folder`); read from the URL alone, before any connection."""
+    protocol = os.fspath(url).split("://", 1)[0]
+    if protocol not in OBJECT_STORE_PROTOCOLS:
+        raise ValueError(
+            f"A Hugging Face folder at a URL is written to an object store ({', '.join(sorted(OBJECT_STORE_PROTOCOLS))}"
+            f"), where one request replaces its index whole; {os.fspath(url)!r} is not one."
+        )
+
+
+def upload_folder(local: Path, url: PathType, storage_options: StorageOptions = None) -> None:
+    """Publish the finished Hugging Face folder ``local`` at ``url`` on an object store, replacing a folder there
+    only at the end: its weight files go up under names of this upload's own (``model-<generation>-0000i-of-
+    0000N.safetensors``), then its other files (config, tokenizer), then the index, which lists the new files: one
+    request, the switch. Only then are the files of the folder it replaced deleted (a lone ``model.safetensors``
+    among them, which ``from_pretrained`` would read before an index). A failure before the switch deletes this
+    upload's weight files and leaves the previous folder as it was."""
+    check_upload_target(url)
+    fs, root = filesystem(url, storage_options)
+    root = root.rstrip("/")
+    previous = _listed_weight_files(fs, root)
+    index_file = local / INDEX_FILE
+    if index_file.is_file():
+        index = json.loads(index_file.read_text())
+    else:  # the one-file form: published with an index, so that the index is the switch
+        index = {"metadata": {}, "weight_map": dict.fromkeys(_header(local / SINGLE_FILE, local), SINGLE_FILE)}
+    generation = new_generation()
+    renamed = {
+        name: f"model-{generation}.safetensors"
+        if name == SINGLE_FILE
+        else f"model-{generation}-{name.removeprefix('model-')}"
+        for name in set(index["weight_map"].values())
+    }
+    uploaded: list[str] = []
+    try:
+        for name, new in sorted(renamed.items()):
+            fs.put_file(str(local / name), f"{root}/{new}")
+            uploaded.append(new)
+        for other in sorted(local.iterdir()):
+            if other.name not in renamed and other.name != INDEX_FILE and other.is_file():
+                fs.put_file(str(other), f"{root}/{other.name}")
+        index["weight_map"] = {key: renamed[file] for key, file in index["weight_map"].items()}
+        fs.pipe_file(f"{root}/{INDEX_FILE}", json.dumps(index, indent=2, sort_keys=True).encode())
+    except BaseException:
+        for new in uploaded:
+            with contextlib.suppress(Exception):  # the save's own error is the one to raise
+                fs.rm(f"{root}/{new}")
+        raise
+    for name in sorted(previous - set(renamed.values())):
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(f"{root}/{name}")
+
+
+def _listed_weight_files(fs: Any, root: str) -> set[str]:
+    """The weight files of the folder at ``root`` (its index's, and a lone ``model.safetensors``); none if empty."""
+    names = {SINGLE_FILE} if fs.isfile(f"{root}/{SINGLE_FILE}") else set()
+    with contextlib.suppress(FileNotFoundError):
+        names |= set(json.loads(fs.cat_file(f"{root}/{INDEX_FILE}"))["weight_map"].values())
+    return names
 
 
 @contextlib.contextmanager

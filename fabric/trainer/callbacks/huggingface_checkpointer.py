@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
 
-from fabric.plugins.io.huggingface import DEFAULT_MAX_FILE_BYTES
-from fabric.plugins.io.storage import is_remote
+from fabric.plugins.io.huggingface import DEFAULT_MAX_FILE_BYTES, check_upload_target
+from fabric.plugins.io.storage import filesystem, is_remote
 from fabric.strategies.huggingface_checkpoint import check_supported, save_huggingface
 from fabric.trainer.callbacks._utils import check_count, check_name, format_name, user_model
 from fabric.trainer.core.state import require_fabric
@@ -35,8 +34,9 @@ class HuggingFaceCheckpointer(SavesAtIntervals):
     in safetensors files of at most ``max_file_bytes`` with their index, the config and the tokenizer's files; the
     folder appears complete or not at all (``fabric.save(..., format="huggingface")``). ``precision`` is the dtype of
     the floating-point weights written (``"float32"``, ``"bfloat16"`` or ``"float16"``); ``overwrite=False`` stops
-    training rather than replace an existing folder. The folder is local or on a shared file system; llm-foundry's
-    MLflow registration (``mlflow_registered_model_name``) is not provided. The folders written are in
+    training rather than replace an existing folder. The folder is local, on a shared file system, or at an object store
+    URL (``s3://...``: rank 0 gathers the weights and uploads the folder, its index last); llm-foundry's MLflow
+    registration (``mlflow_registered_model_name``) is not provided. The folders written are in
     :attr:`saved`.
     """
 
@@ -58,10 +58,10 @@ class HuggingFaceCheckpointer(SavesAtIntervals):
             )
         check_name(save_folder, "save_folder")
         if is_remote(save_folder):
-            raise ValueError(
-                f"HuggingFaceCheckpointer(save_folder={save_folder!r}) writes to a local or shared file system path, "
-                "not a URL."
-            )
+            try:
+                check_upload_target(save_folder)
+            except ValueError as error:
+                raise ValueError(f"HuggingFaceCheckpointer(save_folder={save_folder!r}): {error}") from None
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r}: accepted values are {list(PRECISIONS)}.")
         if not isinstance(overwrite, bool):
@@ -79,19 +79,27 @@ class HuggingFaceCheckpointer(SavesAtIntervals):
     def fit_start(self, state: State, logger: Logger) -> None:
         """A model that is not a HuggingFaceModel, or a strategy that cannot write the folder, fails before training."""
         _model_and_files(state)
-        check_supported(require_fabric(state).strategy, self.save_folder, "HuggingFaceCheckpointer: writing")
+        check_supported(require_fabric(state).strategy, "HuggingFaceCheckpointer: writing")
 
     @override
     def save(self, state: State) -> str:
         """Write the folder now (on every rank: it is a collective); returns its path."""
         fabric = require_fabric(state)
         path = os.path.join(format_name(self.save_folder, state), "huggingface", format_name(self.folder_name, state))
-        if not self.overwrite and fabric.broadcast(os.path.exists(path) if fabric.is_global_zero else False):
+        if not self.overwrite and fabric.broadcast(_exists(path) if fabric.is_global_zero else False):
             raise FileExistsError(f"{path} exists; pass overwrite=True to replace it.")
         module, files = _model_and_files(state)
-        save_huggingface(fabric.strategy, Path(path), module, self.max_file_bytes, dtype=self.dtype, files=files)
+        save_huggingface(fabric.strategy, path, module, self.max_file_bytes, dtype=self.dtype, files=files)
         self.saved.append(path)
         return path
+
+
+def _exists(path: str) -> bool:
+    """Whether something is at ``path``, a local path or a URL."""
+    if not is_remote(path):
+        return os.path.exists(path)
+    fs, inner = filesystem(path)
+    return bool(fs.exists(inner))
 
 
 def _model_and_files(state: State) -> tuple[torch.nn.Module, dict[str, bytes]]:

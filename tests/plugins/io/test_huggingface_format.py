@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -154,6 +155,70 @@ def test_one_process_loads_a_folder_from_a_bucket_and_removes_its_copy(
     assert list(tmp_path.iterdir()) == []
 
 
+def _bucket_files(url: str) -> list[str]:
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.invalidate_cache()
+    return sorted(path.rsplit("/", 1)[1] for path in fs.find(root))
+
+
+def _downloaded(url: str, local: Path) -> Path:
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.get(f"{root}/", str(local), recursive=True)
+    return local
+
+
+def test_one_process_saves_to_a_bucket_replacing_the_previous_folder_at_its_index(
+    tmp_path: Path, s3_bucket: str
+) -> None:
+    fabric = Fabric(accelerator="cpu")
+    url = f"{s3_bucket}/exported"
+    fabric.save(url, {"model": fabric.setup(_model(1))}, format="huggingface")  # one file
+    fabric.save(url, {"model": fabric.setup(_model(0))}, format="huggingface", max_file_bytes=150_000)
+    files = _bucket_files(url)
+    index = json.loads(fsspec.open(f"{url}/{INDEX_FILE}").open().read())
+    weight_files = sorted(set(index["weight_map"].values()))
+    assert len(weight_files) > 1 and files == sorted(["config.json", INDEX_FILE, *weight_files])  # the first's gone
+    assert all(re.fullmatch(r"model-[0-9a-f]{16}-0000\d-of-0000\d\.safetensors", name) for name in weight_files)
+    _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")))
+    target = fabric.setup(_model(1))
+    fabric.load(url, {"model": target})
+    _assert_same_weights(_model(0), target.module)
+
+
+def test_a_save_to_a_bucket_that_fails_before_its_index_leaves_the_previous_folder(
+    tmp_path: Path, s3_bucket: str
+) -> None:
+    import s3fs
+
+    fabric = Fabric(accelerator="cpu")
+    url = f"{s3_bucket}/exported"
+    fabric.save(url, {"model": fabric.setup(_model(0))}, format="huggingface", max_file_bytes=150_000)
+    before = _bucket_files(url)
+
+    async def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError("Access Denied")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(s3fs.S3FileSystem, "_pipe_file", refused)  # the index's request
+        s3fs.S3FileSystem.clear_instance_cache()  # a cached client keeps the methods it was made with
+        with pytest.raises(CheckpointError, match=r"exported' failed on rank 0 \(PermissionError: Access Denied\)"):
+            fabric.save(url, {"model": fabric.setup(_model(1))}, format="huggingface", max_file_bytes=150_000)
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert _bucket_files(url) == before  # the new weight files removed, the previous folder whole
+    _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")))
+
+
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
+def test_a_sharded_save_to_a_bucket_is_a_folder_transformers_loads(
+    tmp_path: Path, s3_server: S3Server, s3_bucket: str
+) -> None:
+    url = f"{s3_bucket}/exported"
+    _job(tmp_path, "save", "fsdp", "2", url, env=s3_server.environment())
+    assert sorted(path.name for path in tmp_path.iterdir()) == []  # nothing written beside
+    assert {"config.json", INDEX_FILE} <= set(_bucket_files(url))
+    _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")).eval())
+
+
 def test_one_process_saves_replaces_the_previous_folder_and_loads_back(tmp_path: Path) -> None:
     fabric = Fabric(accelerator="cpu")
     folder = tmp_path / "exported"
@@ -222,8 +287,8 @@ def test_what_cannot_be_a_hugging_face_folder_is_refused_in_one_line(tmp_path: P
         fabric.save(tmp_path / "x", {"model": model, "step": 3}, format="huggingface")
     with pytest.raises(ValueError, match="takes neither filter= nor async_save=True"):
         fabric.save(tmp_path / "x", {"model": model}, format="huggingface", async_save=True)
-    with pytest.raises(ValueError, match=r"at a URL \('memory://bucket/x'\) is not provided yet"):
-        fabric.save("memory://bucket/x", {"model": model}, format="huggingface")
+    with pytest.raises(ValueError, match=r"written to an object store \(.*s3.*\), .*; 'ftp://host/x' is not one"):
+        fabric.save("ftp://host/x", {"model": model}, format="huggingface")
     fabric.save(tmp_path / "hf", {"model": model}, format="huggingface")
     with pytest.raises(
         ValueError, match=r"Loading a Hugging Face folder takes state=\{'model': model\}, one module; got no state"
