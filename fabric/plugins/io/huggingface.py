@@ -20,6 +20,7 @@ import re
 import shutil
 import struct
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from fabric.plugins.io.distributed_checkpoint import (
     temporary_directory,
 )
 from fabric.plugins.io.storage import OBJECT_STORE_PROTOCOLS, filesystem
-from fabric.plugins.io.temporaries import remove_temporary
+from fabric.plugins.io.temporaries import ABANDONED_AFTER, last_written, remove_temporary
 from fabric.utilities.exceptions import CheckpointError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -337,8 +338,9 @@ def upload_folder(local: Path, url: PathType, storage_options: StorageOptions = 
     only at the end: its weight files go up under names of this upload's own (``model-<generation>-0000i-of-
     0000N.safetensors``), then its other files (config, tokenizer), then the index, which lists the new files: one
     request, the switch. Only then are the files of the folder it replaced deleted (a lone ``model.safetensors``
-    among them, which ``from_pretrained`` would read before an index). A failure before the switch deletes this
-    upload's weight files and leaves the previous folder as it was."""
+    among them, which ``from_pretrained`` would read before an index), and those of uploads killed before their
+    index, once an hour old. A failure before the switch deletes this upload's weight files and leaves the previous
+    folder as it was."""
     check_upload_target(url)
     fs, root = filesystem(url, storage_options)
     root = root.rstrip("/")
@@ -370,9 +372,29 @@ def upload_folder(local: Path, url: PathType, storage_options: StorageOptions = 
             with contextlib.suppress(Exception):  # the save's own error is the one to raise
                 fs.rm(f"{root}/{new}")
         raise
-    for name in sorted(previous - set(renamed.values())):
+    current = set(renamed.values())
+    for name in sorted(previous - current):
         with contextlib.suppress(FileNotFoundError):
             fs.rm(f"{root}/{name}")
+    _remove_abandoned_uploads(fs, root, current)
+
+
+#: The weight files :func:`upload_folder` names: ``model-<generation>[-0000i-of-0000N].safetensors``.
+_UPLOADED_WEIGHTS = re.compile(r"model-[0-9a-f]{16}(-\d+-of-\d+)?\.safetensors")
+
+
+def _remove_abandoned_uploads(fs: Any, root: str, current: set[str]) -> None:
+    """Delete the weight files that uploads killed before their index left at ``root``, once an hour old (a younger
+    one may belong to an upload still running); the index's own are kept."""
+    now = time.time()
+    for entry in fs.ls(root, detail=True):
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+        if name in current or not _UPLOADED_WEIGHTS.fullmatch(name):
+            continue
+        modified = last_written(fs, entry)
+        if modified is not None and now - modified > ABANDONED_AFTER:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(entry["name"])
 
 
 def _listed_weight_files(fs: Any, root: str) -> set[str]:

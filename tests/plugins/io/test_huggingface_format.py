@@ -208,6 +208,23 @@ def test_a_save_to_a_bucket_that_fails_before_its_index_leaves_the_previous_fold
     _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")))
 
 
+def test_a_save_to_a_bucket_deletes_what_killed_uploads_left_once_an_hour_old(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fabric.plugins.io import huggingface
+
+    fabric = Fabric(accelerator="cpu")
+    url = f"{s3_bucket}/exported"
+    left = "model-0123456789abcdef-00001-of-00002.safetensors"  # an upload killed before its index
+    fsspec.open(f"{url}/{left}", "wb").open().close()
+    fabric.save(url, {"model": fabric.setup(_model(0))}, format="huggingface")
+    assert left in _bucket_files(url)  # young: it may belong to an upload still running
+    monkeypatch.setattr(huggingface, "ABANDONED_AFTER", 0.0)
+    fabric.save(url, {"model": fabric.setup(_model(1))}, format="huggingface")
+    files = _bucket_files(url)
+    assert left not in files and len(files) == 3  # config, index and this save's one weight file
+
+
 @pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
 def test_a_sharded_save_to_a_bucket_is_a_folder_transformers_loads(
     tmp_path: Path, s3_server: S3Server, s3_bucket: str
