@@ -6,7 +6,8 @@ otherwise), so one path serves them all: every rank writes its part into a tempo
 rank 0 merges the parts into Hugging Face's files, and the folder is renamed into place only when complete (a
 previous folder at the destination stays until then). Loading checks every name and shape against the files'
 headers first, so a mismatch changes nothing. A folder at a URL loads from a copy in each node's temporary directory,
-made by the node's first rank and removed after the load (saving to a URL is refused: write it to a file system).
+made by the node's first rank and removed after the load; saving to an object store URL, rank 0 gathers the weights
+whole, writes the folder locally and uploads it, its index last.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def _local_folder(strategy: Strategy, path: PathType, storage_options: StorageOp
             download_weights(path, folder, storage_options)
         except Exception as error:  # every rank must learn of it, not wait for this one at the next collective
             failure = str(error).rstrip(".") or type(error).__name__
-    failed = strategy.all_reduce(torch.tensor(float(bool(failure))), reduce_op="sum")
+    failed = strategy.all_reduce(torch.tensor(float(bool(failure)), device=strategy.root_device), reduce_op="sum")
     try:
         if failed.item():
             raise CheckpointError(
