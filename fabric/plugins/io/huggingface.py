@@ -59,15 +59,15 @@ def download_weights(url: PathType, local: Path, storage_options: StorageOptions
     it lists (or the one-file form), nothing else. Raises :class:`CheckpointError` naming a listed file that is not
     there."""
     fs, root = filesystem(url, storage_options)
-    index = f"{root.rstrip('/')}/{INDEX_FILE}"
-    if fs.isfile(index):
-        (local / INDEX_FILE).write_bytes(fs.cat_file(index))
+    root = root.rstrip("/")
+    if fs.isfile(f"{root}/{INDEX_FILE}"):
+        (local / INDEX_FILE).write_bytes(fs.cat_file(f"{root}/{INDEX_FILE}"))
         names = sorted(set(json.loads((local / INDEX_FILE).read_text())["weight_map"].values()))
     else:
         names = [SINGLE_FILE]
     for name in names:
         try:
-            fs.get_file(f"{root.rstrip('/')}/{name}", str(local / name))
+            fs.get_file(f"{root}/{name}", str(local / name))
         except FileNotFoundError:
             raise CheckpointError(f"{url}: its index names {name}, which is not there.") from None
 
@@ -314,8 +314,8 @@ def write_huggingface_to_url(
     storage_options: StorageOptions = None,
 ) -> None:
     """Write whole tensors held by this one process as the Hugging Face folder at ``url``: into this machine's
-    temporary directory first (room for the weights), then :func:`upload_folder`."""
-    check_upload_target(url)
+    temporary directory first (room for the weights), then :func:`upload_folder` (call :func:`check_upload_target`
+    before gathering them)."""
     with tempfile.TemporaryDirectory(prefix="fabric-huggingface-") as scratch:
         local = Path(scratch) / "folder"
         write_huggingface_folder(weights, local, max_file_bytes, files, dtype)
