@@ -70,6 +70,7 @@ class ReplicaGroups:
             if device.type == "cuda"
             else torchft.ProcessGroupGloo(timeout=plan.timeout)
         )
+        self._process_group = process_group
         self.plan = plan
         self._device = device
         self._manager = torchft.Manager(
@@ -119,7 +120,7 @@ class ReplicaGroups:
             by_kind.setdefault((tensor.dtype, tensor.device), []).append(tensor)
         for group in by_kind.values():
             flat = torch.cat([tensor.reshape(-1) for tensor in group])
-            self._manager.allreduce(flat).wait()
+            self._exchange(flat)
             sizes = [tensor.numel() for tensor in group]
             for tensor, averaged in zip(group, torch.split(flat, sizes), strict=True):
                 tensor.copy_(averaged.view_as(tensor))
@@ -129,8 +130,16 @@ class ReplicaGroups:
         each group): its average over them, exact in float64, is ``fingerprint`` itself."""
         mine = torch.tensor([float(fingerprint)], dtype=torch.float64, device=self._device)
         averaged = mine.clone()
-        self._manager.allreduce(averaged).wait()
+        self._exchange(averaged)
         return bool(averaged.item() == mine.item())
+
+    def _exchange(self, tensor: torch.Tensor) -> None:
+        """Average ``tensor`` in place over the quorum. A failed exchange aborts this group's side of it at once:
+        the peers still waiting on this group in it (a ring passes data on) then fail now, not after ``timeout``,
+        and join the next quorum in time (torchft reconfigures after a failed commit)."""
+        self._manager.allreduce(tensor).wait()
+        if self._manager.errored() is not None:
+            self._process_group.abort()
 
     def commit(self) -> bool:
         """Whether this step's update may be applied: True on every group of the quorum, or False on all (a group
