@@ -41,7 +41,7 @@ from fabric.strategies.fsdp.options import ShardPolicy
 from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
 from fabric.strategies.mesh import AUTO, DATA_PARALLEL_DIMS, MeshPlan
 from fabric.strategies.parallel import ParallelArgs, refuse_unexpected_arguments
-from fabric.strategies.pipeline import PipelineModule, PipelinePlan, keep_stage
+from fabric.strategies.pipeline import PipelineModule, PipelinePlan, keep_stages, stage_parts, stage_view
 from fabric.strategies.same_batches import check_first_batch, refuse_different_batches
 from fabric.strategies.strategy import CheckpointFilter
 
@@ -147,6 +147,8 @@ class ModelParallelStrategy(FSDPStrategy):
         self.mesh_plan_given = mesh
         self.pipeline: PipelinePlan | None = pipeline
         self._pipelines: weakref.WeakSet[PipelineModule] = weakref.WeakSet()
+        #: A module cut to several pipeline stages on this rank -> one view per stage (each its own FSDP root).
+        self._stage_views: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
         self._context_batches_checked = False
         if pipeline is not None:
             self.huggingface_refusal = PIPELINE_REFUSALS["huggingface"]
@@ -243,11 +245,13 @@ class ModelParallelStrategy(FSDPStrategy):
         return context_parallel.sequence_sharded(self.mesh["context_parallel"], buffers, seq_dims, no_restore)
 
     @property
-    def pipeline_stage(self) -> int:
-        """This rank's stage (its position along ``pipeline_parallel``); 0 without pipeline parallelism."""
-        if self.mesh_plan().pipeline_parallel == 1:
-            return 0
-        return self.mesh["pipeline_parallel"].get_local_rank()
+    def pipeline_stages(self) -> tuple[int, ...]:
+        """This rank's stages (by its position along ``pipeline_parallel``); ``(0,)`` without pipeline parallelism."""
+        if self.pipeline is None:
+            return (0,)
+        degree = self.mesh_plan().resolved_degrees["pipeline_parallel"]
+        rank = 0 if degree == 1 else self.mesh["pipeline_parallel"].get_local_rank()
+        return self.pipeline.stages_of(rank, degree)
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -256,7 +260,10 @@ class ModelParallelStrategy(FSDPStrategy):
         forward_module = super().setup_module(module)
         if self.pipeline is not None:
             group = self.mesh["pipeline_parallel"].get_group()
-            forward_module = PipelineModule(forward_module, self.pipeline, self.pipeline_stage, group, self.root_device)
+            stage_modules = self._shard_roots(forward_module)
+            forward_module = PipelineModule(
+                forward_module, stage_modules, self.pipeline, self.pipeline_stages, group, self.root_device
+            )
             self._pipelines.add(forward_module)
         plan = self.mesh_plan()
         # ranks that hold parts of one model copy: a self-sharding loader would feed them different data (the ranks of
@@ -276,18 +283,33 @@ class ModelParallelStrategy(FSDPStrategy):
 
     @override
     def _shard(self, module: nn.Module) -> nn.Module:
+        stages, parts = self.pipeline_stages, {}
         if self.pipeline is not None:
-            keep_stage(module, self.pipeline.split_points, self.pipeline_stage, self.pipeline.network)
-        if self.parallelize_fn is None:  # pipeline stages without tensor parallelism
-            return super()._shard(module)
-        parallelized = self.parallelize_fn(module, self.mesh)
+            parts = stage_parts(module, self.pipeline.split_points, self.pipeline.network)
+            keep_stages(module, parts, stages)
+        parallelized = module if self.parallelize_fn is None else self.parallelize_fn(module, self.mesh)
         if not isinstance(parallelized, nn.Module):
             raise TypeError(
                 f"parallelize_fn must return the parallelized nn.Module; it returned {type(parallelized).__name__}."
             )
-        if any(isinstance(submodule, FSDPModule) for submodule in parallelized.modules()):
+        sharded_by_user = any(isinstance(submodule, FSDPModule) for submodule in parallelized.modules())
+        if self.pipeline is not None and len(stages) > 1:
+            if sharded_by_user:
+                raise ValueError(
+                    f"ModelParallelStrategy(pipeline=PipelinePlan(schedule={self.pipeline.schedule!r})) holds "
+                    f"stages {list(stages)} on this rank, each an FSDP root of its own, but parallelize_fn already "
+                    "called fully_shard: leave FSDP to the strategy (shard_modules=...) under several stages per rank."
+                )
+            self._stage_views[parallelized] = [stage_view(parallelized, parts, stage) for stage in stages]
+        if sharded_by_user:
             return parallelized
-        return super()._shard(parallelized)  # activation checkpointing, FSDP units, the root
+        return super()._shard(parallelized)  # activation checkpointing, FSDP units, the roots
+
+    @override
+    def _shard_roots(self, module: nn.Module) -> list[nn.Module]:
+        """One view per stage when this rank holds several (torch's pipeline stage runs and reduces each as an
+        FSDP root), else the module."""
+        return self._stage_views.get(module, [module])
 
     @override
     def backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
@@ -342,7 +364,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
 #: What pipeline stages cannot do here, and what to do instead.
 PIPELINE_REFUSALS = {
-    "huggingface": "each rank holds one pipeline stage; save a sharded checkpoint (fabric.save) and convert the "
+    "huggingface": "each rank holds only its pipeline stages; save a sharded checkpoint (fabric.save) and convert the "
     "consolidated file instead.",
 }
 

@@ -1,15 +1,18 @@
-"""Pipeline parallelism on torch's ``torch.distributed.pipelining``: the model cut into stages, one per rank of the
-mesh's ``pipeline_parallel`` dimension, and a schedule that runs microbatches through them.
+"""Pipeline parallelism on torch's ``torch.distributed.pipelining``: the model cut into stages, one or several per
+rank of the mesh's ``pipeline_parallel`` dimension, and a schedule that runs microbatches through them.
 
 :class:`PipelinePlan` says where to cut (``split_points``, the submodules that begin stages 1, 2, ...), the loss the
-last stage computes, the number of microbatches and the schedule (GPipe or 1F1B). :func:`keep_stage` cuts the model
-in place, as torchtitan does: each rank keeps the modules of its own stage, so parameter names stay the model's (a
-checkpoint saved on one mesh loads on any other), and the parts of other stages are removed from their containers
-(``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) or set to ``None`` elsewhere: the model's forward must skip
-a ``None`` part (``h = self.embed(tokens) if self.embed is not None else tokens``). With ``network=`` only that
-submodule is cut: the first stage runs the model's own forward (which turns the batch into the network's input and
-calls it), every later stage runs the network on the activations it receives (what the Trainer does with a model's
-``forward(batch)``).
+last stage computes, the number of microbatches and the schedule: GPipe or 1F1B with one stage per rank, or
+Interleaved1F1B or LoopedBFS with several (rank ``r`` of ``P`` holds stages ``r``, ``r + P``, ...: more stages than
+ranks fill the pipeline's bubble less). :func:`keep_stages` cuts the model in place by the stage of each part
+(:func:`stage_parts`), as torchtitan does: each rank keeps the modules of its own stages, so parameter names stay the
+model's (a checkpoint saved on one mesh loads on any other), and the parts of other stages are removed from their
+containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) or set to ``None`` elsewhere: the model's forward
+must skip a ``None`` part (``h = self.embed(tokens) if self.embed is not None else tokens``). A rank with several stages
+runs each through a :func:`stage_view` of the model: its own containers down to the parts, the parts themselves shared.
+With ``network=`` only that submodule is cut: the first stage runs the model's own forward (which turns the batch into
+the network's input and calls it), every later stage runs the network on the activations it receives (what the Trainer
+does with a model's ``forward(batch)``).
 
 :class:`PipelineModule` is what ``fabric.setup`` returns the forward through. A pipeline runs the forward and the
 backward of every microbatch together, so the training loop reads::
@@ -21,9 +24,10 @@ backward of every microbatch together, so the training loop reads::
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,10 +37,17 @@ from typing_extensions import override
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
-    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 #: The schedules offered, by the names torch's papers use, and torch's class for each.
-SCHEDULES = {"GPipe": "ScheduleGPipe", "1F1B": "Schedule1F1B"}
+SCHEDULES = {
+    "GPipe": "ScheduleGPipe",
+    "1F1B": "Schedule1F1B",
+    "Interleaved1F1B": "ScheduleInterleaved1F1B",
+    "LoopedBFS": "ScheduleLoopedBFS",
+}
+#: The schedules that run several stages on each rank (the others run exactly one).
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS")
 #: Containers whose forward runs the modules they still hold, so a part of another stage is removed from them.
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -46,21 +57,28 @@ SCHEDULES_KEPT = 8
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
+#: What a stage view shares with the model in each container it copies: its tensors (a buffer materialised or moved
+#: through one is the model's; the containers of the parts hold no parameter of their own).
+SHARED_WITH_VIEWS = ("_parameters", "_buffers", "_non_persistent_buffers_set")
+
 
 @dataclass(frozen=True)
 class PipelinePlan:
     """How the model is cut into stages and how a batch runs through them.
 
     Args:
-        split_points: qualified names of the submodules that begin stages 1, 2, ... (one fewer than the mesh's
-            ``pipeline_parallel`` degree), in the order the forward runs them, e.g. ``("blocks.2",)``.
+        split_points: qualified names of the submodules that begin stages 1, 2, ..., in the order the forward runs
+            them, e.g. ``("blocks.2",)``: one fewer than the mesh's ``pipeline_parallel`` degree, or with a
+            multi-stage schedule one fewer than a multiple of it (that many stages per rank).
         loss_fn: ``(output, target) -> loss`` of one microbatch, computed on the last stage; a mean over the
             microbatch's samples keeps the gradients those of the whole batch's mean loss. ``None`` only under the
             Trainer, which computes it with its model's ``loss(outputs, batch)``.
         microbatches: how many equal parts each rank's batch is split into (at least the number of stages for
-            1F1B); ``None``: one per stage.
+            1F1B; a multiple of ``microbatches // pipeline_parallel`` for Interleaved1F1B); ``None``: one per stage.
         schedule: ``"1F1B"`` (one forward, one backward in the steady state: activations of at most as many
-            microbatches as stages are kept) or ``"GPipe"`` (every forward, then every backward).
+            microbatches as stages are kept), ``"GPipe"`` (every forward, then every backward), both with one stage
+            per rank; ``"Interleaved1F1B"`` (1F1B over several stages per rank, a smaller bubble) or
+            ``"LoopedBFS"`` (each rank's earlier stage first, breadth-first), with one or more.
         network: the submodule that is cut into stages, e.g. ``"model"`` (every split point lies inside it, and
             every parameter of the model too); the first stage runs the model's own forward, which must call the
             network and return its output as it is, and the later stages run the network on what they receive.
@@ -104,25 +122,45 @@ class PipelinePlan:
         return len(self.split_points) + 1
 
     def check_degree(self, degree: int) -> None:
-        """A ``ValueError`` naming both when the plan's stages are not the mesh's ``pipeline_parallel`` degree."""
-        if degree != self.num_stages:
-            raise ValueError(
-                f"PipelinePlan(split_points={list(self.split_points)}) makes {self.num_stages} stages, but the mesh "
-                f"has pipeline_parallel={degree}: give one split point fewer than the pipeline degree."
+        """A ``ValueError`` naming both when the plan's stages cannot be placed on the mesh's ``pipeline_parallel``
+        ranks, or its microbatches cannot run on its schedule there."""
+        multi_stage = self.schedule in MULTI_STAGE_SCHEDULES
+        if self.num_stages % degree != 0 or (not multi_stage and self.num_stages != degree):
+            accepted = (
+                "a multiple of the pipeline degree, minus one"
+                if multi_stage
+                else f"one split point fewer than the pipeline degree, or several stages per rank with a schedule "
+                f"of {list(MULTI_STAGE_SCHEDULES)}"
             )
-        if self.schedule == "1F1B" and self.microbatches is not None and self.microbatches < degree:
+            raise ValueError(
+                f"PipelinePlan(split_points={list(self.split_points)}, schedule={self.schedule!r}) makes "
+                f"{self.num_stages} stages, but the mesh has pipeline_parallel={degree}: give {accepted}."
+            )
+        count = self.microbatch_count
+        if self.schedule == "1F1B" and count < degree:
             raise ValueError(
                 f"PipelinePlan(microbatches={self.microbatches}, schedule='1F1B') needs at least one microbatch per "
                 f"stage ({degree}); use more microbatches or schedule='GPipe'."
             )
+        rounds = max(1, count // degree)
+        if self.schedule == "Interleaved1F1B" and count % rounds != 0:
+            raise ValueError(
+                f"PipelinePlan(microbatches={count}, schedule='Interleaved1F1B') on pipeline_parallel={degree}: the "
+                f"schedule runs them in rounds of {degree}, so give a multiple of {rounds} (or fewer than {degree})."
+            )
+
+    def stages_of(self, rank: int, degree: int) -> tuple[int, ...]:
+        """The stages pipeline rank ``rank`` of ``degree`` holds: ``rank``, ``rank + degree``, ... (torch's loop
+        placement, which its multi-stage schedules expect)."""
+        return tuple(range(rank, self.num_stages, degree))
 
     @property
     def microbatch_count(self) -> int:
         return self.microbatches if self.microbatches is not None else self.num_stages
 
 
-def keep_stage(model: nn.Module, split_points: Sequence[str], stage_index: int, network: str = "") -> None:
-    """Remove from ``model``, in place, every part that does not belong to stage ``stage_index``.
+def stage_parts(model: nn.Module, split_points: Sequence[str], network: str = "") -> dict[str, int]:
+    """The stage of each part of ``model``, by the part's qualified name.
 
     The model (or its submodule ``network``, when named: the rest of the model stays on every stage and may hold
     no parameter) is read as an ordered list of parts: each split point, its siblings and the siblings of its
@@ -132,9 +170,10 @@ def keep_stage(model: nn.Module, split_points: Sequence[str], stage_index: int, 
     """
     if network:
         cut = _network_of(model, network)
-        keep_stage(cut, [point[len(network) + 1 :] for point in split_points], stage_index)
-        return
+        inner = stage_parts(cut, [point[len(network) + 1 :] for point in split_points])
+        return {f"{network}.{part}": stage for part, stage in inner.items()}
     known = dict(model.named_modules())
+    ancestors = _ancestors(split_points)
     for point in split_points:
         if point not in known:
             tops = ", ".join(name for name, _ in model.named_children())
@@ -142,8 +181,6 @@ def keep_stage(model: nn.Module, split_points: Sequence[str], stage_index: int, 
                 f"PipelinePlan(split_points=...): {point!r} names no submodule of {type(model).__name__} "
                 f"(its top-level modules: {tops})."
             )
-    ancestors = {point.rsplit(".", depth)[0] for point in split_points for depth in range(1, point.count(".") + 1)}
-    ancestors.add("")
     nested = [point for point in split_points if point in ancestors]
     if nested:
         raise ValueError(f"PipelinePlan(split_points=...): {nested[0]!r} contains another split point.")
@@ -162,15 +199,51 @@ def keep_stage(model: nn.Module, split_points: Sequence[str], stage_index: int, 
             f"PipelinePlan(split_points={list(split_points)}) are not in the order the model registers its "
             "submodules (the order the forward must run them)."
         )
-    for index, part in enumerate(parts):
-        stage = sum(1 for position in positions if position <= index)
-        if stage != stage_index:
-            parent_name, _, name = part.rpartition(".")
-            parent = known[parent_name]
-            if isinstance(parent, CONTAINERS):
-                del parent._modules[name]
-            else:
-                parent._modules[name] = None
+    return {part: sum(1 for position in positions if position <= index) for index, part in enumerate(parts)}
+
+
+def keep_stages(model: nn.Module, parts: Mapping[str, int], stages: Collection[int]) -> None:
+    """Remove from ``model``, in place, every part (of :func:`stage_parts`) that belongs to none of ``stages``: from
+    its container, or set to ``None`` in any other parent."""
+    known = dict(model.named_modules())
+    for part, stage in parts.items():
+        parent_name, _, name = part.rpartition(".")
+        parent = known.get(parent_name)
+        if stage in stages or parent is None or parent._modules.get(name) is None:  # kept, or already removed
+            continue
+        if isinstance(parent, CONTAINERS):
+            del parent._modules[name]
+        else:
+            parent._modules[name] = None
+
+
+def stage_view(model: nn.Module, parts: Mapping[str, int], stage: int) -> nn.Module:
+    """A module that runs ``stage`` alone of a model cut with :func:`keep_stages` to several stages: a copy of
+    ``model`` and of each container between it and the parts (pruned to ``stage``'s), the parts themselves shared
+    with ``model``, so the view's parameters are the model's under the model's names."""
+    view = _copy_containers(model, "", _ancestors(parts))
+    keep_stages(view, parts, (stage,))
+    return view
+
+
+def _copy_containers(module: nn.Module, prefix: str, ancestors: set[str]) -> nn.Module:
+    """``module`` copied with its descendants among ``ancestors``; every other child is shared."""
+    view = copy.copy(module)
+    for name, value in vars(module).items():  # its own children and hooks: sharding one view touches no other
+        if isinstance(value, (dict, set)) and name not in SHARED_WITH_VIEWS:
+            setattr(view, name, copy.copy(value))
+    for name, child in module._modules.items():
+        qualified = f"{prefix}.{name}" if prefix else name
+        if child is not None and qualified in ancestors:
+            view._modules[name] = _copy_containers(child, qualified, ancestors)
+    return view
+
+
+def _ancestors(names: Collection[str]) -> set[str]:
+    """The qualified names of the modules that contain one of ``names`` (``""``: the model)."""
+    ancestors = {name.rsplit(".", depth)[0] for name in names for depth in range(1, name.count(".") + 1)}
+    ancestors.add("")
+    return ancestors
 
 
 def _network_of(model: nn.Module, network: str) -> nn.Module:
@@ -263,18 +336,26 @@ class StageForward:
 
 
 class PipelineModule(nn.Module):
-    """One rank's stage behind the whole model's call: ``model(inputs, target=targets)`` runs the schedule.
+    """One rank's stages behind the whole model's call: ``model(inputs, target=targets)`` runs the schedule.
 
-    With gradients enabled, the forward and backward of every microbatch run together and the gradients are those
-    of the mean of the microbatch losses; under ``torch.no_grad()`` only the forward runs. With a target, the mean
-    loss is returned on every rank of the pipeline (sent from the last stage); without one, the last stage returns
-    the model's output and the others ``None``. torch's stages keep the shapes of their first step, so each shape
-    of the batch's tensors (a ragged last batch, another sequence length) gets a schedule of its own, built in step
-    on every rank of the pipeline (they read the same batches).
+    ``module`` is this rank's cut of the model (its parameters under the model's names); ``stage_modules`` run its
+    stages (``module`` itself when it holds one, else a :func:`stage_view` each). With gradients enabled, the forward
+    and backward of every microbatch run together and the gradients are those of the mean of the microbatch losses;
+    under ``torch.no_grad()`` only the forward runs. With a target, the mean loss is returned on every rank of the
+    pipeline (sent from the last stage); without one, the rank of the last stage returns the model's output and the
+    others ``None``. torch's stages keep the shapes of their first step, so each shape of the batch's tensors (a
+    ragged last batch, another sequence length) gets a schedule of its own, built in step on every rank of the
+    pipeline (they read the same batches).
     """
 
     def __init__(
-        self, stage_module: nn.Module, plan: PipelinePlan, stage_index: int, group: ProcessGroup, device: torch.device
+        self,
+        module: nn.Module,
+        stage_modules: Sequence[nn.Module],
+        plan: PipelinePlan,
+        stage_indices: Sequence[int],
+        group: ProcessGroup,
+        device: torch.device,
     ) -> None:
         super().__init__()
         if plan.loss_fn is None:
@@ -282,23 +363,35 @@ class PipelineModule(nn.Module):
                 "PipelinePlan(loss_fn=None): the last stage needs the loss of a microbatch; give "
                 "loss_fn=(output, target) -> loss (only the Trainer supplies it, from its model's loss)."
             )
-        self._stage_forward = StageForward(stage_module, plan.network, stage_index)
-        self.stage_module = stage_module
+        self._stage_forwards = [
+            StageForward(stage, plan.network, index) for stage, index in zip(stage_modules, stage_indices, strict=True)
+        ]
+        self.stage_module = module
+        self._stage_modules = tuple(stage_modules)  # not children: their parts are the module's, registered once
         self._plan = plan
         self._loss_fn: LossFn = plan.loss_fn
-        self.stage_index = stage_index
+        self.stage_indices = tuple(stage_indices)
         self._group = group
         self._device = device
         self._last_loss: weakref.ref[torch.Tensor] | None = None
-        self._schedules: OrderedDict[tuple[Any, ...], PipelineScheduleSingle] = OrderedDict()
+        self._schedules: OrderedDict[tuple[Any, ...], _PipelineSchedule] = OrderedDict()
 
     @property
     def is_first_stage(self) -> bool:
-        return self.stage_index == 0
+        """Whether this rank holds the first stage (it is given the inputs)."""
+        return self.stage_indices[0] == 0
 
     @property
     def is_last_stage(self) -> bool:
-        return self.stage_index == self._plan.num_stages - 1
+        """Whether this rank holds the last stage (it computes the loss and the output)."""
+        return self.stage_indices[-1] == self._plan.num_stages - 1
+
+    @override
+    def train(self, mode: bool = True) -> PipelineModule:
+        super().train(mode)
+        for stage in self._stage_modules:  # a view's own containers are copies: their mode follows the module's
+            stage.train(mode)
+        return self
 
     @override
     def forward(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
@@ -310,7 +403,7 @@ class PipelineModule(nn.Module):
             )
         microbatches = self._microbatches(args, kwargs, target, training)
         losses: list[torch.Tensor] = []
-        inputs = self._stage_forward.flatten(args, kwargs) if self.is_first_stage else ()
+        inputs = self._stage_forwards[0].flatten(args, kwargs) if self.is_first_stage else ()
         last_target = target if self.is_last_stage else None
         try:
             if target is None:
@@ -330,7 +423,7 @@ class PipelineModule(nn.Module):
 
     def _schedule(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any, microbatches: int, kind: str
-    ) -> PipelineScheduleSingle:
+    ) -> _PipelineSchedule:
         """The schedule for batches of these shapes (built on first use, the least recently used dropped beyond
         :data:`SCHEDULES_KEPT`)."""
         from torch.utils._pytree import tree_leaves
@@ -350,20 +443,26 @@ class PipelineModule(nn.Module):
             self._schedules.move_to_end(key)
         return schedule
 
-    def _build(self, microbatches: int, forward_only: bool) -> PipelineScheduleSingle:
-        """torch's stage over this rank's module and a schedule over it (shapes are inferred at its first step)."""
+    def _build(self, microbatches: int, forward_only: bool) -> _PipelineSchedule:
+        """torch's stages over this rank's modules and a schedule over them (shapes are inferred at its first
+        step); a forward alone runs a multi-stage schedule without a loss."""
         from torch.distributed import pipelining
 
-        stage = pipelining.PipelineStage(
-            self.stage_module, self.stage_index, self._plan.num_stages, self._device, group=self._group
-        )
-        if forward_only:
+        stages = [
+            pipelining.PipelineStage(module, index, self._plan.num_stages, self._device, group=self._group)
+            for module, index in zip(self._stage_modules, self.stage_indices, strict=True)
+        ]
+        multi_stage = self._plan.schedule in MULTI_STAGE_SCHEDULES
+        schedule_class = getattr(pipelining, SCHEDULES[self._plan.schedule])
+        if forward_only and not multi_stage:
             from torch.distributed.pipelining import _ScheduleForwardOnly  # type: ignore[attr-defined]
 
-            forward_schedule: PipelineScheduleSingle = _ScheduleForwardOnly(stage, microbatches)
+            forward_schedule: _PipelineSchedule = _ScheduleForwardOnly(stages[0], microbatches)
             return forward_schedule
-        schedule_class = getattr(pipelining, SCHEDULES[self._plan.schedule])
-        schedule: PipelineScheduleSingle = schedule_class(stage, n_microbatches=microbatches, loss_fn=self._loss_fn)
+        loss_fn = None if forward_only else self._loss_fn
+        schedule: _PipelineSchedule = schedule_class(
+            stages if multi_stage else stages[0], n_microbatches=microbatches, loss_fn=loss_fn
+        )
         return schedule
 
     def _microbatches(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any, training: bool) -> int:
@@ -393,7 +492,8 @@ class PipelineModule(nn.Module):
             loss = torch.stack([loss.detach().float() for loss in losses]).mean()
         else:
             loss = torch.empty((), dtype=torch.float32, device=self._device)
-        dist.broadcast(loss, group=self._group, group_src=self._plan.num_stages - 1)
+        last_rank = (self._plan.num_stages - 1) % dist.get_world_size(self._group)
+        dist.broadcast(loss, group=self._group, group_src=last_rank)
         self._last_loss = weakref.ref(loss)
         return loss
 

@@ -49,9 +49,10 @@ model is refused. Without an ``"fsdp"`` section its defaults apply.
 
 The ``"pp"`` section (this project's; Composer has none) cuts the model into pipeline stages: ``split_points``
 (required), ``microbatches``, ``schedule`` and ``network`` as in :class:`~fabric.strategies.pipeline.PipelinePlan`, and
-``pipeline_parallel_degree`` checked against the stages they make; the loss is the model's (see
-:mod:`fabric.trainer.pipeline`), and checkpoints are sharded unless ``state_dict_type="full"`` is asked for (refused:
-no rank holds the whole model).
+``pipeline_parallel_degree`` (default: one rank per stage; fewer with a multi-stage schedule such as
+``"Interleaved1F1B"``, each rank holding several stages) checked against the stages they make; the loss is the model's
+(see :mod:`fabric.trainer.pipeline`), and checkpoints are sharded unless ``state_dict_type="full"`` is asked for
+(refused: no rank holds the whole model).
 
 The ``"cp"`` section (this project's too) splits sequences over ``context_parallel_degree`` ranks (CUDA only):
 ``seq_dims`` names the batch entries that hold sequences (keys of a dict batch, positions of a tuple or list batch)
@@ -185,9 +186,9 @@ def strategy_from(parallelism_config: object, model: nn.Module) -> FSDPStrategy 
                 f"parallelism_config['{name}']={section!r} is not valid. Accepted: a dict of {name.upper()} keys."
             )
     tensor_parallel = None if tp is None else _tensor_parallel(dict(tp), model)
-    pipeline = None if pp is None else _pipeline(dict(pp))
+    pipeline, pipeline_degree = (None, 1) if pp is None else _pipeline(dict(pp))
     context_degree = 1 if cp is None else sequence_split_from(parallelism_config).degree  # type: ignore[union-attr]
-    return _build(dict(fsdp or {}), model, tensor_parallel, pipeline, context_degree)
+    return _build(dict(fsdp or {}), model, tensor_parallel, pipeline, pipeline_degree, context_degree)
 
 
 def _check_fsdp_keys(config: Mapping[str, Any]) -> None:
@@ -222,6 +223,7 @@ def _build(
     model: nn.Module,
     tensor_parallel: TensorParallelPlan | None,
     pipeline: PipelinePlan | None,
+    pipeline_degree: int,
     context_degree: int,
 ) -> FSDPStrategy:
     from fabric.strategies.fsdp.strategy import FSDPStrategy
@@ -238,7 +240,7 @@ def _build(
     splits = bool(sections)
     degrees = {
         "tensor_parallel": 1 if tensor_parallel is None else tensor_parallel.degree,
-        "pipeline_parallel": 1 if pipeline is None else pipeline.num_stages,
+        "pipeline_parallel": pipeline_degree,
         "context_parallel": context_degree,
     }
     mesh = _mesh_plan(config, degrees if splits else None)
@@ -395,9 +397,10 @@ def sequence_split_from(parallelism_config: object) -> SequenceSplit | None:
 PP_KEYS = ("pipeline_parallel_degree", "split_points", "microbatches", "schedule", "network")
 
 
-def _pipeline(config: dict[str, Any]) -> PipelinePlan:
-    """The ``"pp"`` section as a plan (the loss is the model's): ``split_points`` and optionally the others of
-    :data:`PP_KEYS`; a ``pipeline_parallel_degree`` must be the stages the split points make."""
+def _pipeline(config: dict[str, Any]) -> tuple[PipelinePlan, int]:
+    """The ``"pp"`` section as a plan (the loss is the model's) and the pipeline degree: ``split_points`` and
+    optionally the others of :data:`PP_KEYS`; a ``pipeline_parallel_degree`` must place the stages the split points
+    make (as many, or a multiple with a multi-stage schedule); without one, one stage per rank."""
     from fabric.strategies.pipeline import PipelinePlan
 
     unknown = sorted(set(config) - set(PP_KEYS))
@@ -413,7 +416,7 @@ def _pipeline(config: dict[str, Any]) -> PipelinePlan:
             plan.check_degree(degree)
     except (TypeError, ValueError) as error:
         raise ValueError(f"parallelism_config['pp']: {error}") from None
-    return plan
+    return plan, plan.num_stages if degree is None else degree
 
 
 def _mesh_plan(config: Mapping[str, Any], splits: Mapping[str, int] | None) -> MeshPlan | None:

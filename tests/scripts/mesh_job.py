@@ -16,9 +16,10 @@ evaluates ``EVAL_SAMPLES`` samples in batches of 4 (a ragged last one) and write
 
 ``python mesh_job.py OUT train PIPELINE REPLICATE SHARD TENSOR [LOAD_DIR]``: ``PIPELINE x REPLICATE x SHARD x TENSOR``
 processes (pipeline stages x HSDP x TP through ``ModelParallelStrategy(mesh=MeshPlan(...),
-pipeline=PipelinePlan(...))``, or ``FSDPStrategy(mesh=...)`` when PIPELINE and TENSOR are 1) train ``STEPS`` steps
-from batches of ``setup_dataloaders`` and save ``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh
-model loads it and trains ``EXTRA`` steps more. Rank 0 writes ``OUT/TAG.pt``: losses and full weights (of every stage).
+pipeline=PipelinePlan(...))``; ``PIPELINE`` as ``NvV``: N ranks of V interleaved stages each; or
+``FSDPStrategy(mesh=...)`` when PIPELINE and TENSOR are 1) train ``STEPS`` steps from batches of ``setup_dataloaders``
+and save ``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh model loads it and trains ``EXTRA`` steps
+more. Rank 0 writes ``OUT/TAG.pt``: losses and full weights (of every stage).
 """
 
 from __future__ import annotations
@@ -130,22 +131,33 @@ if mode == "reference":
 from fabric import Fabric  # noqa: E402
 from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy, PipelinePlan  # noqa: E402
 
+per_rank = ""
 if mode == "trainer":
     pipeline, (replicate, shard, tensor) = 1, (int(value) for value in sys.argv[3:6])
     load_dir = None
 elif mode == "trainer-pp":
-    (pipeline, shard, tensor), replicate = (int(value) for value in sys.argv[3:6]), 1
+    degree, _, per_rank = sys.argv[3].partition("v")
+    (pipeline, shard, tensor), replicate = (int(degree), *(int(value) for value in sys.argv[4:6])), 1
     load_dir = None
 elif mode == "trainer-resume":
     pipeline, replicate, shard, tensor = 1, 1, 1, 1
     load_dir = sys.argv[3]
 else:
-    pipeline, replicate, shard, tensor = (int(value) for value in sys.argv[3:7])
+    degree, _, per_rank = sys.argv[3].partition("v")
+    pipeline, (replicate, shard, tensor) = int(degree), (int(value) for value in sys.argv[4:7])
     load_dir = sys.argv[7] if len(sys.argv) > 7 else None
-tag = f"{replicate}x{shard}x{tensor}" if pipeline == 1 else f"pp{pipeline}x{replicate}x{shard}x{tensor}"
+stages_per_rank = int(per_rank) if per_rank else 1
+tag = f"{replicate}x{shard}x{tensor}"
+if pipeline > 1:
+    tag = f"pp{pipeline}{f'v{stages_per_rank}' if stages_per_rank > 1 else ''}x{tag}"
 loader_batch = GLOBAL_BATCH // (replicate * shard)
-#: Where each pipeline degree cuts the model, and its schedule (the microbatches: 2, or one per stage).
-CUTS = {2: (["blocks.1"], "1F1B"), 4: (["blocks.0", "blocks.1", "norm"], "GPipe")}
+#: Where each (pipeline degree, stages per rank) cuts the model, and its schedule (the microbatches: 2, or one per
+#: stage). Interleaved: rank 0 holds the embedding and block 1, rank 1 block 0, the norm and the head.
+CUTS = {
+    (2, 1): (["blocks.1"], "1F1B"),
+    (4, 1): (["blocks.0", "blocks.1", "norm"], "GPipe"),
+    (2, 2): (["blocks.0", "blocks.1", "norm"], "Interleaved1F1B"),
+}
 
 
 def fit_trainer(model: nn.Module, batch_size: int, batches: int, **options: object) -> Any:
@@ -221,7 +233,7 @@ if mode in ("trainer-pp", "trainer-resume"):  # the Trainer on pipeline stages o
         clock = trainer.state.timestamp.state_dict()
         torch.save({"final": full_weights(gpt.model), "timestamp": clock}, out_dir / "trainer-resumed.pt")
         sys.exit(0)
-    split_points, schedule = CUTS[pipeline]
+    split_points, schedule = CUTS[pipeline, stages_per_rank]
     points = [f"model.{point}" for point in split_points]
     pp_section = {"pipeline_parallel_degree": pipeline, "split_points": points, "microbatches": 2, "schedule": schedule}
     choices: dict[str, object]
@@ -268,7 +280,7 @@ plan = MeshPlan(
 )
 strategy: FSDPStrategy
 if pipeline > 1:
-    split_points, schedule = CUTS[pipeline]
+    split_points, schedule = CUTS[pipeline, stages_per_rank]
     stages = PipelinePlan(split_points, next_token_loss, microbatches=max(2, pipeline), schedule=schedule)
     strategy = ModelParallelStrategy(parallelize if tensor > 1 else None, mesh=plan, pipeline=stages)
 elif tensor > 1:

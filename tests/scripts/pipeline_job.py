@@ -1,10 +1,11 @@
 """Pipeline parallelism through Fabric's loop on 2 real ranks (gloo), for tests/strategies/test_pipeline.py.
 
-``python pipeline_job.py OUT SCHEDULE``: an ``nn.Sequential`` MLP cut after its second layer trains 3 SGD steps with
-gradient clipping through ``ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2), pipeline=PipelinePlan(...))``;
-then the loop's misuses are tried and their messages kept. The model and batches are the reference's
-(pipeline_job_reference.py). Each rank writes ``OUT/rank-R.pt``: the losses it was
-returned, the clipped norms, its stage's weights, an evaluation's outputs and the messages.
+``python pipeline_job.py OUT SCHEDULE``: an ``nn.Sequential`` MLP cut after its second layer (with a multi-stage
+schedule: into 4 stages, 2 per rank) trains 3 SGD steps with gradient clipping through
+``ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2), pipeline=PipelinePlan(...))``; then the loop's misuses are
+tried and their messages kept. The model and batches are the reference's (pipeline_job_reference.py). Each rank writes
+``OUT/rank-R.pt``: the losses it was returned, the clipped norms, its stage's weights, an evaluation's outputs and the
+messages.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from fabric import Fabric
 from fabric.strategies import MeshPlan, ModelParallelStrategy, PipelinePlan
 
 MICROBATCHES = 4
+#: Where each schedule cuts the 5 layers: 2 stages, or 4 (rank 0 holds layers 0, 2 and 3, rank 1 layers 1 and 4).
+CUTS = {"1F1B": ["2"], "GPipe": ["2"], "Interleaved1F1B": ["1", "2", "4"], "LoopedBFS": ["1", "2", "4"]}
 
 out_dir, schedule = Path(sys.argv[1]), sys.argv[2]
-plan = PipelinePlan(["2"], F.mse_loss, microbatches=MICROBATCHES, schedule=schedule)
+plan = PipelinePlan(CUTS[schedule], F.mse_loss, microbatches=MICROBATCHES, schedule=schedule)
 strategy = ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2, data_parallel=1), pipeline=plan)
 fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
 fabric.launch()

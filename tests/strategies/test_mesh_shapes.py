@@ -21,9 +21,11 @@ import torch
 pytestmark = pytest.mark.end_to_end
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "mesh_job.py"
-#: (pipeline, replicate, shard, tensor) in launch order; each loads the checkpoint of the one before it. Pipelines:
-#: 2 stages with 1F1B, 4 with GPipe (tests/scripts/mesh_job.py's CUTS).
-CHAIN = [
+#: (pipeline, replicate, shard, tensor[, stages per pipeline rank]) in launch order; each loads the checkpoint of the
+#: one before it. Pipelines: 2 stages with 1F1B, 4 with GPipe, 4 on 2 ranks with Interleaved1F1B
+#: (tests/scripts/mesh_job.py's CUTS).
+Shape = tuple[int, ...]
+CHAIN: list[Shape] = [
     (1, 2, 2, 1),
     (1, 4, 1, 1),
     (1, 1, 2, 2),
@@ -32,6 +34,8 @@ CHAIN = [
     (1, 2, 4, 1),
     (2, 1, 2, 1),  # PP x FSDP, from 8 processes to 4
     (2, 1, 1, 2),  # PP x TP
+    (2, 1, 2, 1, 2),  # 2 stages per pipeline rank, interleaved, x FSDP
+    (2, 1, 1, 2, 2),  # and x TP
     (4, 1, 1, 1),
     (2, 1, 1, 1),  # 4 stages to 2 processes
     (1, 1, 1, 1),  # and to one
@@ -40,22 +44,34 @@ CHAIN = [
 TRAINER_SHAPE = (2, 1, 2)
 #: The Trainer on pipeline stages (pipeline, shard, tensor): PP x FSDP from parallelism_config's pp section, PP x TP
 #: from strategy=ModelParallelStrategy(..., pipeline=PipelinePlan(...)).
-TRAINER_PIPELINES = [(2, 2, 1), (2, 1, 2)]
+#: and with 2 interleaved stages per rank (pipeline, shard, tensor, stages per rank), from the pp section.
+TRAINER_PIPELINES: list[Shape] = [(2, 2, 1), (2, 1, 2), (2, 2, 1, 2)]
 LOSS_TOLERANCE, WEIGHT_TOLERANCE = 1e-5, 2e-5
 
 
-def _tag(shape: tuple[int, ...]) -> str:
-    """The job's name for a shape: ``REPLICATExSHARDxTENSOR``, prefixed ``ppN`` with pipeline stages."""
+def _tag(shape: Shape) -> str:
+    """The job's name for a shape: ``REPLICATExSHARDxTENSOR``, prefixed ``ppN`` with pipeline stages (``ppNvV``
+    with V stages per pipeline rank)."""
     if len(shape) == 3:
         return "x".join(map(str, shape))
-    pipeline, *rest = shape
-    return _tag(tuple(rest)) if pipeline == 1 else f"pp{pipeline}x" + "x".join(map(str, rest))
+    pipeline, replicate, shard, tensor, *per_rank = shape
+    rest = "x".join(map(str, (replicate, shard, tensor)))
+    if pipeline == 1:
+        return rest
+    return f"pp{pipeline}{f'v{per_rank[0]}' if per_rank else ''}x{rest}"
 
 
-def _trainer_tag(shape: tuple[int, int, int]) -> str:
-    """The job's name for the Trainer on pipeline stages ``(pipeline, shard, tensor)``."""
-    pipeline, shard, tensor = shape
-    return _tag((pipeline, 1, shard, tensor))
+def _job_arguments(shape: Shape) -> list[str]:
+    """``PIPELINE REPLICATE SHARD TENSOR`` for tests/scripts/mesh_job.py (``PIPELINE`` as ``NvV`` with V stages per
+    pipeline rank)."""
+    pipeline, replicate, shard, tensor, *per_rank = shape
+    return [f"{pipeline}v{per_rank[0]}" if per_rank else str(pipeline), *map(str, (replicate, shard, tensor))]
+
+
+def _trainer_tag(shape: Shape) -> str:
+    """The job's name for the Trainer on pipeline stages ``(pipeline, shard, tensor[, stages per rank])``."""
+    pipeline, shard, tensor, *per_rank = shape
+    return _tag((pipeline, 1, shard, tensor, *per_rank))
 
 
 def _run(*args: str) -> None:
@@ -70,11 +86,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run(str(out), "reference")
     previous: str | None = None
     for shape in CHAIN:
-        _run(str(out), "train", *map(str, shape), *([previous] if previous else []))
+        _run(str(out), "train", *_job_arguments(shape), *([previous] if previous else []))
         previous = str(out / f"ckpt-{_tag(shape)}")
     _run(str(out), "trainer", *map(str, TRAINER_SHAPE))
-    for pipeline, shard, tensor in TRAINER_PIPELINES:
-        _run(str(out), "trainer-pp", str(pipeline), str(shard), str(tensor))
+    for pipeline, shard, tensor, *per_rank in TRAINER_PIPELINES:
+        stages, _replicate, *degrees = _job_arguments((pipeline, 1, shard, tensor, *per_rank))
+        _run(str(out), "trainer-pp", stages, *degrees)
     _run(str(out), "trainer-resume", str(out / f"trainer-ckpt-{_trainer_tag(TRAINER_PIPELINES[0])}" / "ba3"))
     return out
 
@@ -85,8 +102,8 @@ def _max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tens
 
 
 @pytest.mark.parametrize("shape", CHAIN, ids=_tag)
-def test_the_shape_trains_like_one_process(runs: Path, shape: tuple[int, int, int, int]) -> None:
-    pipeline, replicate, shard, tensor = shape
+def test_the_shape_trains_like_one_process(runs: Path, shape: Shape) -> None:
+    pipeline, replicate, shard, tensor, *_ = shape
     report = torch.load(runs / f"{_tag(shape)}.pt")
     reference = torch.load(runs / "reference.pt")
     built = {"pipeline_parallel": pipeline, "data_parallel_replicate": replicate}
@@ -125,9 +142,7 @@ def test_the_trainer_with_composers_parallelism_config_trains_like_one_process(r
 
 
 @pytest.mark.parametrize("shape", TRAINER_PIPELINES, ids=_trainer_tag)
-def test_the_trainer_on_pipeline_stages_trains_and_evaluates_like_one_process(
-    runs: Path, shape: tuple[int, int, int]
-) -> None:
+def test_the_trainer_on_pipeline_stages_trains_and_evaluates_like_one_process(runs: Path, shape: Shape) -> None:
     report = torch.load(runs / f"trainer-{_trainer_tag(shape)}.pt")
     reference = torch.load(runs / "reference.pt")
     assert report["strategy"] == "ModelParallelStrategy"
@@ -151,8 +166,8 @@ def test_a_checkpoint_the_trainer_saved_on_pipeline_stages_continues_in_one_proc
     assert _max_difference(report["final"], reference["final"]) < WEIGHT_TOLERANCE
 
 
-@pytest.mark.parametrize("shape", [(1, 2, 2, 2), (2, 1, 1, 2)], ids=_tag)
-def test_consolidate_writes_the_weights_the_mesh_saved(runs: Path, shape: tuple[int, int, int, int]) -> None:
+@pytest.mark.parametrize("shape", [(1, 2, 2, 2), (2, 1, 1, 2), (2, 1, 2, 1, 2)], ids=_tag)
+def test_consolidate_writes_the_weights_the_mesh_saved(runs: Path, shape: Shape) -> None:
     checkpoint = runs / f"ckpt-{_tag(shape)}"
     output = runs / f"consolidated-{_tag(shape)}.pt"
     done = subprocess.run(

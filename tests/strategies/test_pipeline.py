@@ -1,8 +1,8 @@
 """Pipeline parallelism: the plan's checks, the cut of a model into stages, and Fabric's loop on 2 real ranks.
 
-The loop runs in tests/scripts/pipeline_job.py (an MLP cut in 2 stages, both schedules) against a plain one-process
-reference of the same batches; the mesh shapes that compose pipelines with FSDP and TP, and checkpoints across them,
-are in tests/strategies/test_mesh_shapes.py.
+The loop runs in tests/scripts/pipeline_job.py (an MLP cut in 2 stages, or 4 on the 2 ranks; every schedule) against a
+plain one-process reference of the same batches; the mesh shapes that compose pipelines with FSDP and TP, and
+checkpoints across them, are in tests/strategies/test_mesh_shapes.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 from fabric import Fabric
 from fabric.strategies import MeshPlan, ModelParallelStrategy, PipelinePlan
-from fabric.strategies.pipeline import StageForward, keep_stage
+from fabric.strategies.pipeline import StageForward, keep_stages, stage_parts, stage_view
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "pipeline_job.py"
 
@@ -56,7 +56,11 @@ def _parameter_names(model: nn.Module) -> list[str]:
         ({"split_points": ["a", "a"]}, r"names a submodule twice"),
         ({"loss_fn": "mse"}, r"PipelinePlan\(loss_fn='mse'\) is not valid. Accepted: \(output, target\) -> loss"),
         ({"microbatches": 0}, r"PipelinePlan\(microbatches=0\) is not valid. Accepted: a positive int or None"),
-        ({"schedule": "zb"}, r"PipelinePlan\(schedule='zb'\) is not valid. Accepted: \['GPipe', '1F1B'\]"),
+        (
+            {"schedule": "zb"},
+            r"PipelinePlan\(schedule='zb'\) is not valid. Accepted: \['GPipe', '1F1B', 'Interleaved1F1B', "
+            r"'LoopedBFS'\]",
+        ),
     ],
 )
 def test_a_bad_plan_is_refused_naming_the_value(arguments: dict[str, object], message: str) -> None:
@@ -74,6 +78,47 @@ def test_the_stages_must_be_the_pipeline_degree_when_fabric_is_built() -> None:
     strategy = ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=3), pipeline=one_per_stage)
     with pytest.raises(ValueError, match=r"microbatches=2, schedule='1F1B'\) needs at least one microbatch per stage"):
         Fabric(accelerator="cpu", devices=3, strategy=strategy)
+
+
+@pytest.mark.parametrize(
+    ("split_points", "arguments", "message"),
+    [
+        (
+            ["blocks.0", "blocks.1", "blocks.2"],
+            {},
+            r"makes 4 stages, but the mesh has pipeline_parallel=2: give one split point fewer than the pipeline "
+            r"degree, or several stages per rank with a schedule of \['Interleaved1F1B', 'LoopedBFS'\]",
+        ),
+        (
+            ["blocks.0", "blocks.1"],
+            {"schedule": "Interleaved1F1B"},
+            r"schedule='Interleaved1F1B'\) makes 3 stages, but the mesh has pipeline_parallel=2: give a multiple "
+            r"of the pipeline degree, minus one",
+        ),
+        (
+            ["blocks.0", "blocks.1", "blocks.2"],
+            {"schedule": "Interleaved1F1B", "microbatches": 5},
+            r"microbatches=5, schedule='Interleaved1F1B'\) on pipeline_parallel=2: the schedule runs them in "
+            r"rounds of 2, so give a multiple of 2",
+        ),
+    ],
+)
+def test_stages_that_cannot_be_placed_on_the_pipeline_ranks_are_refused(
+    split_points: list[str], arguments: dict[str, object], message: str
+) -> None:
+    plan = PipelinePlan(split_points, F.mse_loss, **arguments)  # type: ignore[arg-type]
+    strategy = ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2, data_parallel=1), pipeline=plan)
+    with pytest.raises(ValueError, match=message):
+        Fabric(accelerator="cpu", devices=2, strategy=strategy)
+
+
+def test_a_multi_stage_schedule_places_stage_s_on_rank_s_modulo_the_degree() -> None:
+    plan = PipelinePlan(["blocks.0", "blocks.1", "blocks.2", "head"], F.mse_loss, schedule="LoopedBFS")
+    assert plan.num_stages == 5
+    plan = PipelinePlan(["blocks.0", "blocks.1", "blocks.2"], F.mse_loss, schedule="Interleaved1F1B")
+    assert [plan.stages_of(rank, 2) for rank in range(2)] == [(0, 2), (1, 3)]
+    assert [plan.stages_of(rank, 4) for rank in range(4)] == [(0,), (1,), (2,), (3,)]
+    assert plan.microbatch_count == 4  # one per stage: a multiple of the rounds of 2
 
 
 def test_pipeline_settings_that_cannot_work_are_refused_at_construction() -> None:
@@ -178,7 +223,8 @@ def test_the_trainer_refuses_what_a_pipeline_cannot_do_when_it_is_built(
         ({"microbatches": 2}, r"\['pp'\] has no split_points; accepted keys"),
         (
             {"split_points": ["model.blocks.2"], "pipeline_parallel_degree": 4},
-            r"\['pp'\]: PipelinePlan\(split_points=\['model.blocks.2'\]\) makes 2 stages, but the mesh has pipeline_p",
+            r"\['pp'\]: PipelinePlan\(split_points=\['model.blocks.2'\], schedule='1F1B'\) makes 2 stages, but the "
+            r"mesh has pipeline_parallel=4",
         ),
         ({"split_points": ["model.blocks.2"], "schedule": "zb"}, r"\['pp'\]: PipelinePlan\(schedule='zb'\) is not"),
     ],
@@ -199,8 +245,12 @@ def test_a_pp_section_describes_pipeline_stages_with_sharded_checkpoints() -> No
     assert isinstance(strategy, ModelParallelStrategy)
     assert strategy.pipeline == PipelinePlan(["model.blocks.2"], microbatches=4, schedule="GPipe")
     assert strategy.state_dict_type == "sharded"  # no rank holds the whole model: Composer's "full" cannot be
+    assert strategy.planned_mesh().pipeline_parallel == 2  # one rank per stage
     with pytest.raises(ValueError, match=r"state_dict_type='full'\) cannot gather one file on rank 0"):
         strategy_from({"pp": {"split_points": ["model.blocks.2"]}, "fsdp": {"state_dict_type": "full"}}, ComposerGPT())
+    four_stages = {"split_points": ["model.blocks.1", "model.blocks.2", "model.blocks.3"], "schedule": "LoopedBFS"}
+    strategy = strategy_from({"pp": four_stages | {"pipeline_parallel_degree": 2}}, ComposerGPT())
+    assert strategy.planned_mesh().pipeline_parallel == 2  # two stages on each pipeline rank
 
 
 # --- the cut -------------------------------------------------------------------------------------------
@@ -211,7 +261,7 @@ def test_each_stage_keeps_its_parts_under_the_models_own_names() -> None:
     stages = []
     for stage in range(3):
         model = GPT()
-        keep_stage(model, ["blocks.1", "blocks.3"], stage)
+        keep_stages(model, stage_parts(model, ["blocks.1", "blocks.3"]), (stage,))
         stages.append(_parameter_names(model))
     assert stages[0] == ["embedding.weight", "blocks.0.weight", "blocks.0.bias"]
     assert stages[1] == ["blocks.1.weight", "blocks.1.bias", "blocks.2.weight", "blocks.2.bias"]
@@ -225,11 +275,37 @@ def test_stages_chained_compute_what_the_whole_model_computes() -> None:
     stages = []
     for stage in range(2):
         model = nn.Sequential(*whole)  # the same layers, so the same weights
-        keep_stage(model, ["2"], stage)
+        keep_stages(model, stage_parts(model, ["2"]), (stage,))
         stages.append(model)
     inputs = torch.randn(4, 3)
     assert torch.equal(stages[1](stages[0](inputs)), whole(inputs))
     assert list(dict(stages[1].named_children())) == ["2", "3", "4"]  # a Sequential keeps its indexes as names
+
+
+def test_a_rank_with_several_stages_runs_each_through_a_view_sharing_the_models_parts() -> None:
+    torch.manual_seed(0)
+    whole = GPT()
+    model = GPT()
+    model.load_state_dict(whole.state_dict())
+    parts = stage_parts(model, ["blocks.0", "blocks.1", "blocks.3"])
+    keep_stages(model, parts, (0, 2))  # what rank 0 of 2 keeps
+    assert _parameter_names(model) == [*_parameter_names(whole)[:1], *_parameter_names(whole)[3:7]]
+    views = [stage_view(model, parts, stage) for stage in (0, 2)]
+    assert _parameter_names(views[0]) == ["embedding.weight"]
+    assert _parameter_names(views[1]) == ["blocks.1.weight", "blocks.1.bias", "blocks.2.weight", "blocks.2.bias"]
+    assert views[1].blocks[1] is model.blocks[1]  # the parts are shared: one set of parameters, the model's
+    assert views[1].blocks is not model.blocks and len(model.blocks) == 2  # the containers are the view's own
+    views[0].register_forward_hook(lambda *_: None)  # e.g. FSDP's, on the view as its root
+    assert not model._forward_hooks
+    model.register_buffer("scale", torch.ones(2))
+    views[0].scale = torch.zeros(2)  # as materialising a meta buffer through one view does: the model's is replaced
+    assert model.scale is views[0].scale is views[1].scale
+    rest = GPT()
+    rest.load_state_dict(whole.state_dict())
+    keep_stages(rest, parts, (1, 3))
+    stage_1, stage_3 = (stage_view(rest, parts, stage) for stage in (1, 3))
+    tokens = torch.randint(0, 10, (2, 3))
+    assert torch.allclose(stage_3(views[1](stage_1(views[0](tokens)))), whole(tokens))
 
 
 class Wrapper(nn.Module):
@@ -252,7 +328,7 @@ def test_a_named_network_alone_is_cut_and_the_stages_run_the_models_forward_then
     stages = [Wrapper() for _ in range(2)]
     for stage, model in enumerate(stages):
         model.load_state_dict(whole.state_dict())
-        keep_stage(model, ["model.blocks.2"], stage, network="model")
+        keep_stages(model, stage_parts(model, ["model.blocks.2"], network="model"), (stage,))
         assert isinstance(model.criterion, nn.CrossEntropyLoss)  # outside the network: kept on every stage
         StageForward(model, "model", stage)
     assert _parameter_names(stages[1]) == [f"model.{name}" for name in _parameter_names(GPT())][5:]
@@ -265,7 +341,7 @@ def test_a_named_network_alone_is_cut_and_the_stages_run_the_models_forward_then
 
 def test_a_first_stage_whose_forward_changes_the_networks_output_is_refused() -> None:
     model = Wrapper(post_process=True)
-    keep_stage(model, ["model.blocks.2"], 0, network="model")
+    keep_stages(model, stage_parts(model, ["model.blocks.2"], network="model"), (0,))
     first = StageForward(model, "model", 0)
     tensors = first.flatten(({"tokens": torch.randint(0, 10, (3, 5))},), {})
     with pytest.raises(ValueError, match=r"Wrapper.forward must call its network once and return its output as it is"):
@@ -276,7 +352,7 @@ def test_a_parameter_outside_the_named_network_is_refused() -> None:
     model = Wrapper()
     model.scale = nn.Parameter(torch.ones(()))
     with pytest.raises(ValueError, match=r"Wrapper holds the parameter 'scale' outside its network 'model'"):
-        keep_stage(model, ["model.blocks.2"], 0, network="model")
+        keep_stages(model, stage_parts(model, ["model.blocks.2"], network="model"), (0,))
     with pytest.raises(ValueError, match=r"PipelinePlan\(network='net'\) is not valid with split_points="):
         PipelinePlan(["model.blocks.2"], network="net")
 
@@ -291,20 +367,20 @@ def test_a_parameter_outside_the_named_network_is_refused() -> None:
 )
 def test_a_split_point_that_cannot_cut_the_model_is_named(split_points: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        keep_stage(GPT(), split_points, 0)
+        stage_parts(GPT(), split_points)
 
 
 def test_a_parameter_no_stage_can_own_is_named() -> None:
     model = GPT()
     model.position = nn.Parameter(torch.zeros(4))
     with pytest.raises(ValueError, match=r"GPT holds the parameter 'position' itself.*move it into a submodule"):
-        keep_stage(model, ["blocks.2"], 0)
+        keep_stages(model, stage_parts(model, ["blocks.2"]), (0,))
 
 
 # --- Fabric's loop on 2 ranks ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["1F1B", "GPipe"])
+@pytest.fixture(scope="module", params=["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS"])
 def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp(f"pipeline-{request.param}")
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
@@ -325,8 +401,8 @@ def _reference() -> dict[str, object]:
     return reference.run()
 
 
-def test_two_stages_train_like_one_process(job: tuple[Path, str]) -> None:
-    out, _ = job
+def test_two_ranks_of_stages_train_like_one_process(job: tuple[Path, str]) -> None:
+    out, schedule = job
     first, last = (torch.load(out / f"rank-{rank}.pt") for rank in (0, 1))
     reference = _reference()
     assert first["losses"] == last["losses"]  # the last stage's loss reaches the first
@@ -335,12 +411,16 @@ def test_two_stages_train_like_one_process(job: tuple[Path, str]) -> None:
     assert first["norms"] == pytest.approx(reference["norms"], rel=1e-6)
     assert max(reference["norms"]) > 0.5  # the clip really clipped  # type: ignore[type-var]
     weights = first["weights"] | last["weights"]
-    assert sorted(first["weights"]) == ["0.bias", "0.weight"]
     assert sorted(weights) == sorted(reference["weights"])  # type: ignore[arg-type]
     for name, value in reference["weights"].items():  # type: ignore[attr-defined]
         assert torch.allclose(weights[name], value, atol=1e-6), name
-    # each stage's optimizer holds its own parameters only
-    assert (first["optimizer_parameters"], last["optimizer_parameters"]) == (2, 4)
+    # each rank's optimizer holds its own stages' parameters only: layers 0 (and 2, with 4 stages) on rank 0
+    if schedule in ("1F1B", "GPipe"):
+        assert sorted(first["weights"]) == ["0.bias", "0.weight"]
+        assert (first["optimizer_parameters"], last["optimizer_parameters"]) == (2, 4)
+    else:
+        assert sorted(first["weights"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+        assert (first["optimizer_parameters"], last["optimizer_parameters"]) == (4, 2)
 
 
 def test_evaluation_gives_the_loss_everywhere_and_the_output_on_the_last_stage(job: tuple[Path, str]) -> None:
@@ -358,4 +438,4 @@ def test_the_loops_misuses_are_refused_in_one_line(job: tuple[Path, str]) -> Non
     assert "needs the target: call model(inputs, target=targets), or run under torch.no_grad()" in messages["no target"]
     assert "A batch of 6 samples does not split into 4 equal microbatches" in messages["uneven batch"]
     assert "fabric.backward takes only the loss that call returned" in messages["other tensor"]
-    assert "a Hugging Face folder: each rank holds one pipeline stage" in messages["huggingface"]
+    assert "a Hugging Face folder: each rank holds only its pipeline stages" in messages["huggingface"]

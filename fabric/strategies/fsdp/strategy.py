@@ -306,8 +306,13 @@ class FSDPStrategy(ParallelStrategy):
         for submodule in reversed(list(module.modules())):  # descendants before their ancestors
             if submodule in units:
                 fully_shard(submodule, **options)
-        fully_shard(module, **options)
+        for root in self._shard_roots(module):
+            fully_shard(root, **options)
         return module
+
+    def _shard_roots(self, module: nn.Module) -> list[nn.Module]:
+        """The modules ``fully_shard`` makes roots of ``module``'s remaining parameters: ``module`` itself."""
+        return [module]
 
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
         """The ``mixed_precision`` given, else from the precision plugin: ``*-mixed`` gathers parameters in
@@ -329,7 +334,8 @@ class FSDPStrategy(ParallelStrategy):
         """
         if not _has_meta_tensors(module):
             return []
-        module.to_empty(device=self.root_device)
+        for root in self._shard_roots(module):  # through each FSDP root, which re-points its shards
+            root.to_empty(device=self.root_device)
         initialised: set[str] = set()
         init_fns = {
             name: init_fn
