@@ -1,6 +1,7 @@
 """Step time and peak memory per rank of each mesh shape through Fabric, against the same mesh in torch's own APIs.
 
-For each shape (``REPLICATE x SHARD x TENSOR``, or ``ppPIPELINE x REPLICATE x SHARD x TENSOR``) two jobs run on 4 CPU
+For each shape (``REPLICATE x SHARD x TENSOR``, or ``ppPIPELINE x REPLICATE x SHARD x TENSOR``, ``ppPvV...`` with V
+stages on each pipeline rank) two jobs run on 4 CPU
 ranks (gloo), one after the other, each in its own processes, both started by ``torchrun`` (``--job fabric|raw --shape
 SHAPE``), so that only the strategy differs:
 
@@ -9,8 +10,10 @@ SHAPE``), so that only the strategy differs:
   ``fabric.setup``, ``fabric.backward``; with a pipeline ``loss = model(inputs, target=targets)`` (the loss also sent
   to every stage, which the raw job does not do);
 * **raw**: ``init_process_group``, ``init_device_mesh`` with the dimensions the shape needs, the stage's blocks kept
-  by hand (torchtitan's way), ``parallelize_module`` with the same plan, ``fully_shard`` on each block and the root,
-  ``PipelineStage`` and ``Schedule1F1B`` (2 microbatches, or one per stage), ``loss.backward()`` without a pipeline.
+  by hand (torchtitan's way: with several stages per rank, a deep copy of the model per stage), ``parallelize_module``
+  with the same plan, ``fully_shard`` on each block and each stage's root, ``PipelineStage`` and ``Schedule1F1B`` (2
+  microbatches, or one per pipeline rank; ``ScheduleInterleaved1F1B`` with several stages per rank),
+  ``loss.backward()`` without a pipeline.
 
 The model is a causal transformer (``--dim``, ``--layers``, 4 heads, sequences of ``--length``), AdamW, a global
 batch of 8 split over the data-parallel ranks. Per job: **step ms**, the median wall time of a step after 5 warm-up
@@ -24,6 +27,7 @@ time ratio ``fabric / raw`` (goal: within 1.02x). Usage::
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import resource
 import statistics
@@ -33,7 +37,7 @@ from typing import Any
 
 from job_results import print_result, run_for_result
 
-SHAPES = ("2x2x1", "4x1x1", "1x4x1", "1x2x2", "2x1x2", "pp2x1x2x1", "pp2x1x1x2", "pp4x1x1x1")
+SHAPES = ("2x2x1", "4x1x1", "1x4x1", "1x2x2", "2x1x2", "pp2x1x2x1", "pp2x1x1x2", "pp4x1x1x1", "pp2v2x1x2x1")
 RESULT_PREFIX = "PARALLELISM_RESULT "
 WARMUP, HEADS, VOCAB, GLOBAL_BATCH, WORLD = 5, 4, 512, 8, 4
 
@@ -87,10 +91,15 @@ def _parallelize(model: Any, mesh: Any) -> Any:
     return model
 
 
-def _degrees(shape: str) -> tuple[int, int, int, int]:
-    """``RxSxT`` or ``ppPxRxSxT`` as (pipeline, replicate, shard, tensor)."""
-    parts = [int(part) for part in shape.removeprefix("pp").split("x")]
-    return (parts[0], *parts[1:]) if shape.startswith("pp") else (1, *parts)  # type: ignore[return-value]
+def _degrees(shape: str) -> tuple[int, int, int, int, int]:
+    """``RxSxT``, ``ppPxRxSxT`` or ``ppPvVxRxSxT`` as (pipeline, stages per pipeline rank, replicate, shard, tensor)."""
+    if not shape.startswith("pp"):
+        replicate, shard, tensor = (int(part) for part in shape.split("x"))
+        return 1, 1, replicate, shard, tensor
+    pipeline, *rest = shape.removeprefix("pp").split("x")
+    degree, _, per_rank = pipeline.partition("v")
+    replicate, shard, tensor = (int(part) for part in rest)
+    return int(degree), int(per_rank or 1), replicate, shard, tensor
 
 
 def _keep_stage_by_hand(model: Any, stage: int, stages: int) -> None:
@@ -116,8 +125,8 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    pipeline, replicate, shard, tensor = _degrees(shape)
-    microbatches = max(2, pipeline)
+    pipeline, per_rank, replicate, shard, tensor = _degrees(shape)
+    stages, microbatches = pipeline * per_rank, max(2, pipeline)
     model, block_class = _model(args.dim, args.layers)
     step: Any
     barrier: Any
@@ -132,10 +141,12 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
         if pipeline == 1 and tensor == 1:
             strategy = FSDPStrategy(mesh=plan, shard_modules={block_class})
         else:
-            per_stage = args.layers // pipeline
-            stages = PipelinePlan([f"blocks.{per_stage * stage}" for stage in range(1, pipeline)], _loss, microbatches)
+            per_stage = args.layers // stages
+            split_points = [f"blocks.{per_stage * stage}" for stage in range(1, stages)]
+            schedule_name = "Interleaved1F1B" if per_rank > 1 else "1F1B"
+            cut = PipelinePlan(split_points, _loss, microbatches, schedule=schedule_name)
             parallelize = _parallelize if tensor > 1 else None
-            pipelined = {"pipeline": stages} if pipeline > 1 else {}
+            pipelined = {"pipeline": cut} if pipeline > 1 else {}
             strategy = ModelParallelStrategy(parallelize, mesh=plan, shard_modules={block_class}, **pipelined)
         fabric = Fabric(accelerator="cpu", devices=WORLD, strategy=strategy)
         fabric.launch()
@@ -150,7 +161,7 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
         dist.init_process_group("gloo")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORLD))  # as Fabric shares the cores
@@ -159,22 +170,32 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
             (pipeline, replicate, shard, tensor),
             mesh_dim_names=("pipeline", "replicate", "data_parallel", "tensor_parallel"),
         )
-        stage = mesh["pipeline"].get_local_rank()
-        if pipeline > 1:
-            _keep_stage_by_hand(model, stage, pipeline)
-        if tensor > 1:
-            _parallelize(model, mesh)
+        stage = mesh["pipeline"].get_local_rank()  # the pipeline rank
+        local_stages = list(range(stage, stages, pipeline))
+        parts = [model] if per_rank == 1 else [copy.deepcopy(model) for _ in local_stages]
         data_mesh = mesh["replicate", "data_parallel"] if replicate > 1 else mesh["data_parallel"]
-        for block in model.blocks:
-            fully_shard(block, mesh=data_mesh)
-        fully_shard(model, mesh=data_mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for part, index in zip(parts, local_stages, strict=True):
+            if pipeline > 1:
+                _keep_stage_by_hand(part, index, stages)
+            if tensor > 1:
+                _parallelize(part, mesh)
+            for block in part.blocks:
+                fully_shard(block, mesh=data_mesh)
+            fully_shard(part, mesh=data_mesh)
+        optimizer = torch.optim.AdamW([p for part in parts for p in part.parameters()], lr=1e-4)
         data_rank = (dist.get_rank() // tensor) % (replicate * shard)
         barrier = dist.barrier
         if pipeline > 1:
-            device = torch.device("cpu")
-            pipe_stage = PipelineStage(model, stage, pipeline, device, group=mesh["pipeline"].get_group())
-            schedule = Schedule1F1B(pipe_stage, n_microbatches=microbatches, loss_fn=_loss)
+            device, group = torch.device("cpu"), mesh["pipeline"].get_group()
+            pipe_stages = [
+                PipelineStage(part, index, stages, device, group=group)
+                for part, index in zip(parts, local_stages, strict=True)
+            ]
+            schedule: Any = (
+                ScheduleInterleaved1F1B(pipe_stages, n_microbatches=microbatches, loss_fn=_loss)
+                if per_rank > 1
+                else Schedule1F1B(pipe_stages[0], n_microbatches=microbatches, loss_fn=_loss)
+            )
 
         def step(inputs: Any, targets: Any) -> None:
             if pipeline == 1:

@@ -285,7 +285,8 @@ class ModelParallelStrategy(FSDPStrategy):
     def _shard(self, module: nn.Module) -> nn.Module:
         stages, parts = self.pipeline_stages, {}
         if self.pipeline is not None:
-            parts = stage_parts(module, self.pipeline.split_points, self.pipeline.network)
+            plan = self.pipeline
+            parts = stage_parts(module, plan.split_points, plan.network, plan.every_stage)
             keep_stages(module, parts, stages)
         parallelized = module if self.parallelize_fn is None else self.parallelize_fn(module, self.mesh)
         if not isinstance(parallelized, nn.Module):

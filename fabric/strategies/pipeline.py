@@ -25,6 +25,7 @@ backward of every microbatch together, so the training loop reads::
 from __future__ import annotations
 
 import copy
+import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -57,6 +58,9 @@ SCHEDULES_KEPT = 8
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
+#: The stage of a part kept on every stage (:attr:`PipelinePlan.every_stage`).
+EVERY_STAGE = -1
+
 #: What a stage view shares with the model in each container it copies: its tensors (a buffer materialised or moved
 #: through one is the model's; the containers of the parts hold no parameter of their own).
 SHARED_WITH_VIEWS = ("_parameters", "_buffers", "_non_persistent_buffers_set")
@@ -83,6 +87,12 @@ class PipelinePlan:
             every parameter of the model too); the first stage runs the model's own forward, which must call the
             network and return its output as it is, and the later stages run the network on what they receive.
             ``""`` (default): the whole model, whose forward runs on every stage.
+        stage_forward: ``(module, *inputs) -> output``, run on every stage in place of the forward of the module
+            that is cut (the network, or the model), for one whose own forward cannot skip the parts another stage
+            holds (a Hugging Face model's): ``module`` holds this stage's parts only (the others ``None`` or removed
+            from their container), ``inputs`` are the batch's on the first stage and the activations after.
+        every_stage: parts kept on every stage (e.g. ``("model.rotary_emb",)``, which each stage's layers need):
+            modules without parameters, since each parameter belongs to one stage.
     """
 
     split_points: Sequence[str]
@@ -90,6 +100,8 @@ class PipelinePlan:
     microbatches: int | None = None
     schedule: str = "1F1B"
     network: str = ""
+    stage_forward: Callable[..., Any] | None = None
+    every_stage: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         points = self.split_points
@@ -111,6 +123,18 @@ class PipelinePlan:
                 f"PipelinePlan(network={self.network!r}) is not valid with split_points={list(points)}. Accepted: "
                 "the name of the submodule every split point lies in (e.g. 'model' for 'model.blocks.2'), or ''."
             )
+        if self.stage_forward is not None and not callable(self.stage_forward):
+            raise ValueError(
+                f"PipelinePlan(stage_forward={self.stage_forward!r}) is not valid. Accepted: (module, *inputs) -> "
+                "output, or None."
+            )
+        kept = self.every_stage
+        if isinstance(kept, str) or not all(isinstance(name, str) and name for name in kept):
+            raise ValueError(
+                f"PipelinePlan(every_stage={kept!r}) is not valid. Accepted: a sequence of submodule names, e.g. "
+                "('model.rotary_emb',)."
+            )
+        object.__setattr__(self, "every_stage", tuple(kept))
         count = self.microbatches
         if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
             raise ValueError(f"PipelinePlan(microbatches={count!r}) is not valid. Accepted: a positive int or None.")
@@ -159,8 +183,11 @@ class PipelinePlan:
         return self.microbatches if self.microbatches is not None else self.num_stages
 
 
-def stage_parts(model: nn.Module, split_points: Sequence[str], network: str = "") -> dict[str, int]:
-    """The stage of each part of ``model``, by the part's qualified name.
+def stage_parts(
+    model: nn.Module, split_points: Sequence[str], network: str = "", every_stage: Sequence[str] = ()
+) -> dict[str, int]:
+    """The stage of each part of ``model``, by the part's qualified name (:data:`EVERY_STAGE` for those of
+    ``every_stage``).
 
     The model (or its submodule ``network``, when named: the rest of the model stays on every stage and may hold
     no parameter) is read as an ordered list of parts: each split point, its siblings and the siblings of its
@@ -170,7 +197,8 @@ def stage_parts(model: nn.Module, split_points: Sequence[str], network: str = ""
     """
     if network:
         cut = _network_of(model, network)
-        inner = stage_parts(cut, [point[len(network) + 1 :] for point in split_points])
+        inside = [name[len(network) + 1 :] if name.startswith(f"{network}.") else name for name in every_stage]
+        inner = stage_parts(cut, [point[len(network) + 1 :] for point in split_points], every_stage=inside)
         return {f"{network}.{part}": stage for part, stage in inner.items()}
     known = dict(model.named_modules())
     ancestors = _ancestors(split_points)
@@ -199,7 +227,21 @@ def stage_parts(model: nn.Module, split_points: Sequence[str], network: str = ""
             f"PipelinePlan(split_points={list(split_points)}) are not in the order the model registers its "
             "submodules (the order the forward must run them)."
         )
-    return {part: sum(1 for position in positions if position <= index) for index, part in enumerate(parts)}
+    stages = {part: sum(1 for position in positions if position <= index) for index, part in enumerate(parts)}
+    for name in every_stage:
+        if name not in stages:
+            raise ValueError(
+                f"PipelinePlan(every_stage=...): {name!r} is not one of the parts the split points cut the model "
+                f"into (they are: {', '.join(stages)})."
+            )
+        held = next((parameter for parameter, _ in known[name].named_parameters()), None)
+        if held is not None:
+            raise ValueError(
+                f"PipelinePlan(every_stage=...): {name!r} holds the parameter {held!r}, which belongs to one stage; "
+                "only modules without parameters are kept on every stage."
+            )
+        stages[name] = EVERY_STAGE
+    return stages
 
 
 def keep_stages(model: nn.Module, parts: Mapping[str, int], stages: Collection[int]) -> None:
@@ -209,7 +251,8 @@ def keep_stages(model: nn.Module, parts: Mapping[str, int], stages: Collection[i
     for part, stage in parts.items():
         parent_name, _, name = part.rpartition(".")
         parent = known.get(parent_name)
-        if stage in stages or parent is None or parent._modules.get(name) is None:  # kept, or already removed
+        kept = stage in stages or stage == EVERY_STAGE
+        if kept or parent is None or parent._modules.get(name) is None:  # kept, or already removed
             continue
         if isinstance(parent, CONTAINERS):
             del parent._modules[name]
@@ -286,14 +329,20 @@ class StageForward:
     return its output as it is, and the later stages run the network on the activations they receive.
     """
 
-    def __init__(self, root: nn.Module, network: str, stage_index: int) -> None:
-        self._root, self._network, self._own_forward = root, network, type(root).forward
+    def __init__(
+        self, root: nn.Module, network: str, stage_index: int, stage_forward: Callable[..., Any] | None = None
+    ) -> None:
+        self._root, self._network = root, network
         self._cut = root.get_submodule(network) if network else None
+        self._own_forward = stage_forward if stage_forward is not None and not network else type(root).forward
         self._structure: tuple[Any, list[Any], list[bool]] | None = None
+        if stage_forward is not None:  # a method, not a module: setattr would register that as a child
+            cut = root if self._cut is None else self._cut
+            cut.forward = types.MethodType(stage_forward, cut)
         if stage_index == 0:
             root.forward = self.first_stage
         elif self._cut is not None:
-            root.forward = self.later_stage  # a method, not the module: setattr would register that as a child
+            root.forward = self.later_stage
 
     def later_stage(self, *activations: torch.Tensor) -> Any:
         assert self._cut is not None
@@ -364,7 +413,8 @@ class PipelineModule(nn.Module):
                 "loss_fn=(output, target) -> loss (only the Trainer supplies it, from its model's loss)."
             )
         self._stage_forwards = [
-            StageForward(stage, plan.network, index) for stage, index in zip(stage_modules, stage_indices, strict=True)
+            StageForward(stage, plan.network, index, plan.stage_forward)
+            for stage, index in zip(stage_modules, stage_indices, strict=True)
         ]
         self.stage_module = module
         self._stage_modules = tuple(stage_modules)  # not children: their parts are the module's, registered once

@@ -23,6 +23,7 @@ from fabric.strategies import MeshPlan, ModelParallelStrategy, PipelinePlan
 from fabric.strategies.pipeline import StageForward, keep_stages, stage_parts, stage_view
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "pipeline_job.py"
+HUGGINGFACE_SCRIPT = SCRIPT.with_name("pipeline_huggingface_job.py")
 
 
 class GPT(nn.Module):
@@ -370,6 +371,52 @@ def test_a_split_point_that_cannot_cut_the_model_is_named(split_points: list[str
         stage_parts(GPT(), split_points)
 
 
+def test_parts_kept_on_every_stage_must_be_parts_without_parameters() -> None:
+    class Rotary(GPT):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rotary = nn.Identity()  # registered last: the last stage's part, unless kept on every stage
+
+    parts = stage_parts(Rotary(), ["blocks.2"], every_stage=("rotary",))
+    for stage in range(2):
+        model = Rotary()
+        keep_stages(model, parts, (stage,))
+        assert isinstance(model.rotary, nn.Identity)
+    with pytest.raises(ValueError, match=r"every_stage=...\): 'blocks.0' holds the parameter 'weight', which belongs"):
+        stage_parts(Rotary(), ["blocks.2"], every_stage=("blocks.0",))
+    with pytest.raises(ValueError, match=r"'rope' is not one of the parts .* \(they are: embedding, blocks.0, "):
+        stage_parts(Rotary(), ["blocks.2"], every_stage=("rope",))
+    with pytest.raises(ValueError, match=r"PipelinePlan\(every_stage='rotary'\) is not valid. Accepted: a sequence"):
+        PipelinePlan(["blocks.2"], every_stage="rotary")
+    with pytest.raises(ValueError, match=r"PipelinePlan\(stage_forward=3\) is not valid. Accepted: \(module, \*inputs"):
+        PipelinePlan(["blocks.2"], stage_forward=3)  # type: ignore[arg-type]
+
+
+def test_a_stage_forward_runs_in_place_of_the_models_own_on_every_stage() -> None:
+    def stage_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:  # what a forward that skips None would do
+        x = model.embedding(x) if model.embedding is not None else x
+        for block in model.blocks:
+            x = block(x)
+        return model.head(x) if model.head is not None else x
+
+    class Unskipping(GPT):
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.head(self.blocks[-1](self.embedding(tokens)))  # calls parts of every stage
+
+    torch.manual_seed(0)
+    whole = GPT()
+    stages = []
+    for stage in range(2):
+        model = Unskipping()
+        model.load_state_dict(whole.state_dict())
+        keep_stages(model, stage_parts(model, ["blocks.2"]), (stage,))
+        StageForward(model, "", stage, stage_forward)
+        stages.append(model)
+    tokens = torch.randint(0, 10, (2, 3))
+    first = StageForward(stages[0], "", 0, stage_forward)
+    assert torch.allclose(stages[1](stages[0](*first.flatten((tokens,), {}))), whole(tokens))
+
+
 def test_a_parameter_no_stage_can_own_is_named() -> None:
     model = GPT()
     model.position = nn.Parameter(torch.zeros(4))
@@ -439,3 +486,63 @@ def test_the_loops_misuses_are_refused_in_one_line(job: tuple[Path, str]) -> Non
     assert "A batch of 6 samples does not split into 4 equal microbatches" in messages["uneven batch"]
     assert "fabric.backward takes only the loss that call returned" in messages["other tensor"]
     assert "a Hugging Face folder: each rank holds only its pipeline stages" in messages["huggingface"]
+
+
+# --- a Hugging Face model on 2 ranks, through a stage forward -------------------------------------------------------
+
+
+def _run_huggingface(out: Path, mode: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    command = [sys.executable, str(HUGGINGFACE_SCRIPT), str(out), mode]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def huggingface_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.engines import require_modules
+
+    require_modules("a Hugging Face Llama", "transformers")
+    out = tmp_path_factory.mktemp("pipeline-huggingface")
+    for mode in ("reference", "1F1B", "Interleaved1F1B"):
+        _run_huggingface(out, mode)
+    return out
+
+
+@pytest.mark.end_to_end
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
+def test_a_hugging_face_llama_trains_on_stages_like_one_process_and_its_checkpoint_loads_back(
+    huggingface_runs: Path, schedule: str
+) -> None:
+    """LlamaModel.forward calls its embedding and norm whatever the stage: the plan's stage_forward runs each stage,
+    every_stage keeps the rotary embedding (no parameters) on both ranks; 2 stages, or 4 on the 2 ranks."""
+    reference = torch.load(huggingface_runs / "reference.pt")
+    report = torch.load(huggingface_runs / f"{schedule}.pt")
+    assert report["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+    assert sorted(report["weights"]) == sorted(reference["weights"])  # the model's own names, every stage's
+    for name, value in reference["weights"].items():
+        assert torch.allclose(report["weights"][name], value, atol=1e-4), name
+    consolidated = huggingface_runs / f"consolidated-{schedule}.pt"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fabric_cli",
+            "consolidate",
+            str(huggingface_runs / f"ckpt-{schedule}"),
+            str(consolidated),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sys.path.insert(0, str(HUGGINGFACE_SCRIPT.parent))
+    try:
+        from pipeline_huggingface_job import make_model
+    finally:
+        sys.path.pop(0)
+    fresh = make_model()
+    fresh.load_state_dict(torch.load(consolidated, weights_only=True)["model"])  # strict: every name, nothing else
+    for name, value in fresh.named_parameters():
+        assert torch.equal(value, report["weights"][name]), name
