@@ -48,11 +48,11 @@ The ``"tp"`` section (Composer's ``TPConfig``): ``tensor_parallel_degree`` is th
 model is refused. Without an ``"fsdp"`` section its defaults apply.
 
 The ``"pp"`` section (this project's; Composer has none) cuts the model into pipeline stages: ``split_points``
-(required), ``microbatches``, ``schedule`` and ``network`` as in :class:`~fabric.strategies.pipeline.PipelinePlan`, and
-``pipeline_parallel_degree`` (default: one rank per stage; fewer with a multi-stage schedule such as
-``"Interleaved1F1B"``, each rank holding several stages) checked against the stages they make; the loss is the model's
-(see :mod:`fabric.trainer.pipeline`), and checkpoints are sharded unless ``state_dict_type="full"`` is asked for
-(refused: no rank holds the whole model).
+(required), ``microbatches``, ``schedule``, ``network``, ``stage_forward`` and ``every_stage`` as in
+:class:`~fabric.strategies.pipeline.PipelinePlan`, and ``pipeline_parallel_degree`` (default: one rank per stage; fewer
+with a multi-stage schedule such as ``"Interleaved1F1B"``, each rank holding several stages) checked against the stages
+they make; the loss is the model's (see :mod:`fabric.trainer.pipeline`), and checkpoints are sharded unless
+``state_dict_type="full"`` is asked for (refused: no rank holds the whole model).
 
 The ``"cp"`` section (this project's too) splits sequences over ``context_parallel_degree`` ranks (CUDA only):
 ``seq_dims`` names the batch entries that hold sequences (keys of a dict batch, positions of a tuple or list batch)
@@ -394,7 +394,15 @@ def sequence_split_from(parallelism_config: object) -> SequenceSplit | None:
     return SequenceSplit(degree, dict(seq_dims), dict(buffers))
 
 
-PP_KEYS = ("pipeline_parallel_degree", "split_points", "microbatches", "schedule", "network")
+PP_KEYS = (
+    "pipeline_parallel_degree",
+    "split_points",
+    "microbatches",
+    "schedule",
+    "network",
+    "stage_forward",
+    "every_stage",
+)
 
 
 def _pipeline(config: dict[str, Any]) -> tuple[PipelinePlan, int]:

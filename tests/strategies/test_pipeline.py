@@ -252,6 +252,9 @@ def test_a_pp_section_describes_pipeline_stages_with_sharded_checkpoints() -> No
     four_stages = {"split_points": ["model.blocks.1", "model.blocks.2", "model.blocks.3"], "schedule": "LoopedBFS"}
     strategy = strategy_from({"pp": four_stages | {"pipeline_parallel_degree": 2}}, ComposerGPT())
     assert strategy.planned_mesh().pipeline_parallel == 2  # two stages on each pipeline rank
+    custom = {"split_points": ["model.blocks.2"], "stage_forward": GPT.forward, "every_stage": ["model.head"]}
+    strategy = strategy_from({"pp": custom}, ComposerGPT())
+    assert strategy.pipeline == PipelinePlan(["model.blocks.2"], stage_forward=GPT.forward, every_stage=("model.head",))
 
 
 # --- the cut -------------------------------------------------------------------------------------------
