@@ -245,7 +245,9 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated RxSxT or ppPxRxSxT shapes")
+    parser.add_argument(
+        "--shapes", default=",".join(SHAPES), help="comma-separated RxSxT, ppPxRxSxT or ppPvVxRxSxT shapes"
+    )
     parser.add_argument("--job", choices=("fabric", "raw"), help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args()
