@@ -3,7 +3,7 @@
 torchft (the optional ``[ft]`` extra) does the work: its lighthouse forms a quorum of the live groups each step, its
 ``Manager`` reconfigures the process group across them, averages tensors over the groups taking part, sends a
 joining group the weights, optimizer state and step of a healthy one, and decides whether a step commits. This class
-only calls it: :meth:`begin_step` before the gradients are needed, :meth:`average` on them, :meth:`commit` before the
+only calls it: :meth:`begin_step` before the gradients are needed, :meth:`averaged` on them, :meth:`commit` before the
 optimizer steps.
 """
 
@@ -110,20 +110,23 @@ class ReplicaGroups:
             self._manager.start_quorum()
             self._step_begun = True
 
-    def average(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Average ``tensors`` in place over the groups in this step's quorum, one exchange per dtype and device (a
-        joining group contributes zeros and receives the average). A failed exchange is not raised: it makes
-        :meth:`commit` return False on every group."""
+    def averaged(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``tensors`` averaged over the groups in this step's quorum, in order: views of one exchanged copy per dtype
+        and device, so that a caller may take them as they are rather than copy them back (a joining group
+        contributes zeros and receives the average). A failed exchange is not raised: it makes :meth:`commit` return
+        False on every group."""
         self.begin_step()
-        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-        for tensor in tensors:
-            by_kind.setdefault((tensor.dtype, tensor.device), []).append(tensor)
-        for group in by_kind.values():
-            flat = torch.cat([tensor.reshape(-1) for tensor in group])
+        by_kind: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        for index, tensor in enumerate(tensors):
+            by_kind.setdefault((tensor.dtype, tensor.device), []).append(index)
+        averages: list[torch.Tensor] = list(tensors)
+        for indices in by_kind.values():
+            flat = torch.cat([tensors[index].reshape(-1) for index in indices])
             self._exchange(flat)
-            sizes = [tensor.numel() for tensor in group]
-            for tensor, averaged in zip(group, torch.split(flat, sizes), strict=True):
-                tensor.copy_(averaged.view_as(tensor))
+            parts = torch.split(flat, [tensors[index].numel() for index in indices])
+            for index, part in zip(indices, parts, strict=True):
+                averages[index] = part.view_as(tensors[index])
+        return averages
 
     def agree(self, fingerprint: int) -> bool:
         """Whether every group in this step's quorum holds ``fingerprint`` (an int below 2**32, the same rank's of

@@ -181,7 +181,10 @@ class FaultTolerantStrategy(ParallelStrategy):
 
     def _average_gradients(self) -> None:
         if self._optimizer is not None:
-            self.replica_groups.average(self._local_gradients(self._optimizer))
+            parameters = parameters_with_grad(self._optimizer)
+            averages = self.replica_groups.averaged([local_part(p.grad) for p in parameters])
+            for parameter, average in zip(parameters, averages, strict=True):
+                _take_gradient(parameter, average)
             self._averaged = True
 
     @override
@@ -209,10 +212,6 @@ class FaultTolerantStrategy(ParallelStrategy):
     def _optimizer_state(self, optimizer: Optimizer) -> StateFunctions:
         """What a joining group receives of the (set-up) optimizer: this rank's part of its state."""
         raise NotImplementedError
-
-    def _local_gradients(self, optimizer: Optimizer) -> list[torch.Tensor]:
-        """This rank's gradients (a shard's local part), averaged in place with the same rank's of the other groups."""
-        return [local_part(p.grad) for p in parameters_with_grad(optimizer)]
 
     def _before_commit(self) -> None:
         """Runs after the gradients' exchange (the quorum known), before the step commits."""
@@ -323,3 +322,13 @@ class FaultTolerantDDPStrategy(FaultTolerantStrategy, DDPStrategy):
                 dist.broadcast(tensor.data, src=0)
                 if tensor.grad is not None:
                     dist.broadcast(tensor.grad, src=0)
+
+
+def _take_gradient(parameter: torch.Tensor, average: torch.Tensor) -> None:
+    """``parameter``'s gradient becomes ``average``: a plain gradient is replaced by it (a view of the exchanged
+    buffer, not copied back), a ``DTensor``'s local part is overwritten with it."""
+    gradient = parameter.grad
+    if local_part(gradient) is gradient:
+        parameter.grad = average
+    else:
+        local_part(gradient).copy_(average)
