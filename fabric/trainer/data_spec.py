@@ -81,6 +81,11 @@ class DataSpec:
             )
         return microbatches
 
+    def samples_counter(self) -> Callable[[Any], int]:
+        """What :meth:`get_num_samples_in_batch` calls, resolved once: the first tensor's first dimension without a
+        function of the user's (which is checked)."""
+        return batch_size if self._num_samples is None else self.get_num_samples_in_batch
+
     def get_num_samples_in_batch(self, batch: Any) -> int:
         """Samples in ``batch`` on this rank (the user's function, else the first tensor's first dimension)."""
         if self._num_samples is None:

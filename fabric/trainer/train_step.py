@@ -9,8 +9,13 @@ AFTER_BACKWARD, the whole batch otherwise)::
     per microbatch: BEFORE_FORWARD, AFTER_FORWARD, BEFORE_LOSS, AFTER_LOSS, BEFORE_BACKWARD, AFTER_BACKWARD,
     AFTER_TRAIN_BATCH (gradients complete, synced and unscaled; before the optimizer step)
 
-then the optimizers step, PyTorch LR schedulers step, and the timestamp advances. Losses of
-microbatches are weighted by their share of the samples, so the gradient equals the full batch's;
+then the optimizers step, PyTorch LR schedulers step, and the timestamp advances. A run in which nothing listens to
+the events from BEFORE_TRAIN_BATCH to AFTER_TRAIN_BATCH, with no microbatches, train metrics, gradient scaler,
+token-weighted losses, pipeline or sequence split, computes each batch's gradients in one forward and backward without
+them (chosen at every ``fit()``, given way to when the state asks for microbatches or metrics mid-run): it trains
+exactly as the full sequence does, at fewer Python calls per batch.
+
+Losses of microbatches are weighted by their share of the samples, so the gradient equals the full batch's;
 DDP synchronises only on the last microbatch. With ``accumulate_on_tokens`` (Composer's
 ``accumulate_train_batch_on_tokens``) the share is of the loss-generating tokens instead, over every rank's
 batch: each microbatch's mean loss is weighted by its tokens over the ranks' mean token count, so after DDP's
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
+from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, cast
 
@@ -43,7 +48,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from fabric.trainer.core.engine import Engine
+from fabric.trainer.core.events import Event
 from fabric.trainer.core.state import State, require_fabric
+from fabric.trainer.core.time import advanced
 from fabric.trainer.data_spec import DataSpec
 from fabric.trainer.metrics import update_metric
 from fabric.trainer.microbatch import is_out_of_memory
@@ -57,6 +64,18 @@ if TYPE_CHECKING:
     from fabric.trainer.pipeline import PipelineLoss
 
 TokenCounter = Callable[[Any], int]
+
+#: The events between BATCH_START and the optimizer step: where nothing listens to them, the step runs plain.
+_EVENTS_INSIDE_THE_STEP = (
+    Event.BEFORE_TRAIN_BATCH,
+    Event.BEFORE_FORWARD,
+    Event.AFTER_FORWARD,
+    Event.BEFORE_LOSS,
+    Event.AFTER_LOSS,
+    Event.BEFORE_BACKWARD,
+    Event.AFTER_BACKWARD,
+    Event.AFTER_TRAIN_BATCH,
+)
 
 
 def count_tokens(batch: Any) -> int:
@@ -103,23 +122,45 @@ class TrainStep:
         self.token_counter = token_counter
         self.accumulate_on_tokens = accumulate_on_tokens
         self._loss_total = 1.0  # the batch's samples or tokens, which each microbatch's weight divides
-        #: How to split and count the train batches; the Trainer sets it with the train dataloader.
         self.data_spec = DataSpec(())
         self.refresh()
         self._update_metrics = True  # False for the repeated evaluations of a closure step
 
     def refresh(self) -> None:
-        """Follow the state's optimizers, the strategy's precision and the model's methods (at every ``fit()``)."""
+        """Follow the state's optimizers, the strategy's precision and the model's methods (at every ``fit()``), and
+        choose how a batch's gradients are computed."""
         self._unscale = self.fabric.strategy.precision.scales_gradients
         self.closure_step = check_closure_optimizers(self.state.optimizers, self.fabric)
         #: ``model.loss`` as the set-up model resolves it (marked, guarded or plain), for the model it was read from:
         #: read through the wrapper's ``__getattr__`` on every microbatch it cost more than the rest of the lookup.
         self._loss_method: tuple[FabricModule, Callable[..., Any]] | None = None
+        unobserved = not any(self.engine.listens_to(event) for event in _EVENTS_INSIDE_THE_STEP)
+        plain = self._pipeline is None and self._sequence_split is None and not self.auto_microbatching
+        plain = plain and unobserved and not (self.accumulate_on_tokens or self._unscale)
+        if plain:
+            self._gradients = self._whole_batch_gradients  # type: ignore[method-assign]
+        else:
+            vars(self).pop("_gradients", None)
 
     def set_microbatch_size(self, microbatch_size: int | str | None) -> None:
         """Train with microbatches of ``microbatch_size`` samples (``"auto"``: halved on out-of-memory errors)."""
         self.auto_microbatching = microbatch_size == "auto"
         self.state.device_train_microbatch_size = None if self.auto_microbatching else microbatch_size  # type: ignore[assignment]
+
+    @property
+    def data_spec(self) -> DataSpec:
+        """How to split and count the train batches; the Trainer sets it with the train dataloader."""
+        return self._data_spec
+
+    @data_spec.setter
+    def data_spec(self, spec: DataSpec) -> None:
+        self._data_spec = spec
+        # The batch's counters, resolved once: a batch then costs one call for each (the checks of a user's counter
+        # included, which the built-in ones need not: they count by construction).
+        self._count_samples = spec.samples_counter()
+        built_in = spec.num_tokens_function is None and self.token_counter is count_tokens
+        counter = partial(spec.get_num_tokens_in_batch, default=self.token_counter)
+        self._count_tokens: TokenCounter = count_tokens if built_in else counter
 
     @property
     def _model(self) -> FabricModule:
@@ -150,10 +191,8 @@ class TrainStep:
         shares = self._batch_shares
         # Sharded loaders give every share equally sized batches, so the global count is local x shares (the ranks
         # of one tensor-parallel group train the same batch: counted once).
-        state.timestamp = state.timestamp.to_next_batch(
-            samples * shares,
-            self.data_spec.get_num_tokens_in_batch(full_batch, self.token_counter) * shares,
-            timedelta(0, perf_counter() - started),  # (days, seconds): positional is cheaper
+        state.timestamp = advanced(
+            state.timestamp, samples * shares, self._count_tokens(full_batch) * shares, perf_counter() - started
         )
 
     def _gradients(self, batch: Any) -> tuple[torch.Tensor, Any, int]:
@@ -165,7 +204,7 @@ class TrainStep:
         state.batch = batch
         fire.before_train_batch()
         full_batch = state.batch
-        samples = self.data_spec.get_num_samples_in_batch(full_batch)
+        samples = self._count_samples(full_batch)
         self._loss_total = self._tokens_over_ranks(full_batch) if self.accumulate_on_tokens else samples
         size = state.device_train_microbatch_size
         if self._pipeline is not None:
@@ -186,6 +225,25 @@ class TrainStep:
                 self.fabric.strategy.precision.unscale_gradients(unwrap_optimizer(optimizer))
         fire.after_train_batch()
         return total_loss, full_batch, samples
+
+    def _whole_batch_gradients(self, batch: Any) -> tuple[torch.Tensor, Any, int]:
+        """:meth:`_gradients` where the step is plain (see :meth:`refresh`): the batch in one forward and backward,
+        whose events nothing listens to, with no train metrics, gradient scaler, pipeline or sequence split."""
+        state = self.state
+        if state.train_metrics or state.device_train_microbatch_size is not None:  # set after the step was chosen
+            return TrainStep._gradients(self, batch)
+        state.batch = batch
+        samples = self._count_samples(batch)
+        model: FabricModule = state.model  # type: ignore[assignment]  # set up by the Trainer before any batch
+        state.outputs = outputs = model(batch)
+        resolved = self._loss_method
+        if resolved is None or resolved[0] is not model:
+            resolved = self._loss_method = (model, model.loss)
+        state.loss = loss = resolved[1](outputs, batch)
+        if isinstance(loss, torch.Tensor):
+            self.fabric.backward(loss, model=model)
+            return loss.detach(), batch, samples
+        return self._backward_of(loss, 1.0).detach(), batch, samples
 
     def _step_with_closure(self, batch: Any) -> tuple[torch.Tensor, Any, int]:
         """Every optimizer steps with a closure that recomputes the gradients (see the module docstring)."""
@@ -267,11 +325,8 @@ class TrainStep:
         if isinstance(loss, torch.Tensor):  # the common case, ahead of the loss's other forms
             total = loss
             self.fabric.backward(loss * weight if weight != 1.0 else loss, model=model)
-        elif (losses := _per_optimizer_losses(loss, len(state.optimizers))) is not None:
-            total = self._backward_per_optimizer(losses, weight)
         else:
-            total = _total_loss(loss)
-            self.fabric.backward(total * weight if weight != 1.0 else total, model=model)
+            total = self._backward_of(loss, weight)
         fire.after_backward()
         if state.train_metrics and self._update_metrics:
             samples = self.data_spec.get_num_samples_in_batch(state.batch)
@@ -312,6 +367,15 @@ class TrainStep:
                     for metric in state.train_metrics.values():
                         update_metric(self._model.module, microbatch, microbatch_outputs, metric, samples)
         return loss
+
+    def _backward_of(self, loss: Any, weight: float) -> torch.Tensor:
+        """The backward of a loss that is not one tensor: one per optimizer, a dict or a list (see
+        :func:`_total_loss`); returns the (undetached) total."""
+        if (losses := _per_optimizer_losses(loss, len(self.state.optimizers))) is not None:
+            return self._backward_per_optimizer(losses, weight)
+        total = _total_loss(loss)
+        self.fabric.backward(total * weight if weight != 1.0 else total, model=self._model)
+        return total
 
     def _backward_per_optimizer(self, losses: Sequence[torch.Tensor], weight: float) -> torch.Tensor:
         """Loss ``i`` gives gradients to optimizer ``i``'s parameters only (a GAN's discriminator and generator)."""

@@ -198,6 +198,8 @@ class Trainer:
         self.seed, self.run_name = _join_processes(self.fabric, plan.seed, plan.run_name)
         self.state = _initial_state(plan, self.fabric, self.run_name)
         self.logger, self.engine = _start_engine(self.state, self.fabric, plan.loggers, plan.progress_bar, plan.passes)
+        #: Whether each batch's loss is averaged over the ranks (see :meth:`_after_batch`): fixed once they joined.
+        self._reduces_loss = bool(self.logger.destinations) or self.fabric.world_size > 1
         load = self._checkpoint_to_load(plan)
         self._set_up_training(plan, load)
         self._clock_check = ClockCheck()
@@ -606,7 +608,7 @@ class Trainer:
             clock_check.check_tokens_counted(state.timestamp)
         if state.train_metrics:
             state.metrics.update(compute_metrics(state.train_metrics, "metrics/train"))
-        if self.logger.destinations or self.fabric.world_size > 1:
+        if self._reduces_loss:
             loss = self._loss_over_ranks(state.loss)  # a collective: on every rank, whatever each one logs to
             if self.logger.destinations:
                 self.logger.log_metrics({"loss/train/total": loss})

@@ -85,6 +85,10 @@ class Engine:
             **{field.name: self._firing(Event(field.name)) for field in dataclasses.fields(BatchEvents)}
         )
 
+    def listens_to(self, event: Event) -> bool:
+        """Whether an algorithm or callback runs at ``event``: fixed once the engine is built."""
+        return event in self._work
+
     def _firing(self, event: Event) -> Firing:
         return functools.partial(self.run_event, event) if event in self._work else _IDLE
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
-from fabric.trainer.core.time import Time, Timestamp, TimeUnit, elapsed_fraction
+from fabric.trainer.core.time import Time, Timestamp, TimeUnit, elapsed_fraction, reached
 
 if TYPE_CHECKING:
     from fabric.fabric import Fabric
@@ -110,7 +110,7 @@ class State:
     @property
     def finished(self) -> bool:
         """Whether ``max_duration`` has been reached."""
-        return self.max_duration is not None and bool(self.timestamp >= self.max_duration)
+        return self.max_duration is not None and reached(self.timestamp, self.max_duration)
 
     @property
     def is_model_ddp(self) -> bool:

@@ -375,12 +375,24 @@ def _count(name: str, value: int | Time[int], unit: TimeUnit) -> int:
     return int(_counter(name, value, unit).value)
 
 
-def _clock(name: str, value: timedelta) -> timedelta:
+def _clock(name: str, value: timedelta) -> float:
+    """``value`` (a timedelta) as the float seconds a Timestamp keeps, or an error naming it."""
     if not isinstance(value, timedelta):
         raise TypeError(f"{name} must be a datetime.timedelta, got {type(value).__name__}.")
     if value < _ZERO:
         raise ValueError(f"{name} cannot be negative, got {value!r}.")
-    return value
+    return value.total_seconds()
+
+
+def _seconds(name: str, value: timedelta | float) -> float:
+    """A duration given as a timedelta or as float seconds, as float seconds; negative, infinite or NaN raise."""
+    if isinstance(value, timedelta):
+        return _clock(name, value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a datetime.timedelta or float seconds, got {type(value).__name__}.")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be finite and not negative, got {value!r} seconds.")
+    return float(value)
 
 
 def _trusted_time(value: int, unit: TimeUnit) -> Time[int]:
@@ -398,9 +410,10 @@ _set_time_unit = vars(Time)["_unit"].__set__
 class _Field:
     """One field of a :class:`Timestamp`: its value at ``index`` in the Timestamp's tuple, a counter read as a Time.
 
-    The Timestamp keeps plain ints and timedeltas in one tuple, so a batch builds one tuple rather than a Time per
-    counter; a counter becomes a Time when it is read. Read on the class (as ``dataclasses`` does), the field's
-    default.
+    The Timestamp keeps plain ints and float seconds in one tuple, so a batch builds one tuple rather than a Time per
+    counter and adds floats rather than timedeltas (whose arithmetic cost the per-batch path more than the rest of
+    its clock); a counter becomes a Time and a clock a timedelta when it is read. Read on the class (as
+    ``dataclasses`` does), the field's default.
     """
 
     __slots__ = ("default", "index", "name", "unit")
@@ -417,7 +430,7 @@ class _Field:
         if timestamp is None:
             return self.default
         value = timestamp._values[self.index]
-        return value if self.unit is None else _trusted_time(value, self.unit)
+        return timedelta(seconds=value) if self.unit is None else _trusted_time(value, self.unit)
 
     def __set__(self, timestamp: Timestamp, value: object) -> NoReturn:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {self.name!r}")
@@ -503,38 +516,30 @@ class Timestamp:
 
     # --- advancing ----------------------------------------------------------------------------
 
-    def to_next_batch(self, samples: int, tokens: int = 0, duration: timedelta = _ZERO) -> Timestamp:
+    def to_next_batch(self, samples: int, tokens: int = 0, duration: timedelta | float = 0.0) -> Timestamp:
         """The clock after one more batch of ``samples`` samples and ``tokens`` tokens (global counts).
 
-        ``duration`` is the batch's wall-clock time: it becomes ``batch_wct`` and adds to the other clocks.
-        This runs once per batch, so only the arguments are validated; the new counters are valid by construction.
+        ``duration`` is the batch's wall-clock time (a timedelta, or float seconds as the Trainer passes it): it
+        becomes ``batch_wct`` and adds to the other clocks. This runs once per batch, so only the arguments are
+        validated; the new counters are valid by construction.
         """
         if type(samples) is not int or samples < 0:  # checked inline: plain counts, the per-batch case, pass through
             samples = _count("to_next_batch samples", samples, TimeUnit.SAMPLE)
         if type(tokens) is not int or tokens < 0:
             tokens = _count("to_next_batch tokens", tokens, TimeUnit.TOKEN)
-        if type(duration) is not timedelta or duration < _ZERO:
-            duration = _clock("to_next_batch duration", duration)
-        epoch, batch, sample, token, batch_in_epoch, sample_in_epoch, token_in_epoch, total, in_epoch, _ = self._values
-        new: Timestamp = _new(Timestamp)
-        _set_values(
-            new,
-            (
-                epoch, batch + 1, sample + samples, token + tokens, batch_in_epoch + 1, sample_in_epoch + samples,
-                token_in_epoch + tokens, total + duration, in_epoch + duration, duration,
-            ),
-        )  # fmt: skip
-        return new
+        if type(duration) is not float or not duration >= 0.0:  # NaN fails too
+            duration = _seconds("to_next_batch duration", duration)
+        return advanced(self, samples, tokens, duration)
 
-    def to_next_epoch(self, duration: timedelta = _ZERO) -> Timestamp:
+    def to_next_epoch(self, duration: timedelta | float = 0.0) -> Timestamp:
         """The clock after the epoch ends: ``epoch + 1``, in-epoch counters and epoch/batch clocks reset.
 
         ``duration`` is time spent since the last batch (e.g. end-of-epoch evaluation); it adds to ``total_wct``.
         """
-        duration = _clock("to_next_epoch duration", duration)
+        duration = _seconds("to_next_epoch duration", duration)
         epoch, batch, sample, token, *_, total, _, _ = self._values
         new: Timestamp = _new(Timestamp)
-        _set_values(new, (epoch + 1, batch, sample, token, 0, 0, 0, total + duration, _ZERO, _ZERO))
+        _set_values(new, (epoch + 1, batch, sample, token, 0, 0, 0, total + duration, 0.0, 0.0))
         return new
 
     def copy(self, **changes: int | Time[int] | timedelta | None) -> Timestamp:
@@ -546,10 +551,7 @@ class Timestamp:
 
     def state_dict(self) -> dict[str, int | float]:
         """Counters as ints and clocks as float seconds: safe for ``torch.load(weights_only=True)``."""
-        return {
-            name: value.total_seconds() if isinstance(value, timedelta) else value
-            for name, value in zip(_FIELD_UNITS, self._values, strict=True)
-        }
+        return dict(zip(_FIELD_UNITS, self._values, strict=True))
 
     @classmethod
     def from_state_dict(cls, state_dict: Mapping[str, Any]) -> Timestamp:
@@ -615,15 +617,39 @@ class Timestamp:
         return NotImplemented if pair is None else pair[0] > pair[1]
 
     def __ge__(self, other: Time[Any] | str) -> bool:
-        if other.__class__ is Time and (index := _TOTALS.get(other._unit)) is not None:  # ``state.finished``, per batch
-            return self._values[index] >= other._value  # type: ignore[no-any-return]
         pair = self._counter_for(other)
         return NotImplemented if pair is None else pair[0] >= pair[1]
 
     def __repr__(self) -> str:
         """Counters as plain numbers, clocks as timedeltas: ``Timestamp(epoch=0, batch=2, ..., batch_wct=...)``."""
-        shown = ", ".join(f"{name}={value!r}" for name, value in zip(_FIELD_UNITS, self._values, strict=True))
+        shown = ", ".join(
+            f"{name}={value if unit else timedelta(seconds=value)!r}"
+            for (name, unit), value in zip(_FIELD_UNITS.items(), self._values, strict=True)
+        )
         return f"Timestamp({shown})"
+
+
+def advanced(timestamp: Timestamp, samples: int, tokens: int, seconds: float) -> Timestamp:
+    """:meth:`Timestamp.to_next_batch` for counts valid by construction (ints and float seconds, none negative):
+    the training loop's, which counts them itself, every batch."""
+    epoch, batch, sample, token, batch_in_epoch, sample_in_epoch, token_in_epoch, total, in_epoch, _ = timestamp._values
+    new: Timestamp = _new(Timestamp)
+    _set_values(
+        new,
+        (
+            epoch, batch + 1, sample + samples, token + tokens, batch_in_epoch + 1, sample_in_epoch + samples,
+            token_in_epoch + tokens, total + seconds, in_epoch + seconds, seconds,
+        ),
+    )  # fmt: skip
+    return new
+
+
+def reached(timestamp: Timestamp, duration: Time[Any]) -> bool:
+    """Whether ``timestamp`` is at ``duration`` or past it, in ``duration``'s unit (``timestamp >= duration``
+    without a call of ``__ge__``: the training loop asks it every batch)."""
+    if duration.__class__ is not Time or (index := _TOTALS.get(duration._unit)) is None:
+        return bool(timestamp >= duration)  # a time string, or a unit no counter holds (which raises there)
+    return timestamp._values[index] >= duration._value  # type: ignore[no-any-return]
 
 
 def batches_in_epoch(timestamp: Timestamp) -> int:
@@ -632,7 +658,12 @@ def batches_in_epoch(timestamp: Timestamp) -> int:
 
 
 def _from_values(values: tuple[Any, ...]) -> Timestamp:
-    return Timestamp(**dict(zip(_FIELD_UNITS, values, strict=True)))
+    """A Timestamp from its tuple (counters, then clocks in seconds), checked by the constructor."""
+    fields: dict[str, Any] = {
+        name: value if unit else timedelta(seconds=value)
+        for (name, unit), value in zip(_FIELD_UNITS.items(), values, strict=True)
+    }
+    return Timestamp(**fields)
 
 
 _new = object.__new__

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import pickle
 import re
 from datetime import timedelta
@@ -469,13 +470,35 @@ def test_advancing_returns_a_new_timestamp() -> None:
     assert start == Timestamp()
 
 
+def test_a_duration_in_float_seconds_advances_the_clocks_as_the_same_timedelta() -> None:
+    by_seconds = Timestamp().to_next_batch(2, duration=0.25).to_next_batch(2, duration=1.5).to_next_epoch(0.125)
+    by_timedelta = (
+        Timestamp()
+        .to_next_batch(2, duration=timedelta(seconds=0.25))
+        .to_next_batch(2, duration=timedelta(seconds=1.5))
+        .to_next_epoch(timedelta(seconds=0.125))
+    )
+    assert by_seconds == by_timedelta
+    assert by_seconds.total_wct == timedelta(seconds=1.875)
+    assert type(by_seconds.total_wct) is timedelta and by_seconds.epoch_wct == timedelta(0)
+    assert by_seconds.state_dict()["total_wct"] == 1.875
+    assert Timestamp.from_state_dict(by_seconds.state_dict()) == by_seconds
+
+
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
         (lambda t: t.to_next_batch(-1), ValueError, "to_next_batch samples: A Time cannot be negative"),
         (lambda t: t.to_next_batch(2.0), TypeError, "to_next_batch samples: A Time in 'sp' needs an integer"),
         (lambda t: t.to_next_batch(2, tokens=-1), ValueError, "to_next_batch tokens: A Time cannot be negative"),
-        (lambda t: t.to_next_batch(2, duration=1.0), TypeError, "to_next_batch duration must be a datetime.timedelta"),
+        (
+            lambda t: t.to_next_batch(2, duration="1s"),
+            TypeError,
+            "to_next_batch duration must be a datetime.timedelta or float seconds, got str",
+        ),
+        (lambda t: t.to_next_batch(2, duration=True), TypeError, "to_next_batch duration must be a datetime.timedelta"),
+        (lambda t: t.to_next_batch(2, duration=-0.5), ValueError, "to_next_batch duration must be finite and not neg"),
+        (lambda t: t.to_next_batch(2, duration=math.nan), ValueError, "must be finite and not negative, got nan"),
         (lambda t: t.to_next_batch(2, duration=-timedelta(1)), ValueError, "to_next_batch duration cannot be negative"),
         (lambda t: t.to_next_epoch(duration=-timedelta(1)), ValueError, "to_next_epoch duration cannot be negative"),
     ],
