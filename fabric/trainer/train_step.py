@@ -136,7 +136,7 @@ class TrainStep:
         self._loss_method: tuple[FabricModule, Callable[..., Any]] | None = None
         unobserved = not any(self.engine.listens_to(event) for event in _EVENTS_INSIDE_THE_STEP)
         plain = self._pipeline is None and self._sequence_split is None and not self.auto_microbatching
-        plain = plain and unobserved and not (self.accumulate_on_tokens or self._unscale)
+        plain = plain and unobserved and not (self.accumulate_on_tokens or self._unscale or self.state.train_metrics)
         if plain:
             self._gradients = self._whole_batch_gradients  # type: ignore[method-assign]
         else:

@@ -658,9 +658,10 @@ def batches_in_epoch(timestamp: Timestamp) -> int:
 
 
 def _from_values(values: tuple[Any, ...]) -> Timestamp:
-    """A Timestamp from its tuple (counters, then clocks in seconds), checked by the constructor."""
+    """A Timestamp from its tuple (counters, then clocks in seconds, or timedeltas as pickles of earlier versions
+    hold them), checked by the constructor."""
     fields: dict[str, Any] = {
-        name: value if unit else timedelta(seconds=value)
+        name: value if unit or isinstance(value, timedelta) else timedelta(seconds=value)
         for (name, unit), value in zip(_FIELD_UNITS.items(), values, strict=True)
     }
     return Timestamp(**fields)

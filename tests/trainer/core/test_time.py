@@ -470,6 +470,16 @@ def test_advancing_returns_a_new_timestamp() -> None:
     assert start == Timestamp()
 
 
+def test_a_timestamp_pickled_with_timedelta_clocks_still_loads() -> None:
+    """Earlier versions kept the clocks as timedeltas in the tuple a pickle holds; unpickling calls the Timestamp's
+    reducer with that tuple."""
+    timestamp = Timestamp(batch=3, batch_in_epoch=3, total_wct=timedelta(seconds=2))
+    rebuild, (values,) = timestamp.__reduce__()
+    assert values == (0, 3, 0, 0, 3, 0, 0, 2.0, 0.0, 0.0)
+    earlier = (0, 3, 0, 0, 3, 0, 0, timedelta(seconds=2), timedelta(0), timedelta(0))
+    assert rebuild(earlier) == rebuild(values) == timestamp
+
+
 def test_a_duration_in_float_seconds_advances_the_clocks_as_the_same_timedelta() -> None:
     by_seconds = Timestamp().to_next_batch(2, duration=0.25).to_next_batch(2, duration=1.5).to_next_epoch(0.125)
     by_timedelta = (
