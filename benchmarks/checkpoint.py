@@ -29,8 +29,6 @@ import argparse
 import io
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,11 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from s3_api import s3_api
 from torch import nn
 
 from fabric import Fabric
-
-REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 def build_state(fabric: Fabric, layers: int) -> dict[str, Any]:
@@ -155,26 +152,6 @@ def print_table(title: str, rows: list[tuple[str, float, float]], size: int, pla
         )
 
 
-def start_s3_server() -> subprocess.Popen[str]:
-    server = subprocess.Popen(
-        [sys.executable, str(REPOSITORY / "tests" / "scripts" / "s3_server.py"), "127.0.0.1", "bench"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert server.stdout is not None
-    port = server.stdout.readline().strip()
-    os.environ.update(
-        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_EC2_METADATA_DISABLED="true",
-    )
-    return server
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=5, help="4096x4096 layers (5: about 1 GB with Adam)")
@@ -195,15 +172,10 @@ def main() -> None:
         if args.dir is None:
             shutil.rmtree(directory, ignore_errors=True)
     if not args.no_s3:
-        server = start_s3_server()
-        try:
+        with s3_api("bench"):
             print_table(
                 "S3 API (moto on 127.0.0.1)", s3_rows(fabric, state, size, args.repeat), size, "torch.save + upload"
             )
-        finally:
-            assert server.stdin is not None
-            server.stdin.close()
-            server.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ and over the load above what it held before (``VmHWM`` after resetting it throug
 the memory a rank needs falls with the world size. On one machine the ranks share its cores and disk, so times
 grow with the world size here; memory is what this measures.
 
+``--bucket``: the fabric rows save to and load from a bucket of moto's S3 API on 127.0.0.1 instead (started by this
+script; ``save_pretrained`` still writes a local folder): each rank uploads the weight files it owns, holding one
+file's tensors at a time, so the save's peak per rank is about one file (``--max-file-bytes``), not the model.
+
 Run ``python benchmarks/huggingface_folders.py`` (a few minutes on 2 cores) or ``--layers 2 --hidden 256`` for a
 smoke check.
 """
@@ -24,6 +28,7 @@ smoke check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import shutil
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from job_results import print_result, run_for_result
+from s3_api import s3_api
 
 RESULT_PREFIX = "HF_FOLDER_RESULT "
 
@@ -95,7 +101,7 @@ def run_fabric(args: argparse.Namespace) -> None:
     with fabric.init_module(empty_init=True):
         model = LlamaForCausalLM(_config(args))
     model = fabric.setup_module(model)
-    folder = Path(args.folder)
+    folder = args.folder
 
     def save() -> None:
         fabric.save(folder, {"model": model}, format="huggingface", max_file_bytes=args.max_file_bytes)
@@ -120,8 +126,9 @@ def run_fabric(args: argparse.Namespace) -> None:
         print_result(RESULT_PREFIX, result)
 
 
-def _measure(kind: str, world: int, args: argparse.Namespace, folder: Path) -> dict[str, Any] | str:
-    shutil.rmtree(folder, ignore_errors=True)
+def _measure(kind: str, world: int, args: argparse.Namespace, folder: Path | str) -> dict[str, Any] | str:
+    if isinstance(folder, Path):
+        shutil.rmtree(folder, ignore_errors=True)
     command = [sys.executable, __file__, "--run", kind, "--world", str(world), "--folder", str(folder)]
     command += ["--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab)]
     command += ["--max-file-bytes", str(args.max_file_bytes)]
@@ -136,6 +143,7 @@ def main() -> None:
     parser.add_argument("--max-file-bytes", type=int, default=200 * 2**20, help="largest weight file (default 200 MiB)")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4], help="numbers of FSDP2 ranks")
     parser.add_argument("--dir", help="where the folders go (default: a temporary directory)")
+    parser.add_argument("--bucket", action="store_true", help="fabric saves to and loads from moto's S3 API")
     parser.add_argument("--run", choices=("transformers", "fabric"), help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
@@ -157,24 +165,30 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     root = Path(args.dir or tempfile.mkdtemp(prefix="hf-folders-"))
     try:
-        runs = [("transformers", 1)] + [("fabric", world) for world in args.worlds]
-        for kind, world in runs:
-            result = _measure(kind, world, args, root / f"{kind}-{world}")
-            name = "save_pretrained" if kind == "transformers" else "fabric (FSDP2)"
-            if isinstance(result, str):
-                print(f"| {name} | {world} | {result} | | | | | |")
-                continue
-            save, load = result["save_gib"], result["load_gib"]
-            others_save = f"{max(save[1:]):.2f}" if len(save) > 1 else "-"
-            others_load = f"{max(load[1:]):.2f}" if len(load) > 1 else "-"
-            print(
-                f"| {name} | {world} | {result['save_s']:.1f} | {result['load_s']:.1f} | {save[0]:.2f} | "
-                f"{others_save} | {load[0]:.2f} | {others_load} |",
-                flush=True,
-            )
+        with s3_api("bench") if args.bucket else contextlib.nullcontext():
+            _print_rows(args, root)
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _print_rows(args: argparse.Namespace, root: Path) -> None:
+    runs = [("transformers", 1)] + [("fabric", world) for world in args.worlds]
+    for kind, world in runs:
+        bucket = args.bucket and kind == "fabric"
+        result = _measure(kind, world, args, f"s3://bench/{world}" if bucket else root / f"{kind}-{world}")
+        name = "save_pretrained" if kind == "transformers" else f"fabric (FSDP2){', S3 API' if bucket else ''}"
+        if isinstance(result, str):
+            print(f"| {name} | {world} | {result} | | | | | |")
+            continue
+        save, load = result["save_gib"], result["load_gib"]
+        others_save = f"{max(save[1:]):.2f}" if len(save) > 1 else "-"
+        others_load = f"{max(load[1:]):.2f}" if len(load) > 1 else "-"
+        print(
+            f"| {name} | {world} | {result['save_s']:.1f} | {result['load_s']:.1f} | {save[0]:.2f} | "
+            f"{others_save} | {load[0]:.2f} | {others_load} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

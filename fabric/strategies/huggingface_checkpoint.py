@@ -6,8 +6,9 @@ otherwise), so one path serves them all: every rank writes its part into a tempo
 rank 0 merges the parts into Hugging Face's files, and the folder is renamed into place only when complete (a
 previous folder at the destination stays until then). Loading checks every name and shape against the files'
 headers first, so a mismatch changes nothing. A folder at a URL loads from a copy in each node's temporary directory,
-made by the node's first rank and removed after the load; saving to an object store URL, rank 0 gathers the weights
-whole, writes the folder locally and uploads it, its index last.
+made by the node's first rank and removed after the load. Saving to an object store URL, the weight files are shared
+out among the ranks: each makes the tensors of its own files whole (one file's on its CPU at a time) and uploads them,
+and rank 0 publishes the folder with its index last.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import torch
 from torch import nn
 
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
-from fabric.plugins.io.distributed_checkpoint import temporary_directory
+from fabric.plugins.io.distributed_checkpoint import new_generation, temporary_directory
 from fabric.plugins.io.huggingface import (
+    FolderUpload,
     check_upload_target,
     compile_key_mapping,
     config_files,
@@ -35,8 +37,8 @@ from fabric.plugins.io.huggingface import (
     read_huggingface,
     removed_on_failure,
     tied_names,
+    upload_weight_files,
     write_huggingface,
-    write_huggingface_to_url,
 )
 from fabric.plugins.io.storage import is_remote
 from fabric.plugins.io.temporaries import remove_temporary
@@ -76,8 +78,8 @@ def save_huggingface(
 ) -> None:
     """Write ``module``'s weights (in ``dtype`` when given) to the folder ``path`` in Hugging Face's layout, with a
     ``transformers`` model's config and ``files`` (a tokenizer's) beside them (a collective; call
-    :func:`check_supported` first). For a URL, rank 0 gathers the weights whole, writes the folder in its temporary
-    directory and uploads it (:func:`~fabric.plugins.io.huggingface.upload_folder`)."""
+    :func:`check_supported` first). For a URL, every rank uploads the weight files it owns, and rank 0 then the index
+    (:class:`~fabric.plugins.io.huggingface.FolderUpload`)."""
     if is_remote(path):
         check_upload_target(path)
         files = {**config_files(module), **(files or {})}
@@ -158,22 +160,52 @@ def _save_to_url(
     files: Mapping[str, bytes],
     storage_options: StorageOptions = None,
 ) -> None:
-    """Rank 0 gathers every tensor whole (CPU memory for the model), writes the folder locally and uploads it; the
-    other ranks wait for the outcome, which they raise too."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    tied = tied_names(_weights(module))  # a gathered copy no longer shares its tensor: read the ties before
-    whole = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    failure = ""
-    if strategy.is_global_zero:
-        weights = {name: value for name, value in whole.items() if isinstance(value, torch.Tensor) and name not in tied}
+    """Every rank puts up the weight files it owns (file ``i`` is rank ``(i - 1) % world_size``'s), the tensors of
+    each made whole one at a time and kept on the CPU by their owner only; once every rank's are up, rank 0 publishes
+    the folder with its index. A failure on any rank deletes this save's files and fails every rank, naming it."""
+    weights = _weights(module)
+    tied = tied_names(weights)  # a gathered copy no longer shares its tensor: read the ties first
+    rank, world_size = strategy.global_rank, strategy.world_size
+    generation = strategy.broadcast(new_generation() if strategy.is_global_zero else None)
+    upload = FolderUpload(url, generation, storage_options)
+    weight_map, total_size, failure = upload_weight_files(
+        upload,
+        {name: value for name, value in weights.items() if name not in tied},
+        max_file_bytes,
+        dtype,
+        owns=lambda number: (number - 1) % world_size == rank,
+        whole=_whole_tensor,
+    )
+    failed = _first_failure(strategy, _described(failure))
+    if failed is None and strategy.is_global_zero:
         try:
-            write_huggingface_to_url(weights, url, max_file_bytes, files, dtype, storage_options)
+            upload.publish(weight_map, total_size, files)
         except Exception as error:
-            failure = f"{type(error).__name__}: {error}"
-    failure = strategy.broadcast(failure)
-    if failure:
+            failed = (0, _described(error))
+    failed = strategy.broadcast(failed)
+    if failed is not None:
+        if strategy.is_global_zero:
+            upload.abandon(weight_map)
         raise CheckpointError(
-            f"Saving the Hugging Face folder {os.fspath(url)!r} failed on rank 0 ({failure}); a folder there is as "
-            "it was."
+            f"Saving the Hugging Face folder {os.fspath(url)!r} failed on rank {failed[0]} ({failed[1]}); a folder "
+            "there is as it was."
         )
+
+
+def _whole_tensor(value: torch.Tensor) -> torch.Tensor:
+    """``value`` whole: a DTensor gathered from its shards (a collective over its mesh), any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _described(error: BaseException | None) -> str:
+    return "" if error is None else f"{type(error).__name__}: {error}"
+
+
+def _first_failure(strategy: Strategy, failure: str) -> tuple[int, str] | None:
+    """The lowest rank whose ``failure`` is not empty and its message, the same on every rank; None if none failed."""
+    world_size = strategy.world_size
+    mine = torch.tensor(float(strategy.global_rank if failure else world_size), device=strategy.root_device)
+    first = int(strategy.all_reduce(mine, reduce_op="min").item())
+    return None if first == world_size else (first, strategy.broadcast(failure, src=first))

@@ -1,12 +1,14 @@
 """Hugging Face folders from several ranks, for tests/plugins/io/test_huggingface_format.py:
-``python huggingface_job.py OUT_DIR save STRATEGY DEVICES [tied] [URL]`` or
+``python huggingface_job.py OUT_DIR save STRATEGY DEVICES [tied] [URL [refused-on-rank-1]]`` or
 ``... OUT_DIR load STRATEGY DEVICES FOLDER``.
 
 A tiny random-initialised Llama (``transformers``) set up with STRATEGY (``fsdp``, ``hsdp``: 2 replicas of
 DEVICES/2 shards, ``ddp`` or ``tp``: tensor parallelism over the MLP projections) on DEVICES gloo ranks. ``save``:
 the seed-0 model written to ``OUT_DIR/hf`` (or URL) with ``format="huggingface"`` in files of at most 200 kB
-(``tied``: its head tied to its embedding). ``load``: a seed-1 model filled from FOLDER; rank 0 writes its logits on
-fixed tokens to ``OUT_DIR/logits.pt``.
+(``tied``: its head tied to its embedding). To a URL, each rank writes the weight files it uploaded to
+``OUT_DIR/uploads-rank{rank}.txt``; ``refused-on-rank-1``: rank 1's uploads are refused (``PermissionError``), and each
+rank writes the ``CheckpointError`` the save raised to ``OUT_DIR/error-rank{rank}.txt``. ``load``: a seed-1 model
+filled from FOLDER; rank 0 writes its logits on fixed tokens to ``OUT_DIR/logits.pt``.
 """
 
 import sys
@@ -18,7 +20,9 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fabric import Fabric
+from fabric.plugins.io.huggingface import FolderUpload
 from fabric.strategies import FSDPStrategy, ModelParallelStrategy
+from fabric.utilities.exceptions import CheckpointError
 
 out_dir, mode, strategy_name, devices = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 TIED = mode == "save" and "tied" in sys.argv[5:]
@@ -46,9 +50,25 @@ strategies = {
 strategy = strategies[strategy_name]() if strategy_name in strategies else strategy_name
 fabric = Fabric(accelerator="cpu", devices=devices, strategy=strategy)
 fabric.launch()
+REFUSED = "refused-on-rank-1" in sys.argv[5:] and fabric.global_rank == 1
+put_weights = FolderUpload.put_weights
+
+
+def recorded(upload: FolderUpload, tensors: dict[str, torch.Tensor], name: str, dtype: torch.dtype | None) -> None:
+    if REFUSED:
+        raise PermissionError("Access Denied")
+    put_weights(upload, tensors, name, dtype)
+    with (out_dir / f"uploads-rank{fabric.global_rank}.txt").open("a") as uploads:
+        uploads.write(name + "\n")
+
+
+FolderUpload.put_weights = recorded  # type: ignore[method-assign]
 if mode == "save":
     model = fabric.setup(make_model(0))
-    fabric.save(TARGET, {"model": model}, format="huggingface", max_file_bytes=200_000)
+    try:
+        fabric.save(TARGET, {"model": model}, format="huggingface", max_file_bytes=200_000)
+    except CheckpointError as error:
+        (out_dir / f"error-rank{fabric.global_rank}.txt").write_text(str(error))
 else:
     model = fabric.setup(make_model(1))
     fabric.load(sys.argv[5], {"model": model})

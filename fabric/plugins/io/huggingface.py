@@ -6,9 +6,9 @@ The layout is what ``transformers``' ``save_pretrained`` writes and ``from_pretr
 or its share of replicated tensors) into a staging folder; the coordinating rank then merges them, one output file at
 a time, into the standard files and the index, and the staging folder goes. Reading, every rank reads only the slices
 its own shards cover; a folder at a URL (``s3://...``) is first copied, its index and weight files only, to a local
-temporary folder, once per node (:func:`download_weights`). A folder for a URL is written locally, then published
-there by :func:`upload_folder`. Nothing in these files executes on load (safetensors holds tensors and a JSON header
-only).
+temporary folder, once per node (:func:`download_weights`). A folder for a URL is uploaded one weight file at a time,
+each by a process holding it, and published by its index (:class:`FolderUpload`). Nothing in these files executes
+on load (safetensors holds tensors and a JSON header only).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ import os
 import re
 import shutil
 import struct
+import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -313,13 +315,20 @@ def write_huggingface_to_url(
     dtype: torch.dtype | None = None,
     storage_options: StorageOptions = None,
 ) -> None:
-    """Write whole tensors held by this one process as the Hugging Face folder at ``url``: into this machine's
-    temporary directory first (room for the weights), then :func:`upload_folder` (call :func:`check_upload_target`
-    before gathering them)."""
-    with tempfile.TemporaryDirectory(prefix="fabric-huggingface-") as scratch:
-        local = Path(scratch) / "folder"
-        write_huggingface_folder(weights, local, max_file_bytes, files, dtype)
-        upload_folder(local, url, storage_options)
+    """Write whole tensors held by this one process as the Hugging Face folder at ``url`` (a :class:`FolderUpload`:
+    call :func:`check_upload_target` before gathering them); a failure leaves a folder there as it was."""
+    tied = tied_names(weights)
+    upload = FolderUpload(url, new_generation(), storage_options)
+    weight_map, total_size, failure = upload_weight_files(
+        upload, {name: value for name, value in weights.items() if name not in tied}, max_file_bytes, dtype
+    )
+    try:
+        if failure is not None:
+            raise failure
+        upload.publish(weight_map, total_size, files)
+    except BaseException:
+        upload.abandon(weight_map)
+        raise
 
 
 def check_upload_target(url: PathType) -> None:
@@ -333,53 +342,112 @@ def check_upload_target(url: PathType) -> None:
         )
 
 
-def upload_folder(local: Path, url: PathType, storage_options: StorageOptions = None) -> None:
-    """Publish the finished Hugging Face folder ``local`` at ``url`` on an object store, replacing a folder there
-    only at the end: its weight files go up under names of this upload's own (``model-<generation>-0000i-of-
-    0000N.safetensors``), then its other files (config, tokenizer), then the index, which lists the new files: one
-    request, the switch. Only then are the files of the folder it replaced deleted (a lone ``model.safetensors``
-    among them, which ``from_pretrained`` would read before an index), and those of uploads killed before their
-    index, once an hour old. A failure before the switch deletes this upload's weight files and leaves the previous
-    folder as it was."""
-    check_upload_target(url)
-    fs, root = filesystem(url, storage_options)
-    root = root.rstrip("/")
-    previous = _listed_weight_files(fs, root)
-    index_file = local / INDEX_FILE
-    if index_file.is_file():
-        index = json.loads(index_file.read_text())
-    else:  # the one-file form: published with an index, so that the index is the switch
-        index = {"metadata": {}, "weight_map": dict.fromkeys(_header(local / SINGLE_FILE, local), SINGLE_FILE)}
-    generation = new_generation()
-    renamed = {
-        name: f"model-{generation}.safetensors"
-        if name == SINGLE_FILE
-        else f"model-{generation}-{name.removeprefix('model-')}"
-        for name in set(index["weight_map"].values())
-    }
-    uploaded: list[str] = []
-    try:
-        for name, new in sorted(renamed.items()):
-            fs.put_file(str(local / name), f"{root}/{new}")
-            uploaded.append(new)
-        for other in sorted(local.iterdir()):
-            if other.name not in renamed and other.name != INDEX_FILE and other.is_file():
-                fs.put_file(str(other), f"{root}/{other.name}")
-        index["weight_map"] = {key: renamed[file] for key, file in index["weight_map"].items()}
-        fs.pipe_file(f"{root}/{INDEX_FILE}", json.dumps(index, indent=2, sort_keys=True).encode())
-    except BaseException:
-        for new in uploaded:
-            with contextlib.suppress(Exception):  # the save's own error is the one to raise
-                fs.rm(f"{root}/{new}")
-        raise
-    current = set(renamed.values())
-    for name in sorted(previous - current):
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm(f"{root}/{name}")
-    _remove_abandoned_uploads(fs, root, current)
+class FolderUpload:
+    """One save of a Hugging Face folder to an object store, replacing a folder there only at its end.
+
+    Its weight files go up under names of this save's own (``model-<generation>-0000i-of-0000N.safetensors``), from
+    whichever processes hold them (:func:`upload_weight_files`); then, from one process, :meth:`publish` writes the
+    other files (config, tokenizer) and the index, which lists the new files: one request, the switch. Only then are
+    the files of the folder it replaced deleted (a lone ``model.safetensors`` among them, which ``from_pretrained``
+    would read before an index), and those of uploads killed before their index, once an hour old. A failure before
+    the switch calls :meth:`abandon`: this save's weight files go, and the previous folder stays as it was.
+    """
+
+    def __init__(self, url: PathType, generation: str, storage_options: StorageOptions = None) -> None:
+        check_upload_target(url)
+        self._fs, root = filesystem(url, storage_options)
+        self._root = root.rstrip("/")
+        self._generation = generation
+
+    def weight_file(self, number: int, count: int) -> str:
+        """The name of weight file ``number`` of ``count`` in this save."""
+        return f"model-{self._generation}-{number:05d}-of-{count:05d}.safetensors"
+
+    def put_weights(self, tensors: dict[str, torch.Tensor], name: str, dtype: torch.dtype | None) -> None:
+        """Upload ``tensors`` (whole, on the CPU; floating-point ones in ``dtype`` when given) as the weight file
+        ``name``, written in this machine's temporary directory first (room for one file)."""
+        with tempfile.TemporaryDirectory(prefix="fabric-huggingface-") as scratch:
+            folder = Path(scratch) / "file"
+            write_huggingface(tensors, folder, max_file_bytes=sys.maxsize, dtype=dtype, alone=True)
+            (written,) = folder.glob("*.safetensors")
+            self._fs.put_file(str(written), f"{self._root}/{name}")
+
+    def publish(self, weight_map: Mapping[str, str], total_size: int, files: Mapping[str, bytes]) -> None:
+        """Once every weight file is up: ``files``, then the index (the switch), then the replaced folder's weight
+        files go. What fails before the switch is raised (call :meth:`abandon`); a failed deletion after it only
+        warns, naming the files left: the new folder is complete."""
+        previous = _listed_weight_files(self._fs, self._root)
+        for name, content in sorted(files.items()):
+            self._fs.pipe_file(f"{self._root}/{name}", content)
+        index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+        self._fs.pipe_file(f"{self._root}/{INDEX_FILE}", json.dumps(index, indent=2, sort_keys=True).encode())
+        current = set(weight_map.values())
+        replaced = sorted(previous - current)
+        try:
+            for name in replaced:
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.rm(f"{self._root}/{name}")
+            _remove_abandoned_uploads(self._fs, self._root, current)
+        except Exception as error:
+            warnings.warn(
+                f"The Hugging Face folder at {self._root!r} is saved, but deleting what it replaced failed "
+                f"({type(error).__name__}: {error}); unused files may remain beside it (of {replaced}).",
+                stacklevel=2,
+            )
+
+    def abandon(self, weight_map: Mapping[str, str]) -> None:
+        """Delete this save's weight files (those some process put up); the save's own error is the one to raise."""
+        for name in sorted(set(weight_map.values())):
+            with contextlib.suppress(Exception):
+                self._fs.rm(f"{self._root}/{name}")
 
 
-#: The weight files :func:`upload_folder` names: ``model-<generation>[-0000i-of-0000N].safetensors``.
+def upload_weight_files(
+    upload: FolderUpload,
+    weights: Mapping[str, torch.Tensor],
+    max_file_bytes: int,
+    dtype: torch.dtype | None,
+    *,
+    owns: Callable[[int], bool] = lambda number: True,
+    whole: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor,
+) -> tuple[dict[str, str], int, Exception | None]:
+    """Put ``weights`` up as the weight files of ``upload``, split as ``save_pretrained`` splits them, each file by
+    the process that ``owns`` its number, which holds one file's tensors at a time (on the CPU).
+
+    ``weights`` are this process's: whole tensors, or shards that ``whole`` makes whole (a collective: every process
+    calls this with the same names, and ``whole`` for each in the same order). Returns the weight map and total size
+    (the same in every process) and this process's failure, if any: after one it puts nothing up, but still takes
+    part in every ``whole``, so that the others are not left waiting.
+    """
+    sizes = {name: _saved_bytes(value, dtype) for name, value in weights.items()}
+    numbers = file_numbers(sizes, max_file_bytes)
+    count = max(numbers.values(), default=1)
+    weight_map = {name: upload.weight_file(number, count) for name, number in numbers.items()}
+    failure: Exception | None = None
+    for number in range(1, count + 1):
+        mine = owns(number) and failure is None
+        tensors: dict[str, torch.Tensor] = {}
+        for name in sorted(name for name, its in numbers.items() if its == number):
+            tensor = whole(weights[name])
+            if mine:
+                tensors[name] = tensor.cpu()
+        if mine:
+            try:
+                upload.put_weights(tensors, upload.weight_file(number, count), dtype)
+            except Exception as error:
+                failure = error
+    return weight_map, sum(sizes.values()), failure
+
+
+def _saved_bytes(value: torch.Tensor, dtype: torch.dtype | None) -> int:
+    """The bytes of ``value`` whole, as saved (floating-point tensors in ``dtype`` when given)."""
+    if dtype is not None and value.is_floating_point():
+        return value.numel() * dtype.itemsize
+    return tensor_bytes(value)
+
+
+#: The weight files a :class:`FolderUpload` names: ``model-<generation>[-0000i-of-0000N].safetensors`` (the
+#: one-file form from earlier versions).
 _UPLOADED_WEIGHTS = re.compile(r"model-[0-9a-f]{16}(-\d+-of-\d+)?\.safetensors")
 
 

@@ -208,6 +208,29 @@ def test_a_save_to_a_bucket_that_fails_before_its_index_leaves_the_previous_fold
     _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")))
 
 
+def test_a_refused_deletion_after_the_index_switched_warns_and_the_new_folder_stands(
+    tmp_path: Path, s3_bucket: str
+) -> None:
+    import s3fs
+
+    fabric = Fabric(accelerator="cpu")
+    url = f"{s3_bucket}/exported"
+    fabric.save(url, {"model": fabric.setup(_model(1))}, format="huggingface", max_file_bytes=150_000)
+    replaced = [name for name in _bucket_files(url) if name.endswith(".safetensors")]
+
+    async def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError("Access Denied")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(s3fs.S3FileSystem, "_rm", refused)
+        s3fs.S3FileSystem.clear_instance_cache()
+        with pytest.warns(UserWarning, match=r"is saved, but deleting what it replaced failed \(PermissionError"):
+            fabric.save(url, {"model": fabric.setup(_model(0))}, format="huggingface", max_file_bytes=150_000)
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert set(replaced) <= set(_bucket_files(url))  # left beside the new folder, which the index names
+    _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")))
+
+
 def test_a_save_to_a_bucket_deletes_what_killed_uploads_left_once_an_hour_old(
     s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -226,13 +249,37 @@ def test_a_save_to_a_bucket_deletes_what_killed_uploads_left_once_an_hour_old(
 
 
 @pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
-def test_a_sharded_save_to_a_bucket_is_a_folder_transformers_loads(
+@pytest.mark.parametrize(("strategy", "devices"), [("fsdp", "2"), ("ddp", "2"), ("hsdp", "4")])
+def test_a_sharded_save_to_a_bucket_is_a_folder_transformers_loads_each_rank_uploading_its_files(
+    tmp_path: Path, s3_server: S3Server, s3_bucket: str, strategy: str, devices: str
+) -> None:
+    """No rank gathers the model: each uploads the weight files it owns (file i is rank (i - 1) % world size's)."""
+    url = f"{s3_bucket}/exported"
+    _job(tmp_path, "save", strategy, devices, url, env=s3_server.environment())
+    uploads = {path.name: path.read_text().split() for path in tmp_path.iterdir()}
+    assert {"config.json", INDEX_FILE} <= set(_bucket_files(url))
+    index = json.loads(fsspec.open(f"{url}/{INDEX_FILE}").open().read())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) == 2  # at most 200 kB each
+    owners = {rank: files[rank :: int(devices)] for rank in range(int(devices))}  # hsdp: ranks 2 and 3 own none
+    assert uploads == {f"uploads-rank{rank}.txt": names for rank, names in owners.items() if names}
+    assert set(_bucket_files(url)) == {"config.json", INDEX_FILE, *files}
+    _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")).eval())
+
+
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
+def test_an_upload_refused_on_rank_1_fails_every_rank_naming_it_and_leaves_the_previous_folder(
     tmp_path: Path, s3_server: S3Server, s3_bucket: str
 ) -> None:
     url = f"{s3_bucket}/exported"
-    _job(tmp_path, "save", "fsdp", "2", url, env=s3_server.environment())
-    assert sorted(path.name for path in tmp_path.iterdir()) == []  # nothing written beside
-    assert {"config.json", INDEX_FILE} <= set(_bucket_files(url))
+    _job(tmp_path / "first", "save", "fsdp", "2", url, env=s3_server.environment())
+    before = _bucket_files(url)
+    _job(tmp_path / "refused", "save", "fsdp", "2", url, "refused-on-rank-1", env=s3_server.environment())
+    for rank in (0, 1):
+        error = (tmp_path / "refused" / f"error-rank{rank}.txt").read_text()
+        assert "exported' failed on rank 1 (PermissionError: Access Denied); a folder there is as it was" in error
+    assert (tmp_path / "refused" / "uploads-rank0.txt").read_text().count(".safetensors") == 1  # put up, then deleted
+    assert _bucket_files(url) == before
     _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")).eval())
 
 
