@@ -576,8 +576,8 @@ class Fabric:
         ``format="huggingface"`` writes ``state={"model": model}``'s weights as a folder in Hugging Face's layout
         (``model-0000i-of-0000N.safetensors`` of at most ``max_file_bytes`` each, the index, and a ``transformers``
         model's ``config.json``) that ``from_pretrained`` reads, every rank writing only its shards (synchronous; any
-        strategy but DeepSpeed). At an object store URL rank 0 gathers the weights, writes them locally and uploads
-        them, the index last.
+        strategy but DeepSpeed). At an object store URL every rank uploads the weight files it owns (no rank holds the
+        model), and rank 0 the index, last.
         """
         if format is not None:
             self._save_in_format(format, path, state, filter, async_save, max_file_bytes, storage_options)

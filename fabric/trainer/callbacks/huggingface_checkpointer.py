@@ -35,7 +35,7 @@ class HuggingFaceCheckpointer(SavesAtIntervals):
     folder appears complete or not at all (``fabric.save(..., format="huggingface")``). ``precision`` is the dtype of
     the floating-point weights written (``"float32"``, ``"bfloat16"`` or ``"float16"``); ``overwrite=False`` stops
     training rather than replace an existing folder. The folder is local, on a shared file system, or at an object store
-    URL (``s3://...``: rank 0 gathers the weights and uploads the folder, its index last); llm-foundry's MLflow
+    URL (``s3://...``: every rank uploads the weight files it owns, rank 0 the index, last); llm-foundry's MLflow
     registration (``mlflow_registered_model_name``) is not provided. The folders written are in
     :attr:`saved`.
     """
