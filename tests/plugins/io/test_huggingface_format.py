@@ -7,12 +7,14 @@ model unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
@@ -167,6 +169,23 @@ def _downloaded(url: str, local: Path) -> Path:
     return local
 
 
+@contextlib.contextmanager
+def _refused(request: str) -> Iterator[None]:
+    """s3fs's ``request`` (one of its async methods: ``_pipe_file``, ``_rm``) refused with Access Denied meanwhile."""
+    import s3fs
+
+    async def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError("Access Denied")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(s3fs.S3FileSystem, request, refused)
+        s3fs.S3FileSystem.clear_instance_cache()  # a cached client keeps the methods it was made with
+        try:
+            yield
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
+
+
 def test_one_process_saves_to_a_bucket_replacing_the_previous_folder_at_its_index(
     tmp_path: Path, s3_bucket: str
 ) -> None:
@@ -188,22 +207,12 @@ def test_one_process_saves_to_a_bucket_replacing_the_previous_folder_at_its_inde
 def test_a_save_to_a_bucket_that_fails_before_its_index_leaves_the_previous_folder(
     tmp_path: Path, s3_bucket: str
 ) -> None:
-    import s3fs
-
     fabric = Fabric(accelerator="cpu")
     url = f"{s3_bucket}/exported"
     fabric.save(url, {"model": fabric.setup(_model(0))}, format="huggingface", max_file_bytes=150_000)
     before = _bucket_files(url)
-
-    async def refused(*args: object, **kwargs: object) -> None:
-        raise PermissionError("Access Denied")
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(s3fs.S3FileSystem, "_pipe_file", refused)  # the index's request
-        s3fs.S3FileSystem.clear_instance_cache()  # a cached client keeps the methods it was made with
-        with pytest.raises(CheckpointError, match=r"exported' failed on rank 0 \(PermissionError: Access Denied\)"):
-            fabric.save(url, {"model": fabric.setup(_model(1))}, format="huggingface", max_file_bytes=150_000)
-    s3fs.S3FileSystem.clear_instance_cache()
+    with _refused("_pipe_file"), pytest.raises(CheckpointError, match=r"exported' failed on rank 0 \(PermissionError"):
+        fabric.save(url, {"model": fabric.setup(_model(1))}, format="huggingface", max_file_bytes=150_000)
     assert _bucket_files(url) == before  # the new weight files removed, the previous folder whole
     _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")))
 
@@ -211,22 +220,12 @@ def test_a_save_to_a_bucket_that_fails_before_its_index_leaves_the_previous_fold
 def test_a_refused_deletion_after_the_index_switched_warns_and_the_new_folder_stands(
     tmp_path: Path, s3_bucket: str
 ) -> None:
-    import s3fs
-
     fabric = Fabric(accelerator="cpu")
     url = f"{s3_bucket}/exported"
     fabric.save(url, {"model": fabric.setup(_model(1))}, format="huggingface", max_file_bytes=150_000)
     replaced = [name for name in _bucket_files(url) if name.endswith(".safetensors")]
-
-    async def refused(*args: object, **kwargs: object) -> None:
-        raise PermissionError("Access Denied")
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(s3fs.S3FileSystem, "_rm", refused)
-        s3fs.S3FileSystem.clear_instance_cache()
-        with pytest.warns(UserWarning, match=r"is saved, but deleting what it replaced failed \(PermissionError"):
-            fabric.save(url, {"model": fabric.setup(_model(0))}, format="huggingface", max_file_bytes=150_000)
-    s3fs.S3FileSystem.clear_instance_cache()
+    with _refused("_rm"), pytest.warns(UserWarning, match=r"is saved, but deleting what it replaced failed \(Perm"):
+        fabric.save(url, {"model": fabric.setup(_model(0))}, format="huggingface", max_file_bytes=150_000)
     assert set(replaced) <= set(_bucket_files(url))  # left beside the new folder, which the index names
     _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(_downloaded(url, tmp_path / "copy")))
 
