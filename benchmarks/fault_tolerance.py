@@ -5,7 +5,9 @@ process per replica group, each job in fresh processes:
 
 * **overhead**: the median step time of 2 replica groups of 1 process (Fabric, a torchft lighthouse) against plain
   torch DDP over the same 2 processes (``init_process_group("gloo")``, ``DistributedDataParallel``); printed as
-  ``overhead: R x`` (goal: at most 1.05x on CPU).
+  ``overhead: R x`` (goal: at most 1.05x on CPU). With ``--fsdp`` also ``strategy="fault_tolerant_fsdp"`` (2 groups of
+  one FSDP2 shard each) against plain torch HSDP over the same 2 processes (``fully_shard`` on a 2 x 1 replicate x
+  shard mesh), printed as ``overhead (fsdp): R x``.
 * **one failure**: 3 processes, of which one is SIGKILLed at step ``--kill-at``:
   - fault tolerant: 3 replica groups; the group killed does not come back, the 2 others finish the run.
     *Steps lost*: steps the survivors ran whose update was discarded. *Wall time lost*: the survivors' time for the
@@ -22,6 +24,7 @@ on every interface. Usage::
     python benchmarks/fault_tolerance.py                   # 60 steps, dim 512, killed at step 35, checkpoints every 10
     python benchmarks/fault_tolerance.py --steps 100 --kill-at 55
     python benchmarks/fault_tolerance.py --rounds 5       # the overhead as the median of 5 alternating rounds
+    python benchmarks/fault_tolerance.py --fsdp           # also fault_tolerant_fsdp against plain HSDP
     python benchmarks/fault_tolerance.py --heartbeat-timeout-ms 5000   # `fabric lighthouse`'s default (500 here)
 
 The survivors' wall time lost is mostly the lighthouse's heartbeat timeout: the quorum after a failure waits until
@@ -76,7 +79,7 @@ def _summary(times: list[float], started: float, extra: dict[str, Any]) -> dict[
 
 
 def job_ddp(args: argparse.Namespace) -> None:
-    """Plain torch: DDP over the processes of the job, gloo."""
+    """Plain torch: DDP (or with ``--fsdp`` HSDP, one shard per replica) over the processes of the job, gloo."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -85,7 +88,14 @@ def job_ddp(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = _model(args.dim)
-    model = DistributedDataParallel(model)
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
+        model = fully_shard(model, mesh=mesh)
+    else:
+        model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     times = []
     for step in range(args.steps):
@@ -107,7 +117,7 @@ def job_fault_tolerant(args: argparse.Namespace) -> None:
     from fabric import Fabric
 
     started = time.perf_counter()
-    fabric = Fabric(accelerator="cpu", devices=1, strategy="fault_tolerant_ddp")
+    fabric = Fabric(accelerator="cpu", devices=1, strategy="fault_tolerant_fsdp" if args.fsdp else "fault_tolerant_ddp")
     fabric.launch()
     model = _model(args.dim)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -163,8 +173,9 @@ def job_restart(args: argparse.Namespace) -> None:
 # --- the orchestrator ------------------------------------------------------------------------------------------------
 
 
-def _own(args: argparse.Namespace, job: str, *extra: str) -> list[str]:
-    return [sys.executable, __file__, "--job", job, "--steps", str(args.steps), "--dim", str(args.dim), *extra]
+def _own(args: argparse.Namespace, job: str, *extra: str, fsdp: bool = False) -> list[str]:
+    command = [sys.executable, __file__, "--job", job, "--steps", str(args.steps), "--dim", str(args.dim), *extra]
+    return [*command, "--fsdp"] if fsdp else command
 
 
 def _environment(**variables: str) -> dict[str, str]:
@@ -172,10 +183,10 @@ def _environment(**variables: str) -> dict[str, str]:
     return {**environment, "OMP_NUM_THREADS": "1", **variables}
 
 
-def _run_ddp(args: argparse.Namespace, port: int) -> dict[str, Any]:
+def _run_ddp(args: argparse.Namespace, port: int, fsdp: bool = False) -> dict[str, Any]:
     processes = [
         subprocess.Popen(
-            _own(args, "ddp"),
+            _own(args, "ddp", fsdp=fsdp),
             env=_environment(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
             stdout=subprocess.PIPE,
             text=True,
@@ -186,7 +197,9 @@ def _run_ddp(args: argparse.Namespace, port: int) -> dict[str, Any]:
     return _result(outputs[0])
 
 
-def _run_fault_tolerant(args: argparse.Namespace, groups: int, kill_at: int) -> list[dict[str, Any]]:
+def _run_fault_tolerant(
+    args: argparse.Namespace, groups: int, kill_at: int, fsdp: bool = False
+) -> list[dict[str, Any]]:
     from torchft.coordination import LighthouseServer
 
     timeout = args.heartbeat_timeout_ms
@@ -197,7 +210,7 @@ def _run_fault_tolerant(args: argparse.Namespace, groups: int, kill_at: int) -> 
     try:
         processes = [
             subprocess.Popen(
-                _own(args, "fault_tolerant", "--kill-at", str(kill_at)),
+                _own(args, "fault_tolerant", "--kill-at", str(kill_at), fsdp=fsdp),
                 env=_environment(
                     FABRIC_FT_REPLICA_GROUP=str(group),
                     FABRIC_FT_REPLICA_GROUPS=str(groups),
@@ -257,6 +270,7 @@ def main() -> None:
         default=500,
         help="the lighthouse's heartbeat and join timeouts: how soon a dead group is left out of the quorum",
     )
+    parser.add_argument("--fsdp", action="store_true", help="also measure fault_tolerant_fsdp against plain HSDP")
     parser.add_argument("--work")
     args = parser.parse_args()
     if args.job is not None:
@@ -268,11 +282,15 @@ def main() -> None:
 
     os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse's INFO lines, ten a second
     kill_at = args.kill_at
-    rounds = []  # alternating, so that both see the same moments of a busy machine
+    rounds, fsdp_rounds = [], []  # alternating, so that both see the same moments of a busy machine
     for _ in range(args.rounds):
         ddp = _run_ddp(args, 29600)
         fault_tolerant = _run_fault_tolerant(args, groups=2, kill_at=0)
         rounds.append(statistics.median(r["step_ms"] for r in fault_tolerant) / ddp["step_ms"])
+        if args.fsdp:
+            hsdp = _run_ddp(args, 29600, fsdp=True)
+            fault_tolerant_fsdp = _run_fault_tolerant(args, groups=2, kill_at=0, fsdp=True)
+            fsdp_rounds.append(statistics.median(r["step_ms"] for r in fault_tolerant_fsdp) / hsdp["step_ms"])
     overhead = statistics.median(rounds)
     calm = _run_fault_tolerant(args, groups=3, kill_at=0)
     failed = _run_fault_tolerant(args, groups=3, kill_at=kill_at)
@@ -294,6 +312,15 @@ def main() -> None:
     if args.rounds > 1:
         print(f"(the last of {args.rounds} rounds; overhead per round: {', '.join(f'{r:.2f}' for r in rounds)})")
     print(f"overhead: {overhead:.2f} x")
+    if args.fsdp:
+        label = "plain torch HSDP (2 replicas x 1 shard), 2 processes"
+        print(f"{label:58} {hsdp['step_ms']:8.1f} {hsdp['wall_s']:7.1f}")
+        for r in fault_tolerant_fsdp:
+            label = f"fault_tolerant_fsdp, 2 groups of 1 (group {r['group']})"
+            print(f"{label:58} {r['step_ms']:8.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
+        if args.rounds > 1:
+            print(f"(fsdp, overhead per round: {', '.join(f'{r:.2f}' for r in fsdp_rounds)})")
+        print(f"overhead (fsdp): {statistics.median(fsdp_rounds):.2f} x")
     label = f"fault_tolerant_ddp, 3 groups, group 2 SIGKILLed at step {kill_at}"
     print(f"{label:58} {'':8} {max(r['wall_s'] for r in failed):7.1f} {steps_lost:10d}")
     label = f"torchrun --max-restarts=1 + autoresume (every {args.checkpoint_every}), rank 2 killed"
