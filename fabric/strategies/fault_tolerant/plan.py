@@ -32,7 +32,9 @@ class FaultTolerance:
         min_replica_groups: the fewest groups a step may commit with; below it, steps wait (and are retried).
         lighthouse: the torchft lighthouse's address, ``http://host:port``.
         timeout: how long a gradient exchange or a recovery from a peer may take before the step is given up.
-        quorum_timeout: how long a step waits for the lighthouse's quorum (a joining group included).
+        quorum_timeout: how long a step waits for the lighthouse's quorum (a joining group included); by default
+            twice ``timeout``: a quorum waits for every live group, and a live group may be inside an exchange with a
+            group that died, which only ``timeout`` ends. A quorum that gave up first would fail a healthy group.
     """
 
     replica_group: int
@@ -50,7 +52,7 @@ class FaultTolerance:
         min_replica_groups: int = 1,
         lighthouse: str | None = None,
         timeout: timedelta = DEFAULT_FT_TIMEOUT,
-        quorum_timeout: timedelta = DEFAULT_FT_TIMEOUT,
+        quorum_timeout: timedelta | None = None,
         environment: Mapping[str, str] | None = None,
     ) -> FaultTolerance:
         """The arguments given, else the launcher's variables (:data:`FT_REPLICA_GROUP`, :data:`FT_REPLICA_GROUPS`,
@@ -65,6 +67,8 @@ class FaultTolerance:
                 f"min_replica_groups={min_replica_groups} cannot be met by replica_groups={groups}: no step could "
                 f"ever commit. Accepted: 1 to {groups}."
             )
+        if quorum_timeout is None and isinstance(timeout, timedelta):
+            quorum_timeout = timeout * 2
         for name, value in (("timeout", timeout), ("quorum_timeout", quorum_timeout)):
             if not isinstance(value, timedelta) or value <= timedelta(0):
                 raise ValueError(f"{name}={value!r} is not valid. Accepted: a timedelta greater than 0.")

@@ -56,7 +56,8 @@ class FaultTolerantStrategy(ParallelStrategy):
         min_replica_groups: the fewest groups a step may commit with (default 1).
         lighthouse: the torchft lighthouse, ``"host:port"``; else ``TORCHFT_LIGHTHOUSE``.
         ft_timeout: how long a gradient exchange across groups or a recovery from a peer may take.
-        quorum_timeout: how long a step waits for the lighthouse's quorum.
+        quorum_timeout: how long a step waits for the lighthouse's quorum (default: twice ``ft_timeout``, see
+            :class:`~fabric.strategies.fault_tolerant.plan.FaultTolerance`).
         **kwargs: as the strategy inside the group (``timeout`` is the in-group process group's).
     """
 
@@ -71,7 +72,7 @@ class FaultTolerantStrategy(ParallelStrategy):
         min_replica_groups: int = 1,
         lighthouse: str | None = None,
         ft_timeout: timedelta = DEFAULT_FT_TIMEOUT,
-        quorum_timeout: timedelta = DEFAULT_FT_TIMEOUT,
+        quorum_timeout: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         import_torchft()  # missing: say so at construction, not at the first step

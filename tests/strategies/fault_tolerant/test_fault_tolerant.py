@@ -86,6 +86,21 @@ def test_the_launcher_variables_place_the_group_where_no_argument_does() -> None
     assert (plan.replica_group, plan.replica_groups, plan.lighthouse) == (0, 2, "http://h:7")
 
 
+def test_a_quorum_outwaits_an_exchange_that_only_its_timeout_ends() -> None:
+    """A survivor can be inside an exchange with a group that died until ``timeout``; a quorum giving up sooner failed
+    a healthy group (seen in CI: one survivor's recv waited 60 s, the other's quorum timed out at 60 s)."""
+    plan = FaultTolerance.resolve(replica_group=0, replica_groups=2, lighthouse="h:7", environment={})
+    assert (plan.timeout, plan.quorum_timeout) == (timedelta(seconds=60), timedelta(seconds=120))
+    plan = FaultTolerance.resolve(
+        replica_group=0, replica_groups=2, lighthouse="h:7", timeout=timedelta(seconds=5), environment={}
+    )
+    assert plan.quorum_timeout == timedelta(seconds=10)
+    given = FaultTolerance.resolve(
+        replica_group=0, replica_groups=2, lighthouse="h:7", quorum_timeout=timedelta(seconds=3), environment={}
+    )
+    assert given.quorum_timeout == timedelta(seconds=3)
+
+
 def test_without_torchft_the_strategy_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from fabric.strategies import FaultTolerantDDPStrategy
 
