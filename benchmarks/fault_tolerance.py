@@ -255,6 +255,24 @@ def _result(output: str) -> dict[str, Any]:
     raise RuntimeError(f"a job printed no result: {output[-2000:]}")
 
 
+def _print_comparison(
+    reference_label: str,
+    reference: dict[str, Any],
+    strategy: str,
+    groups: list[dict[str, Any]],
+    rounds: list[float],
+    overhead_label: str,
+) -> None:
+    """The plain run's row, each group's of the last round, the per-round ratios and their median."""
+    print(f"{reference_label:58} {reference['step_ms']:8.1f} {reference['wall_s']:7.1f} {'':>10}")
+    for r in groups:
+        label = f"{strategy}, 2 groups of 1 (group {r['group']})"
+        print(f"{label:58} {r['step_ms']:8.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
+    if len(rounds) > 1:
+        print(f"(the last of {len(rounds)} rounds; overhead per round: {', '.join(f'{r:.2f}' for r in rounds)})")
+    print(f"{overhead_label}: {statistics.median(rounds):.2f} x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", choices=("ddp", "fault_tolerant", "restart"))
@@ -291,7 +309,6 @@ def main() -> None:
             hsdp = _run_ddp(args, 29600, fsdp=True)
             fault_tolerant_fsdp = _run_fault_tolerant(args, groups=2, kill_at=0, fsdp=True)
             fsdp_rounds.append(statistics.median(r["step_ms"] for r in fault_tolerant_fsdp) / hsdp["step_ms"])
-    overhead = statistics.median(rounds)
     calm = _run_fault_tolerant(args, groups=3, kill_at=0)
     failed = _run_fault_tolerant(args, groups=3, kill_at=kill_at)
     with tempfile.TemporaryDirectory() as work:
@@ -305,22 +322,10 @@ def main() -> None:
         f"heartbeat and join timeouts {args.heartbeat_timeout_ms} ms"
     )
     print(f"{'job':58} {'step ms':>8} {'wall s':>7} {'steps lost':>10}")
-    print(f"{'plain torch DDP, 2 processes':58} {ddp['step_ms']:8.1f} {ddp['wall_s']:7.1f} {'':>10}")
-    for r in fault_tolerant:
-        label = f"fault_tolerant_ddp, 2 groups of 1 (group {r['group']})"
-        print(f"{label:58} {r['step_ms']:8.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
-    if args.rounds > 1:
-        print(f"(the last of {args.rounds} rounds; overhead per round: {', '.join(f'{r:.2f}' for r in rounds)})")
-    print(f"overhead: {overhead:.2f} x")
+    _print_comparison("plain torch DDP, 2 processes", ddp, "fault_tolerant_ddp", fault_tolerant, rounds, "overhead")
     if args.fsdp:
-        label = "plain torch HSDP (2 replicas x 1 shard), 2 processes"
-        print(f"{label:58} {hsdp['step_ms']:8.1f} {hsdp['wall_s']:7.1f}")
-        for r in fault_tolerant_fsdp:
-            label = f"fault_tolerant_fsdp, 2 groups of 1 (group {r['group']})"
-            print(f"{label:58} {r['step_ms']:8.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
-        if args.rounds > 1:
-            print(f"(fsdp, overhead per round: {', '.join(f'{r:.2f}' for r in fsdp_rounds)})")
-        print(f"overhead (fsdp): {statistics.median(fsdp_rounds):.2f} x")
+        reference = "plain torch HSDP (2 replicas x 1 shard), 2 processes"
+        _print_comparison(reference, hsdp, "fault_tolerant_fsdp", fault_tolerant_fsdp, fsdp_rounds, "overhead (fsdp)")
     label = f"fault_tolerant_ddp, 3 groups, group 2 SIGKILLed at step {kill_at}"
     print(f"{label:58} {'':8} {max(r['wall_s'] for r in failed):7.1f} {steps_lost:10d}")
     label = f"torchrun --max-restarts=1 + autoresume (every {args.checkpoint_every}), rank 2 killed"
