@@ -1,7 +1,7 @@
 """Step time and peak memory per rank of each mesh shape through Fabric, against the same mesh in torch's own APIs.
 
-For each shape (``REPLICATE x SHARD x TENSOR``, or ``ppPIPELINE x REPLICATE x SHARD x TENSOR``, ``ppPvV...`` with V
-stages on each pipeline rank) two jobs run on 4 CPU
+For each shape (``REPLICATE x SHARD x TENSOR``, or ``ppPIPELINE x REPLICATE x SHARD x TENSOR``; ``ppPv2...``: 2
+stages interleaved on each pipeline rank, ``ppPzbv...``: 2 in a V under ZBVZeroBubble) two jobs run on 4 CPU
 ranks (gloo), one after the other, each in its own processes, both started by ``torchrun`` (``--job fabric|raw --shape
 SHAPE``), so that only the strategy differs:
 
@@ -12,7 +12,8 @@ SHAPE``), so that only the strategy differs:
 * **raw**: ``init_process_group``, ``init_device_mesh`` with the dimensions the shape needs, the stage's blocks kept
   by hand (torchtitan's way: with several stages per rank, a deep copy of the model per stage), ``parallelize_module``
   with the same plan, ``fully_shard`` on each block and each stage's root, ``PipelineStage`` and ``Schedule1F1B`` (2
-  microbatches, or one per pipeline rank; ``ScheduleInterleaved1F1B`` with several stages per rank),
+  microbatches, or one per pipeline rank; ``ScheduleInterleaved1F1B`` or ``ScheduleZBVZeroBubble``, its blocks
+  and roots not resharded after the forward as Fabric does under it, with 2 stages per rank),
   ``loss.backward()`` without a pipeline.
 
 The model is a causal transformer (``--dim``, ``--layers``, 4 heads, sequences of ``--length``), AdamW, a global
@@ -37,7 +38,18 @@ from typing import Any
 
 from job_results import print_result, run_for_result
 
-SHAPES = ("2x2x1", "4x1x1", "1x4x1", "1x2x2", "2x1x2", "pp2x1x2x1", "pp2x1x1x2", "pp4x1x1x1", "pp2v2x1x2x1")
+SHAPES = (
+    "2x2x1",
+    "4x1x1",
+    "1x4x1",
+    "1x2x2",
+    "2x1x2",
+    "pp2x1x2x1",
+    "pp2x1x1x2",
+    "pp4x1x1x1",
+    "pp2v2x1x2x1",
+    "pp2zbvx1x2x1",
+)
 RESULT_PREFIX = "PARALLELISM_RESULT "
 WARMUP, HEADS, VOCAB, GLOBAL_BATCH, WORLD = 5, 4, 512, 8, 4
 
@@ -91,15 +103,21 @@ def _parallelize(model: Any, mesh: Any) -> Any:
     return model
 
 
-def _degrees(shape: str) -> tuple[int, int, int, int, int]:
-    """``RxSxT``, ``ppPxRxSxT`` or ``ppPvVxRxSxT`` as (pipeline, stages per pipeline rank, replicate, shard, tensor)."""
+#: The pipeline variants of a shape (``pp2v2x...``): torch's schedule for each, 2 stages per rank beyond the first.
+PIPELINE_SCHEDULES = {"": "1F1B", "v2": "Interleaved1F1B", "zbv": "ZBVZeroBubble"}
+
+
+def _degrees(shape: str) -> tuple[int, str, int, int, int]:
+    """``RxSxT``, ``ppPxRxSxT`` or ``ppP<variant>xRxSxT`` as (pipeline, variant, replicate, shard, tensor)."""
     if not shape.startswith("pp"):
         replicate, shard, tensor = (int(part) for part in shape.split("x"))
-        return 1, 1, replicate, shard, tensor
+        return 1, "", replicate, shard, tensor
     pipeline, *rest = shape.removeprefix("pp").split("x")
-    degree, _, per_rank = pipeline.partition("v")
+    variant = pipeline.lstrip("0123456789")
+    if variant not in PIPELINE_SCHEDULES:
+        raise SystemExit(f"shape {shape!r}: the pipeline variant {variant!r} is not one of {list(PIPELINE_SCHEDULES)}")
     replicate, shard, tensor = (int(part) for part in rest)
-    return int(degree), int(per_rank or 1), replicate, shard, tensor
+    return int(pipeline.removesuffix(variant)), variant, replicate, shard, tensor
 
 
 def _keep_stage_by_hand(model: Any, stage: int, stages: int) -> None:
@@ -125,8 +143,10 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    pipeline, per_rank, replicate, shard, tensor = _degrees(shape)
+    pipeline, variant, replicate, shard, tensor = _degrees(shape)
+    schedule_name, per_rank = PIPELINE_SCHEDULES[variant], 2 if variant else 1
     stages, microbatches = pipeline * per_rank, max(2, pipeline)
+    zero_bubble = schedule_name == "ZBVZeroBubble"  # its weight backward needs the parameters gathered
     model, block_class = _model(args.dim, args.layers)
     step: Any
     barrier: Any
@@ -143,7 +163,6 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
         else:
             per_stage = args.layers // stages
             split_points = [f"blocks.{per_stage * stage}" for stage in range(1, stages)]
-            schedule_name = "Interleaved1F1B" if per_rank > 1 else "1F1B"
             cut = PipelinePlan(split_points, _loss, microbatches, schedule=schedule_name)
             parallelize = _parallelize if tensor > 1 else None
             pipelined = {"pipeline": cut} if pipeline > 1 else {}
@@ -159,9 +178,10 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
             fabric.backward(loss)
 
     else:
+        from torch.distributed import pipelining
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+        from torch.distributed.pipelining import PipelineStage
 
         dist.init_process_group("gloo")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORLD))  # as Fabric shares the cores
@@ -171,7 +191,7 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
             mesh_dim_names=("pipeline", "replicate", "data_parallel", "tensor_parallel"),
         )
         stage = mesh["pipeline"].get_local_rank()  # the pipeline rank
-        local_stages = list(range(stage, stages, pipeline))
+        local_stages = [stage, stages - 1 - stage] if zero_bubble else list(range(stage, stages, pipeline))
         parts = [model] if per_rank == 1 else [copy.deepcopy(model) for _ in local_stages]
         data_mesh = mesh["replicate", "data_parallel"] if replicate > 1 else mesh["data_parallel"]
         for part, index in zip(parts, local_stages, strict=True):
@@ -180,8 +200,8 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
             if tensor > 1:
                 _parallelize(part, mesh)
             for block in part.blocks:
-                fully_shard(block, mesh=data_mesh)
-            fully_shard(part, mesh=data_mesh)
+                fully_shard(block, mesh=data_mesh, reshard_after_forward=not zero_bubble)
+            fully_shard(part, mesh=data_mesh, reshard_after_forward=not zero_bubble)
         optimizer = torch.optim.AdamW([p for part in parts for p in part.parameters()], lr=1e-4)
         data_rank = (dist.get_rank() // tensor) % (replicate * shard)
         barrier = dist.barrier
@@ -191,19 +211,17 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
                 PipelineStage(part, index, stages, device, group=group)
                 for part, index in zip(parts, local_stages, strict=True)
             ]
-            schedule: Any = (
-                ScheduleInterleaved1F1B(pipe_stages, n_microbatches=microbatches, loss_fn=_loss)
-                if per_rank > 1
-                else Schedule1F1B(pipe_stages[0], n_microbatches=microbatches, loss_fn=_loss)
+            schedule_class = getattr(pipelining, f"Schedule{schedule_name}")
+            schedule: Any = schedule_class(
+                pipe_stages if per_rank > 1 else pipe_stages[0], n_microbatches=microbatches, loss_fn=_loss
             )
 
         def step(inputs: Any, targets: Any) -> None:
             if pipeline == 1:
                 _loss(model(inputs), targets).backward()
-            elif stage == 0:
-                schedule.step(inputs)
             else:
-                schedule.step(target=targets if stage == pipeline - 1 else None, losses=[])
+                first, last = 0 in local_stages, stages - 1 in local_stages
+                schedule.step(*([inputs] if first else []), target=targets if last else None, losses=[])
 
     local_batch = GLOBAL_BATCH // (replicate * shard)
     generator = torch.Generator().manual_seed(data_rank)

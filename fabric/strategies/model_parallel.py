@@ -41,7 +41,15 @@ from fabric.strategies.fsdp.options import ShardPolicy
 from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
 from fabric.strategies.mesh import AUTO, DATA_PARALLEL_DIMS, MeshPlan
 from fabric.strategies.parallel import ParallelArgs, refuse_unexpected_arguments
-from fabric.strategies.pipeline import PipelineModule, PipelinePlan, keep_stages, stage_parts, stage_view
+from fabric.strategies.pipeline import (
+    SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    PipelineModule,
+    PipelinePlan,
+    keep_stages,
+    stage_parts,
+    stage_view,
+)
 from fabric.strategies.same_batches import check_first_batch, refuse_different_batches
 from fabric.strategies.strategy import CheckpointFilter
 
@@ -83,7 +91,10 @@ class ModelParallelStrategy(FSDPStrategy):
             then optional (no tensor parallelism).
         reshard_after_forward, state_dict_type, shard_modules, activation_checkpointing, mixed_precision,
             sync_module_states: as in :class:`~fabric.strategies.fsdp.FSDPStrategy`, applied after
-            ``parallelize_fn`` (unless it sharded itself).
+            ``parallelize_fn`` (unless it sharded itself). Under a zero-bubble schedule (``InterleavedZeroBubble``,
+            ``ZBVZeroBubble``, ``DualPipeV``) the parameters stay gathered from the forward to the weights' backward:
+            ``reshard_after_forward`` is ``False`` (``True`` is refused), for the FSDP units ``parallelize_fn``
+            made too.
         **common: the arguments of every parallel strategy (:class:`~fabric.strategies.parallel.ParallelArgs`);
             FSDPStrategy's Lightning names are not taken.
     """
@@ -96,7 +107,7 @@ class ModelParallelStrategy(FSDPStrategy):
         *,
         mesh: MeshPlan | None = None,
         pipeline: PipelinePlan | None = None,
-        reshard_after_forward: bool = True,
+        reshard_after_forward: bool | None = None,
         state_dict_type: StateDictType = "sharded",
         shard_modules: ShardPolicy | None = None,
         activation_checkpointing: set[type[nn.Module]] | None = None,
@@ -131,6 +142,16 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         if mesh is not None:
             _check_pipeline_dimension(mesh, pipeline)
+        if pipeline is not None and pipeline.splits_backward:
+            if reshard_after_forward:
+                raise ValueError(
+                    f"ModelParallelStrategy(reshard_after_forward=True) with PipelinePlan(schedule="
+                    f"{pipeline.schedule!r}): the schedule computes the weights' gradients after the forward, from "
+                    "the gathered parameters FSDP would have freed (torch then leaves them None or partial). Leave "
+                    "reshard_after_forward unset (False under this schedule) or pick a schedule of "
+                    f"{[name for name in SCHEDULES if name not in SPLIT_BACKWARD_SCHEDULES]}."
+                )
+            reshard_after_forward = False
         refuse_unexpected_arguments(type(self), common)  # FSDPStrategy would take the others as Lightning's
         super().__init__(
             reshard_after_forward=reshard_after_forward,
@@ -200,14 +221,14 @@ class ModelParallelStrategy(FSDPStrategy):
     @override
     def planned_mesh(self) -> MeshPlan:
         """The mesh given, else Lightning's two sizes; with a pipeline plan and neither, one stage per
-        ``pipeline_parallel`` rank and FSDP over what is left."""
+        ``pipeline_parallel`` rank (two under a V schedule) and FSDP over what is left."""
         if self.mesh_plan_given is not None:
             return self.mesh_plan_given
         sizes = (self.data_parallel_size, self.tensor_parallel_size)
         if self.pipeline is None:
             return lightning_mesh(self.num_nodes, *sizes)
         plan = MeshPlan() if sizes == (AUTO, AUTO) else lightning_mesh(self.num_nodes, *sizes)
-        return replace(plan, pipeline_parallel=self.pipeline.num_stages)
+        return replace(plan, pipeline_parallel=self.pipeline.default_degree)
 
     @property
     def tensor_parallel_mesh(self) -> DeviceMesh:
@@ -303,6 +324,10 @@ class ModelParallelStrategy(FSDPStrategy):
                 )
             self._stage_views[parallelized] = [stage_view(parallelized, parts, stage) for stage in stages]
         if sharded_by_user:
+            if self.pipeline is not None and self.pipeline.splits_backward:  # see reshard_after_forward in __init__
+                for submodule in parallelized.modules():
+                    if isinstance(submodule, FSDPModule):
+                        submodule.set_reshard_after_forward(False, recurse=False)
             return parallelized
         return super()._shard(parallelized)  # activation checkpointing, FSDP units, the roots
 

@@ -2,9 +2,11 @@
 rank of the mesh's ``pipeline_parallel`` dimension, and a schedule that runs microbatches through them.
 
 :class:`PipelinePlan` says where to cut (``split_points``, the submodules that begin stages 1, 2, ...), the loss the
-last stage computes, the number of microbatches and the schedule: GPipe or 1F1B with one stage per rank, or
-Interleaved1F1B or LoopedBFS with several (rank ``r`` of ``P`` holds stages ``r``, ``r + P``, ...: more stages than
-ranks fill the pipeline's bubble less). :func:`keep_stages` cuts the model in place by the stage of each part
+last stage computes, the number of microbatches and the schedule: GPipe or 1F1B with one stage per rank;
+Interleaved1F1B, LoopedBFS or InterleavedZeroBubble with several (rank ``r`` of ``P`` holds stages ``r``, ``r + P``,
+...: more stages than ranks fill the pipeline's bubble less); ZBVZeroBubble or DualPipeV with two in a V (stages ``r``
+and ``2P - 1 - r``). The zero-bubble ones compute the weights' gradients apart from the input's, later.
+:func:`keep_stages` cuts the model in place by the stage of each part
 (:func:`stage_parts`), as torchtitan does: each rank keeps the modules of its own stages, so parameter names stay the
 model's (a checkpoint saved on one mesh loads on any other), and the parts of other stages are removed from their
 containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) or set to ``None`` elsewhere: the model's forward
@@ -46,9 +48,18 @@ SCHEDULES = {
     "1F1B": "Schedule1F1B",
     "Interleaved1F1B": "ScheduleInterleaved1F1B",
     "LoopedBFS": "ScheduleLoopedBFS",
+    "InterleavedZeroBubble": "ScheduleInterleavedZeroBubble",
+    "ZBVZeroBubble": "ScheduleZBVZeroBubble",
+    "DualPipeV": "ScheduleDualPipeV",
 }
 #: The schedules that run several stages on each rank (the others run exactly one).
-MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS")
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+#: The schedules that place exactly two stages on each rank in a V: rank ``r`` of ``P`` holds stages ``r`` and
+#: ``2P - 1 - r`` (the first rank holds the first and the last stage).
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+#: The schedules that split each backward into the input's gradient (sent on at once) and the weights' (run later, in
+#: the bubble): FSDP must keep a stage's parameters gathered from its forward until then.
+SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 #: Containers whose forward runs the modules they still hold, so a part of another stage is removed from them.
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -81,8 +92,10 @@ class PipelinePlan:
             1F1B; a multiple of ``microbatches // pipeline_parallel`` for Interleaved1F1B); ``None``: one per stage.
         schedule: ``"1F1B"`` (one forward, one backward in the steady state: activations of at most as many
             microbatches as stages are kept), ``"GPipe"`` (every forward, then every backward), both with one stage
-            per rank; ``"Interleaved1F1B"`` (1F1B over several stages per rank, a smaller bubble) or
-            ``"LoopedBFS"`` (each rank's earlier stage first, breadth-first), with one or more.
+            per rank; ``"Interleaved1F1B"`` (1F1B over several stages per rank, a smaller bubble),
+            ``"LoopedBFS"`` (each rank's earlier stage first, breadth-first) or ``"InterleavedZeroBubble"`` (the
+            weights' backward apart, filling the bubble), with one or more; ``"ZBVZeroBubble"`` or ``"DualPipeV"``
+            (zero bubble with two stages per rank in a V; DualPipeV with at least one microbatch per stage).
         network: the submodule that is cut into stages, e.g. ``"model"`` (every split point lies inside it, and
             every parameter of the model too); the first stage runs the model's own forward, which must call the
             network and return its output as it is, and the later stages run the network on what they receive.
@@ -149,34 +162,59 @@ class PipelinePlan:
         """A ``ValueError`` naming both when the plan's stages cannot be placed on the mesh's ``pipeline_parallel``
         ranks, or its microbatches cannot run on its schedule there."""
         multi_stage = self.schedule in MULTI_STAGE_SCHEDULES
-        if self.num_stages % degree != 0 or (not multi_stage and self.num_stages != degree):
+        if self.schedule in V_SCHEDULES:
+            fits, accepted = self.num_stages == 2 * degree, f"{2 * degree - 1} split points (two stages per rank)"
+        elif multi_stage:
+            fits, accepted = self.num_stages % degree == 0, "a multiple of the pipeline degree, minus one"
+        else:
+            fits = self.num_stages == degree
             accepted = (
-                "a multiple of the pipeline degree, minus one"
-                if multi_stage
-                else f"one split point fewer than the pipeline degree, or several stages per rank with a schedule "
-                f"of {list(MULTI_STAGE_SCHEDULES)}"
+                f"one split point fewer than the pipeline degree, or several stages per rank with a schedule of "
+                f"{list(MULTI_STAGE_SCHEDULES)}"
             )
+        if not fits:
             raise ValueError(
                 f"PipelinePlan(split_points={list(self.split_points)}, schedule={self.schedule!r}) makes "
                 f"{self.num_stages} stages, but the mesh has pipeline_parallel={degree}: give {accepted}."
             )
         count = self.microbatch_count
-        if self.schedule == "1F1B" and count < degree:
+        least = {"1F1B": degree, "DualPipeV": self.num_stages}.get(self.schedule, 1)
+        if count < least:
             raise ValueError(
-                f"PipelinePlan(microbatches={self.microbatches}, schedule='1F1B') needs at least one microbatch per "
-                f"stage ({degree}); use more microbatches or schedule='GPipe'."
+                f"PipelinePlan(microbatches={self.microbatches}, schedule={self.schedule!r}) needs at least one "
+                f"microbatch per stage ({least}); use more microbatches"
+                f"{' or schedule=' + repr('GPipe') if self.schedule == '1F1B' else ''}."
             )
         rounds = max(1, count // degree)
-        if self.schedule == "Interleaved1F1B" and count % rounds != 0:
+        if self.schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and count % rounds != 0:
             raise ValueError(
-                f"PipelinePlan(microbatches={count}, schedule='Interleaved1F1B') on pipeline_parallel={degree}: the "
+                f"PipelinePlan(microbatches={count}, schedule={self.schedule!r}) on pipeline_parallel={degree}: the "
                 f"schedule runs them in rounds of {degree}, so give a multiple of {rounds} (or fewer than {degree})."
             )
 
     def stages_of(self, rank: int, degree: int) -> tuple[int, ...]:
-        """The stages pipeline rank ``rank`` of ``degree`` holds: ``rank``, ``rank + degree``, ... (torch's loop
-        placement, which its multi-stage schedules expect)."""
+        """The stages pipeline rank ``rank`` of ``degree`` holds, in order: ``rank``, ``rank + degree``, ... (torch's
+        loop placement, which its multi-stage schedules expect), or ``rank`` and ``2 * degree - 1 - rank`` under a
+        V-shaped schedule."""
+        if self.schedule in V_SCHEDULES:
+            return (rank, 2 * degree - 1 - rank)
         return tuple(range(rank, self.num_stages, degree))
+
+    def rank_of(self, stage: int, degree: int) -> int:
+        """The pipeline rank that holds ``stage`` (the inverse of :meth:`stages_of`)."""
+        if self.schedule in V_SCHEDULES and stage >= degree:
+            return 2 * degree - 1 - stage
+        return stage % degree
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the schedule computes the weights' gradients apart from, and after, the input's."""
+        return self.schedule in SPLIT_BACKWARD_SCHEDULES
+
+    @property
+    def default_degree(self) -> int:
+        """The ``pipeline_parallel`` degree when none is given: one stage per rank, or two in a V."""
+        return self.num_stages // 2 if self.schedule in V_SCHEDULES else self.num_stages
 
     @property
     def microbatch_count(self) -> int:
@@ -429,12 +467,12 @@ class PipelineModule(nn.Module):
     @property
     def is_first_stage(self) -> bool:
         """Whether this rank holds the first stage (it is given the inputs)."""
-        return self.stage_indices[0] == 0
+        return 0 in self.stage_indices
 
     @property
     def is_last_stage(self) -> bool:
         """Whether this rank holds the last stage (it computes the loss and the output)."""
-        return self.stage_indices[-1] == self._plan.num_stages - 1
+        return self._plan.num_stages - 1 in self.stage_indices
 
     @override
     def train(self, mode: bool = True) -> PipelineModule:
@@ -486,16 +524,18 @@ class PipelineModule(nn.Module):
         )
         schedule = self._schedules.get(key)
         if schedule is None:
-            schedule = self._schedules[key] = self._build(microbatches, forward_only=kind == "forward")
+            schedule = self._schedules[key] = self._build(microbatches, kind)
             if len(self._schedules) > SCHEDULES_KEPT:
                 self._schedules.popitem(last=False)
         else:
             self._schedules.move_to_end(key)
         return schedule
 
-    def _build(self, microbatches: int, forward_only: bool) -> _PipelineSchedule:
+    def _build(self, microbatches: int, kind: str) -> _PipelineSchedule:
         """torch's stages over this rank's modules and a schedule over them (shapes are inferred at its first
-        step); a forward alone runs a multi-stage schedule without a loss."""
+        step) for ``kind`` of step: ``"train"``, ``"eval"`` (forwards and the loss) or ``"forward"`` (forwards
+        alone: a multi-stage schedule without a loss)."""
+        forward_only = kind == "forward"
         from torch.distributed import pipelining
 
         stages = [
@@ -513,6 +553,8 @@ class PipelineModule(nn.Module):
         schedule: _PipelineSchedule = schedule_class(
             stages if multi_stage else stages[0], n_microbatches=microbatches, loss_fn=loss_fn
         )
+        if kind != "train" and self._plan.schedule in V_SCHEDULES:
+            _keep_forwards(schedule)
         return schedule
 
     def _microbatches(self, args: tuple[Any, ...], kwargs: dict[str, Any], target: Any, training: bool) -> int:
@@ -542,7 +584,7 @@ class PipelineModule(nn.Module):
             loss = torch.stack([loss.detach().float() for loss in losses]).mean()
         else:
             loss = torch.empty((), dtype=torch.float32, device=self._device)
-        last_rank = (self._plan.num_stages - 1) % dist.get_world_size(self._group)
+        last_rank = self._plan.rank_of(self._plan.num_stages - 1, dist.get_world_size(self._group))
         dist.broadcast(loss, group=self._group, group_src=last_rank)
         self._last_loss = weakref.ref(loss)
         return loss
@@ -550,3 +592,29 @@ class PipelineModule(nn.Module):
     def returned(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is the loss of this pipeline's latest step."""
         return self._last_loss is not None and self._last_loss() is tensor
+
+
+def _keep_forwards(schedule: Any) -> None:
+    """Give a V-shaped schedule an order of forwards alone: each rank runs its stages' forwards microbatch after
+    microbatch, each microbatch through its stages in order (what a stage waits for always ran before), with torch's
+    own lowering to sends and receives. torch 2.13 runs a V schedule's backward actions under ``eval()`` too, and
+    one that hands a gradient to the adjacent stage on the same rank then fails ("can't steal_bwd_input if this
+    stage doesn't have backward"); its checks of an order insist on the backwards, so the order is set past them."""
+    from torch.distributed.pipelining.schedules import FORWARD, _Action, _add_send_recv, _add_unshard_reshard
+
+    ranks: dict[int, list[int]] = {}
+    for stage, rank in schedule.stage_index_to_group_rank.items():
+        ranks.setdefault(rank, []).append(stage)
+    forwards = {
+        rank: _add_unshard_reshard(
+            [
+                _Action(stage, FORWARD, microbatch)
+                for microbatch in range(schedule._n_microbatches)
+                for stage in sorted(stages)
+            ]
+        )
+        for rank, stages in ranks.items()
+    }
+    schedule.pipeline_order_with_comms = _add_send_recv(
+        forwards, stage_to_rank=schedule.stage_index_to_group_rank.__getitem__, num_stages=schedule._num_stages
+    )

@@ -408,7 +408,7 @@ PP_KEYS = (
 def _pipeline(config: dict[str, Any]) -> tuple[PipelinePlan, int]:
     """The ``"pp"`` section as a plan (the loss is the model's) and the pipeline degree: ``split_points`` and
     optionally the others of :data:`PP_KEYS`; a ``pipeline_parallel_degree`` must place the stages the split points
-    make (as many, or a multiple with a multi-stage schedule); without one, one stage per rank."""
+    make (as many, or a multiple with a multi-stage schedule); without one, one stage per rank (two in a V)."""
     from fabric.strategies.pipeline import PipelinePlan
 
     unknown = sorted(set(config) - set(PP_KEYS))
@@ -424,7 +424,7 @@ def _pipeline(config: dict[str, Any]) -> tuple[PipelinePlan, int]:
             plan.check_degree(degree)
     except (TypeError, ValueError) as error:
         raise ValueError(f"parallelism_config['pp']: {error}") from None
-    return plan, plan.num_stages if degree is None else degree
+    return plan, plan.default_degree if degree is None else degree
 
 
 def _mesh_plan(config: Mapping[str, Any], splits: Mapping[str, int] | None) -> MeshPlan | None:

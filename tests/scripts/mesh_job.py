@@ -16,14 +16,15 @@ evaluates ``EVAL_SAMPLES`` samples in batches of 4 (a ragged last one) and write
 
 ``python mesh_job.py OUT train PIPELINE REPLICATE SHARD TENSOR [LOAD_DIR]``: ``PIPELINE x REPLICATE x SHARD x TENSOR``
 processes (pipeline stages x HSDP x TP through ``ModelParallelStrategy(mesh=MeshPlan(...),
-pipeline=PipelinePlan(...))``; ``PIPELINE`` as ``NvV``: N ranks of V interleaved stages each; or
-``FSDPStrategy(mesh=...)`` when PIPELINE and TENSOR are 1) train ``STEPS`` steps from batches of ``setup_dataloaders``
-and save ``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh model loads it and trains ``EXTRA`` steps
-more. Rank 0 writes ``OUT/TAG.pt``: losses and full weights (of every stage).
+pipeline=PipelinePlan(...))``; ``PIPELINE`` as ``N`` and a variant of ``CUTS``, e.g. ``2v2``: 2 ranks of 2 interleaved
+stages each; or ``FSDPStrategy(mesh=...)`` when PIPELINE and TENSOR are 1) train ``STEPS`` steps from batches of
+``setup_dataloaders`` and save ``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh model loads it and
+trains ``EXTRA`` steps more. Rank 0 writes ``OUT/TAG.pt``: losses and full weights (of every stage).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -131,32 +132,36 @@ if mode == "reference":
 from fabric import Fabric  # noqa: E402
 from fabric.strategies import FSDPStrategy, MeshPlan, ModelParallelStrategy, PipelinePlan  # noqa: E402
 
-per_rank = ""
+variant = ""  # after the pipeline degree: how its stages are placed and scheduled (CUTS)
 if mode == "trainer":
     pipeline, (replicate, shard, tensor) = 1, (int(value) for value in sys.argv[3:6])
     load_dir = None
 elif mode == "trainer-pp":
-    degree, _, per_rank = sys.argv[3].partition("v")
+    degree, variant = re.fullmatch(r"(\d+)(.*)", sys.argv[3]).groups()  # type: ignore[union-attr]
     (pipeline, shard, tensor), replicate = (int(degree), *(int(value) for value in sys.argv[4:6])), 1
     load_dir = None
 elif mode == "trainer-resume":
     pipeline, replicate, shard, tensor = 1, 1, 1, 1
     load_dir = sys.argv[3]
 else:
-    degree, _, per_rank = sys.argv[3].partition("v")
+    degree, variant = re.fullmatch(r"(\d+)(.*)", sys.argv[3]).groups()  # type: ignore[union-attr]
     pipeline, (replicate, shard, tensor) = int(degree), (int(value) for value in sys.argv[4:7])
     load_dir = sys.argv[7] if len(sys.argv) > 7 else None
-stages_per_rank = int(per_rank) if per_rank else 1
 tag = f"{replicate}x{shard}x{tensor}"
 if pipeline > 1:
-    tag = f"pp{pipeline}{f'v{stages_per_rank}' if stages_per_rank > 1 else ''}x{tag}"
+    tag = f"pp{pipeline}{variant}x{tag}"
 loader_batch = GLOBAL_BATCH // (replicate * shard)
-#: Where each (pipeline degree, stages per rank) cuts the model, and its schedule (the microbatches: 2, or one per
-#: stage). Interleaved: rank 0 holds the embedding and block 1, rank 1 block 0, the norm and the head.
-CUTS = {
-    (2, 1): (["blocks.1"], "1F1B"),
-    (4, 1): (["blocks.0", "blocks.1", "norm"], "GPipe"),
-    (2, 2): (["blocks.0", "blocks.1", "norm"], "Interleaved1F1B"),
+#: Where each (pipeline degree, variant) cuts the model, its schedule and microbatches (``None``: 2, or one per stage
+#: beyond). Variant ``v2`` interleaves 2 stages per rank: rank 0 holds the embedding and block 1, rank 1 block 0, the
+#: norm and the head; ``zbv`` and ``dpv`` place them in a V (rank 0: the embedding and the norm with the head; rank 1
+#: both blocks) under the zero-bubble schedules ZBV and DualPipeV (at least one microbatch per stage).
+FOUR_STAGES = ["blocks.0", "blocks.1", "norm"]
+CUTS: dict[tuple[int, str], tuple[list[str], str, int | None]] = {
+    (2, ""): (["blocks.1"], "1F1B", None),
+    (4, ""): (FOUR_STAGES, "GPipe", None),
+    (2, "v2"): (FOUR_STAGES, "Interleaved1F1B", None),
+    (2, "zbv"): (FOUR_STAGES, "ZBVZeroBubble", None),
+    (2, "dpv"): (FOUR_STAGES, "DualPipeV", 4),
 }
 
 
@@ -233,15 +238,21 @@ if mode in ("trainer-pp", "trainer-resume"):  # the Trainer on pipeline stages o
         clock = trainer.state.timestamp.state_dict()
         torch.save({"final": full_weights(gpt.model), "timestamp": clock}, out_dir / "trainer-resumed.pt")
         sys.exit(0)
-    split_points, schedule = CUTS[pipeline, stages_per_rank]
+    split_points, schedule, microbatches = CUTS[pipeline, variant]
     points = [f"model.{point}" for point in split_points]
-    pp_section = {"pipeline_parallel_degree": pipeline, "split_points": points, "microbatches": 2, "schedule": schedule}
+    microbatches = microbatches or 2
+    pp_section = {
+        "pipeline_parallel_degree": pipeline,
+        "split_points": points,
+        "microbatches": microbatches,
+        "schedule": schedule,
+    }
     choices: dict[str, object]
     if tensor == 1:
         fsdp = {"data_parallel_shard_degree": shard}
         choices = {"parallelism_config": {"fsdp": fsdp, "pp": pp_section}}
     else:
-        stages = PipelinePlan(points, microbatches=2, schedule=schedule)
+        stages = PipelinePlan(points, microbatches=microbatches, schedule=schedule)
         mesh = MeshPlan(pipeline_parallel=pipeline, data_parallel=shard, tensor_parallel=tensor)
 
         def parallelize_network(model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
@@ -280,8 +291,9 @@ plan = MeshPlan(
 )
 strategy: FSDPStrategy
 if pipeline > 1:
-    split_points, schedule = CUTS[pipeline, stages_per_rank]
-    stages = PipelinePlan(split_points, next_token_loss, microbatches=max(2, pipeline), schedule=schedule)
+    split_points, schedule, microbatches = CUTS[pipeline, variant]
+    microbatches = microbatches or max(2, pipeline)
+    stages = PipelinePlan(split_points, next_token_loss, microbatches=microbatches, schedule=schedule)
     strategy = ModelParallelStrategy(parallelize if tensor > 1 else None, mesh=plan, pipeline=stages)
 elif tensor > 1:
     strategy = ModelParallelStrategy(parallelize, mesh=plan)

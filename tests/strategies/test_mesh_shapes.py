@@ -21,10 +21,10 @@ import torch
 pytestmark = pytest.mark.end_to_end
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "mesh_job.py"
-#: (pipeline, replicate, shard, tensor[, stages per pipeline rank]) in launch order; each loads the checkpoint of the
-#: one before it. Pipelines: 2 stages with 1F1B, 4 with GPipe, 4 on 2 ranks with Interleaved1F1B
-#: (tests/scripts/mesh_job.py's CUTS).
-Shape = tuple[int, ...]
+#: (pipeline, replicate, shard, tensor[, variant]) in launch order; each loads the checkpoint of the one before it.
+#: Pipelines: 2 stages with 1F1B, 4 with GPipe; variants with 4 stages on 2 ranks: ``v2`` interleaved (Interleaved1F1B),
+#: ``zbv`` and ``dpv`` in a V (ZBVZeroBubble, DualPipeV) (tests/scripts/mesh_job.py's CUTS).
+Shape = tuple[int | str, ...]
 CHAIN: list[Shape] = [
     (1, 2, 2, 1),
     (1, 4, 1, 1),
@@ -34,8 +34,10 @@ CHAIN: list[Shape] = [
     (1, 2, 4, 1),
     (2, 1, 2, 1),  # PP x FSDP, from 8 processes to 4
     (2, 1, 1, 2),  # PP x TP
-    (2, 1, 2, 1, 2),  # 2 stages per pipeline rank, interleaved, x FSDP
-    (2, 1, 1, 2, 2),  # and x TP
+    (2, 1, 2, 1, "v2"),  # 2 stages per pipeline rank, interleaved, x FSDP
+    (2, 1, 1, 2, "v2"),  # and x TP
+    (2, 1, 2, 1, "zbv"),  # 2 stages per pipeline rank in a V, zero bubble, x FSDP
+    (2, 1, 1, 2, "dpv"),  # DualPipeV x TP
     (4, 1, 1, 1),
     (2, 1, 1, 1),  # 4 stages to 2 processes
     (1, 1, 1, 1),  # and to one
@@ -44,34 +46,33 @@ CHAIN: list[Shape] = [
 TRAINER_SHAPE = (2, 1, 2)
 #: The Trainer on pipeline stages (pipeline, shard, tensor): PP x FSDP from parallelism_config's pp section, PP x TP
 #: from strategy=ModelParallelStrategy(..., pipeline=PipelinePlan(...)).
-#: and with 2 interleaved stages per rank (pipeline, shard, tensor, stages per rank), from the pp section.
-TRAINER_PIPELINES: list[Shape] = [(2, 2, 1), (2, 1, 2), (2, 2, 1, 2)]
+#: and with 2 stages per rank (pipeline, shard, tensor, variant), interleaved or in a V, from the pp section.
+TRAINER_PIPELINES: list[Shape] = [(2, 2, 1), (2, 1, 2), (2, 2, 1, "v2"), (2, 2, 1, "zbv")]
 LOSS_TOLERANCE, WEIGHT_TOLERANCE = 1e-5, 2e-5
 
 
 def _tag(shape: Shape) -> str:
-    """The job's name for a shape: ``REPLICATExSHARDxTENSOR``, prefixed ``ppN`` with pipeline stages (``ppNvV``
-    with V stages per pipeline rank)."""
+    """The job's name for a shape: ``REPLICATExSHARDxTENSOR``, prefixed ``ppN`` with pipeline stages (and the
+    variant, e.g. ``pp2v2``)."""
     if len(shape) == 3:
         return "x".join(map(str, shape))
-    pipeline, replicate, shard, tensor, *per_rank = shape
+    pipeline, replicate, shard, tensor, *variant = shape
     rest = "x".join(map(str, (replicate, shard, tensor)))
     if pipeline == 1:
         return rest
-    return f"pp{pipeline}{f'v{per_rank[0]}' if per_rank else ''}x{rest}"
+    return f"pp{pipeline}{''.join(map(str, variant))}x{rest}"
 
 
 def _job_arguments(shape: Shape) -> list[str]:
-    """``PIPELINE REPLICATE SHARD TENSOR`` for tests/scripts/mesh_job.py (``PIPELINE`` as ``NvV`` with V stages per
-    pipeline rank)."""
-    pipeline, replicate, shard, tensor, *per_rank = shape
-    return [f"{pipeline}v{per_rank[0]}" if per_rank else str(pipeline), *map(str, (replicate, shard, tensor))]
+    """``PIPELINE REPLICATE SHARD TENSOR`` for tests/scripts/mesh_job.py (``PIPELINE`` followed by the variant)."""
+    pipeline, replicate, shard, tensor, *variant = shape
+    return [f"{pipeline}{''.join(map(str, variant))}", *map(str, (replicate, shard, tensor))]
 
 
 def _trainer_tag(shape: Shape) -> str:
-    """The job's name for the Trainer on pipeline stages ``(pipeline, shard, tensor[, stages per rank])``."""
-    pipeline, shard, tensor, *per_rank = shape
-    return _tag((pipeline, 1, shard, tensor, *per_rank))
+    """The job's name for the Trainer on pipeline stages ``(pipeline, shard, tensor[, variant])``."""
+    pipeline, shard, tensor, *variant = shape
+    return _tag((pipeline, 1, shard, tensor, *variant))
 
 
 def _run(*args: str) -> None:
@@ -89,8 +90,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _run(str(out), "train", *_job_arguments(shape), *([previous] if previous else []))
         previous = str(out / f"ckpt-{_tag(shape)}")
     _run(str(out), "trainer", *map(str, TRAINER_SHAPE))
-    for pipeline, shard, tensor, *per_rank in TRAINER_PIPELINES:
-        stages, _replicate, *degrees = _job_arguments((pipeline, 1, shard, tensor, *per_rank))
+    for pipeline, shard, tensor, *variant in TRAINER_PIPELINES:
+        stages, _replicate, *degrees = _job_arguments((pipeline, 1, shard, tensor, *variant))
         _run(str(out), "trainer-pp", stages, *degrees)
     _run(str(out), "trainer-resume", str(out / f"trainer-ckpt-{_trainer_tag(TRAINER_PIPELINES[0])}" / "ba3"))
     return out
@@ -166,7 +167,7 @@ def test_a_checkpoint_the_trainer_saved_on_pipeline_stages_continues_in_one_proc
     assert _max_difference(report["final"], reference["final"]) < WEIGHT_TOLERANCE
 
 
-@pytest.mark.parametrize("shape", [(1, 2, 2, 2), (2, 1, 1, 2), (2, 1, 2, 1, 2)], ids=_tag)
+@pytest.mark.parametrize("shape", [(1, 2, 2, 2), (2, 1, 1, 2), (2, 1, 2, 1, "v2"), (2, 1, 2, 1, "zbv")], ids=_tag)
 def test_consolidate_writes_the_weights_the_mesh_saved(runs: Path, shape: Shape) -> None:
     checkpoint = runs / f"ckpt-{_tag(shape)}"
     output = runs / f"consolidated-{_tag(shape)}.pt"
