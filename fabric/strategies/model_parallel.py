@@ -148,7 +148,8 @@ class ModelParallelStrategy(FSDPStrategy):
                     f"ModelParallelStrategy(reshard_after_forward=True) with PipelinePlan(schedule="
                     f"{pipeline.schedule!r}): the schedule computes the weights' gradients after the forward, from "
                     "the gathered parameters FSDP would have freed (torch then leaves them None or partial). Leave "
-                    "reshard_after_forward unset (False under this schedule) or pick a schedule of "
+                    "reshard_after_forward unset (False under this schedule; as a sharding_strategy: SHARD_GRAD_OP or "
+                    "_HYBRID_SHARD_ZERO2, not FULL_SHARD or HYBRID_SHARD) or pick a schedule of "
                     f"{[name for name in SCHEDULES if name not in SPLIT_BACKWARD_SCHEDULES]}."
                 )
             reshard_after_forward = False

@@ -179,8 +179,9 @@ def test_a_zero_bubble_schedule_keeps_the_gathered_parameters_for_the_weights_ba
     with pytest.raises(
         ValueError,
         match=r"ModelParallelStrategy\(reshard_after_forward=True\) with PipelinePlan\(schedule='ZBVZeroBubble'\): "
-        r".* Leave reshard_after_forward unset \(False under this schedule\) or pick a schedule of \['GPipe', "
-        r"'1F1B', 'Interleaved1F1B', 'LoopedBFS'\]",
+        r".* Leave reshard_after_forward unset \(False under this schedule; as a sharding_strategy: SHARD_GRAD_OP or "
+        r"_HYBRID_SHARD_ZERO2, not FULL_SHARD or HYBRID_SHARD\) or pick a schedule of \['GPipe', '1F1B', "
+        r"'Interleaved1F1B', 'LoopedBFS'\]",
     ):
         ModelParallelStrategy(pipeline=plan, reshard_after_forward=True)
     with pytest.raises(
