@@ -33,10 +33,12 @@ CHAIN: list[Shape] = [
     (1, 2, 2, 2),
     (1, 2, 4, 1),
     (2, 1, 2, 1),  # PP x FSDP, from 8 processes to 4
+    (2, 2, 1, 1),  # PP x replicas (HSDP 2 x 1)
     (2, 1, 1, 2),  # PP x TP
     (2, 1, 2, 1, "v2"),  # 2 stages per pipeline rank, interleaved, x FSDP
     (2, 1, 1, 2, "v2"),  # and x TP
     (2, 1, 2, 1, "zbv"),  # 2 stages per pipeline rank in a V, zero bubble, x FSDP
+    (2, 2, 1, 1, "zbv"),  # and x replicas
     (2, 1, 1, 2, "dpv"),  # DualPipeV x TP
     (4, 1, 1, 1),
     (2, 1, 1, 1),  # 4 stages to 2 processes
