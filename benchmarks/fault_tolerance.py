@@ -5,9 +5,10 @@ process per replica group, each job in fresh processes:
 
 * **overhead**: the median step time of 2 replica groups of 1 process (Fabric, a torchft lighthouse) against plain
   torch DDP over the same 2 processes (``init_process_group("gloo")``, ``DistributedDataParallel``); printed as
-  ``overhead: R x`` (goal: at most 1.05x on CPU). With ``--fsdp`` also ``strategy="fault_tolerant_fsdp"`` (2 groups of
-  one FSDP2 shard each) against plain torch HSDP over the same 2 processes (``fully_shard`` on a 2 x 1 replicate x
-  shard mesh), printed as ``overhead (fsdp): R x``.
+  ``overhead: R x`` (goal: at most 1.05x on CPU), and as ``cpu overhead: R x`` in CPU time per step (every thread of
+  the process: torchft's quorum and heartbeats too), which a busy machine blurs less than the wall time. With
+  ``--fsdp`` also ``strategy="fault_tolerant_fsdp"`` (2 groups of one FSDP2 shard each) against plain torch HSDP
+  over the same 2 processes (``fully_shard`` on a 2 x 1 replicate x shard mesh), printed as ``overhead (fsdp): R x``.
 * **one failure**: 3 processes, of which one is SIGKILLed at step ``--kill-at``:
   - fault tolerant: 3 replica groups; the group killed does not come back, the 2 others finish the run.
     *Steps lost*: steps the survivors ran whose update was discarded. *Wall time lost*: the survivors' time for the
@@ -74,8 +75,14 @@ def _batch(dim: int, step: int, share: int) -> tuple[Any, Any]:
     return inputs, inputs.mean(dim=1, keepdim=True)
 
 
-def _summary(times: list[float], started: float, extra: dict[str, Any]) -> dict[str, Any]:
-    return {"step_ms": statistics.median(times[WARMUP:]) * 1000, "wall_s": time.perf_counter() - started, **extra}
+def _summary(times: list[float], cpu_times: list[float], started: float, extra: dict[str, Any]) -> dict[str, Any]:
+    """The median step's wall and CPU time (ms, after the warm-up) and the job's wall time (s)."""
+    return {
+        "step_ms": statistics.median(times[WARMUP:]) * 1000,
+        "cpu_ms": statistics.median(cpu_times[WARMUP:]) * 1000,
+        "wall_s": time.perf_counter() - started,
+        **extra,
+    }
 
 
 def job_ddp(args: argparse.Namespace) -> None:
@@ -97,16 +104,17 @@ def job_ddp(args: argparse.Namespace) -> None:
     else:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    times = []
+    times, cpu_times = [], []
     for step in range(args.steps):
-        begin = time.perf_counter()
+        begin, cpu_begin = time.perf_counter(), time.process_time()
         optimizer.zero_grad()
         inputs, targets = _batch(args.dim, step, rank)
         torch.nn.functional.mse_loss(model(inputs), targets).backward()
         optimizer.step()
         times.append(time.perf_counter() - begin)
+        cpu_times.append(time.process_time() - cpu_begin)
     if rank == 0:
-        print_result(RESULT_PREFIX, _summary(times, started, {}))
+        print_result(RESULT_PREFIX, _summary(times, cpu_times, started, {}))
     dist.destroy_process_group()
 
 
@@ -124,9 +132,9 @@ def job_fault_tolerant(args: argparse.Namespace) -> None:
     model, optimizer = fabric.setup(model, optimizer)
     strategy = fabric.strategy
     group = strategy.fault_tolerance.replica_group
-    times, lost = [], 0
+    times, cpu_times, lost = [], [], 0
     while (step := strategy.committed_steps) < args.steps:
-        begin = time.perf_counter()
+        begin, cpu_begin = time.perf_counter(), time.process_time()
         optimizer.zero_grad()
         inputs, targets = _batch(args.dim, step, group)
         fabric.backward(torch.nn.functional.mse_loss(model(inputs), targets))
@@ -134,8 +142,9 @@ def job_fault_tolerant(args: argparse.Namespace) -> None:
             os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others are exchanging gradients with it
         optimizer.step()
         times.append(time.perf_counter() - begin)
+        cpu_times.append(time.process_time() - cpu_begin)  # torchft's threads (quorum, heartbeats) included
         lost += strategy.committed_steps == step
-    print_result(RESULT_PREFIX, _summary(times, started, {"group": group, "steps_lost": lost}))
+    print_result(RESULT_PREFIX, _summary(times, cpu_times, started, {"group": group, "steps_lost": lost}))
 
 
 def job_restart(args: argparse.Namespace) -> None:
@@ -255,22 +264,32 @@ def _result(output: str) -> dict[str, Any]:
     raise RuntimeError(f"a job printed no result: {output[-2000:]}")
 
 
+def _ratios(groups: list[dict[str, Any]], reference: dict[str, Any]) -> tuple[float, float]:
+    """The groups' median step against the plain run's: in wall time and in CPU time."""
+    return tuple(  # type: ignore[return-value]
+        statistics.median(r[key] for r in groups) / reference[key] for key in ("step_ms", "cpu_ms")
+    )
+
+
 def _print_comparison(
     reference_label: str,
     reference: dict[str, Any],
     strategy: str,
     groups: list[dict[str, Any]],
-    rounds: list[float],
+    rounds: list[tuple[float, float]],
     overhead_label: str,
 ) -> None:
-    """The plain run's row, each group's of the last round, the per-round ratios and their median."""
-    print(f"{reference_label:58} {reference['step_ms']:8.1f} {reference['wall_s']:7.1f} {'':>10}")
+    """The plain run's row, each group's of the last round, the per-round ratios (wall time, CPU time) and their
+    medians."""
+    print(f"{reference_label:58} {reference['step_ms']:8.1f} {reference['cpu_ms']:7.1f} {reference['wall_s']:7.1f}")
     for r in groups:
         label = f"{strategy}, 2 groups of 1 (group {r['group']})"
-        print(f"{label:58} {r['step_ms']:8.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
+        print(f"{label:58} {r['step_ms']:8.1f} {r['cpu_ms']:7.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
+    walls, cpus = ([ratios[index] for ratios in rounds] for index in (0, 1))
     if len(rounds) > 1:
-        print(f"(the last of {len(rounds)} rounds; overhead per round: {', '.join(f'{r:.2f}' for r in rounds)})")
-    print(f"{overhead_label}: {statistics.median(rounds):.2f} x")
+        print(f"(the last of {len(rounds)} rounds; overhead per round: {', '.join(f'{r:.2f}' for r in walls)})")
+    print(f"{overhead_label}: {statistics.median(walls):.2f} x")
+    print(f"cpu {overhead_label}: {statistics.median(cpus):.2f} x (CPU time per step, every thread of the process)")
 
 
 def main() -> None:
@@ -300,15 +319,17 @@ def main() -> None:
 
     os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse's INFO lines, ten a second
     kill_at = args.kill_at
-    rounds, fsdp_rounds = [], []  # alternating, so that both see the same moments of a busy machine
+    # (wall, CPU) ratios per round, alternating, so that both see the same moments of a busy machine
+    rounds: list[tuple[float, float]] = []
+    fsdp_rounds: list[tuple[float, float]] = []
     for _ in range(args.rounds):
         ddp = _run_ddp(args, 29600)
         fault_tolerant = _run_fault_tolerant(args, groups=2, kill_at=0)
-        rounds.append(statistics.median(r["step_ms"] for r in fault_tolerant) / ddp["step_ms"])
+        rounds.append(_ratios(fault_tolerant, ddp))
         if args.fsdp:
             hsdp = _run_ddp(args, 29600, fsdp=True)
             fault_tolerant_fsdp = _run_fault_tolerant(args, groups=2, kill_at=0, fsdp=True)
-            fsdp_rounds.append(statistics.median(r["step_ms"] for r in fault_tolerant_fsdp) / hsdp["step_ms"])
+            fsdp_rounds.append(_ratios(fault_tolerant_fsdp, hsdp))
     calm = _run_fault_tolerant(args, groups=3, kill_at=0)
     failed = _run_fault_tolerant(args, groups=3, kill_at=kill_at)
     with tempfile.TemporaryDirectory() as work:
@@ -321,15 +342,15 @@ def main() -> None:
         f"MLP dim {args.dim} x {LAYERS} layers, batch {BATCH}/process, {args.steps} steps, CPU (gloo); lighthouse "
         f"heartbeat and join timeouts {args.heartbeat_timeout_ms} ms"
     )
-    print(f"{'job':58} {'step ms':>8} {'wall s':>7} {'steps lost':>10}")
+    print(f"{'job':58} {'step ms':>8} {'cpu ms':>7} {'wall s':>7} {'steps lost':>10}")
     _print_comparison("plain torch DDP, 2 processes", ddp, "fault_tolerant_ddp", fault_tolerant, rounds, "overhead")
     if args.fsdp:
         reference = "plain torch HSDP (2 replicas x 1 shard), 2 processes"
         _print_comparison(reference, hsdp, "fault_tolerant_fsdp", fault_tolerant_fsdp, fsdp_rounds, "overhead (fsdp)")
     label = f"fault_tolerant_ddp, 3 groups, group 2 SIGKILLed at step {kill_at}"
-    print(f"{label:58} {'':8} {max(r['wall_s'] for r in failed):7.1f} {steps_lost:10d}")
+    print(f"{label:58} {'':8} {'':7} {max(r['wall_s'] for r in failed):7.1f} {steps_lost:10d}")
     label = f"torchrun --max-restarts=1 + autoresume (every {args.checkpoint_every}), rank 2 killed"
-    print(f"{label:58} {'':8} {restart_failed['wall_s']:7.1f} {restart_failed['steps_lost']:10d}")
+    print(f"{label:58} {'':8} {'':7} {restart_failed['wall_s']:7.1f} {restart_failed['steps_lost']:10d}")
     print(f"steps lost: {steps_lost}")
     print(
         f"wall time lost to the failure: fault tolerant {ft_wall_lost:.1f} s, restart + autoresume "

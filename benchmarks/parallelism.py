@@ -18,7 +18,9 @@ SHAPE``), so that only the strategy differs:
 
 The model is a causal transformer (``--dim``, ``--layers``, 4 heads, sequences of ``--length``), AdamW, a global
 batch of 8 split over the data-parallel ranks. Per job: **step ms**, the median wall time of a step after 5 warm-up
-steps on the slowest rank; **max RSS MB**, the peak resident memory of the largest rank. Each line ends with the
+steps on the slowest rank; **cpu ms**, the median CPU time of a step (``time.process_time``, every thread of the
+process) summed over the ranks: the work done, which a 2-core machine running 4 ranks does not blur with whose turn
+it was; **max RSS MB**, the peak resident memory of the largest rank. Each line ends with the
 time ratio ``fabric / raw`` (goal: within 1.02x). Usage::
 
     python benchmarks/parallelism.py                        # dim 256, 4 layers, length 128, 30 steps
@@ -163,9 +165,10 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
         else:
             per_stage = args.layers // stages
             split_points = [f"blocks.{per_stage * stage}" for stage in range(1, stages)]
-            cut = PipelinePlan(split_points, _loss, microbatches, schedule=schedule_name)
             parallelize = _parallelize if tensor > 1 else None
-            pipelined = {"pipeline": cut} if pipeline > 1 else {}
+            pipelined = {}
+            if pipeline > 1:
+                pipelined["pipeline"] = PipelinePlan(split_points, _loss, microbatches, schedule=schedule_name)
             strategy = ModelParallelStrategy(parallelize, mesh=plan, shard_modules={block_class}, **pipelined)
         fabric = Fabric(accelerator="cpu", devices=WORLD, strategy=strategy)
         fabric.launch()
@@ -226,20 +229,24 @@ def run_job(kind: str, shape: str, args: argparse.Namespace) -> None:
     local_batch = GLOBAL_BATCH // (replicate * shard)
     generator = torch.Generator().manual_seed(data_rank)
     tokens = torch.randint(0, VOCAB, (local_batch, args.length + 1), generator=generator)
-    times = []
+    times, cpu_times = [], []
     for _ in range(args.steps):
         barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         optimizer.zero_grad()
         step(tokens[:, :-1], tokens[:, 1:])
         optimizer.step()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
     step_time = torch.tensor(statistics.median(times[WARMUP:]))
+    cpu_time = torch.tensor(statistics.median(cpu_times[WARMUP:]))
     rss = torch.tensor(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # kB on Linux
     dist.all_reduce(step_time, op=dist.ReduceOp.MAX)
+    dist.all_reduce(cpu_time, op=dist.ReduceOp.SUM)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
-        print_result(RESULT_PREFIX, {"step_ms": step_time.item() * 1e3, "rss_mb": rss.item()})
+        result = {"step_ms": step_time.item() * 1e3, "cpu_ms": cpu_time.item() * 1e3, "rss_mb": rss.item()}
+        print_result(RESULT_PREFIX, result)
     if kind == "raw":
         dist.destroy_process_group()
 
@@ -276,18 +283,22 @@ def main() -> None:
         f"causal transformer dim {args.dim}, {args.layers} layers, length {args.length}, global batch {GLOBAL_BATCH}, "
         f"AdamW, {WORLD} CPU ranks (gloo), {args.rounds} round(s)"
     )
-    print(f"{'shape':<16}{'raw ms':>9}{'fabric ms':>11}{'raw MB':>9}{'fabric MB':>11}{'MB ratio':>10}  time ratio")
+    print(
+        f"{'shape':<16}{'raw ms':>9}{'fabric ms':>11}{'raw cpu':>9}{'fabric cpu':>12}{'cpu ratio':>11}{'raw MB':>8}"
+        f"{'fabric MB':>11}{'MB ratio':>10}  time ratio"
+    )
     for shape in args.shapes.split(","):
         runs: dict[str, list[dict[str, float]]] = {"raw": [], "fabric": []}
         for _ in range(args.rounds):
             for kind in ("raw", "fabric"):
                 runs[kind].append(_measure(kind, shape, args))
         raw, ours = (
-            {key: statistics.median(run[key] for run in runs[kind]) for key in ("step_ms", "rss_mb")}
+            {key: statistics.median(run[key] for run in runs[kind]) for key in ("step_ms", "cpu_ms", "rss_mb")}
             for kind in ("raw", "fabric")
         )
         print(
-            f"{shape:<16}{raw['step_ms']:>9.1f}{ours['step_ms']:>11.1f}{raw['rss_mb']:>9.0f}{ours['rss_mb']:>11.0f}"
+            f"{shape:<16}{raw['step_ms']:>9.1f}{ours['step_ms']:>11.1f}{raw['cpu_ms']:>9.1f}{ours['cpu_ms']:>12.1f}"
+            f"{ours['cpu_ms'] / raw['cpu_ms']:>10.2f}x{raw['rss_mb']:>8.0f}{ours['rss_mb']:>11.0f}"
             f"{ours['rss_mb'] / raw['rss_mb']:>9.2f}x  {ours['step_ms'] / raw['step_ms']:.2f}x"
         )
 

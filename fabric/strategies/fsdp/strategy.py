@@ -78,7 +78,8 @@ class FSDPStrategy(ParallelStrategy):
             time, which is what bounds memory), as a set of layer classes or a ``(module) -> bool``
             predicate. The root module is always sharded; by default it is the only unit.
         reshard_after_forward: ``True`` (the default) frees gathered parameters after each unit's forward
-            (ZeRO-3); ``False`` keeps them until the backward (ZeRO-2: more memory, one all-gather less).
+            (ZeRO-3); ``False`` keeps them until the backward (ZeRO-2: more memory, one all-gather less). The
+            root's are kept either way, as torch's default and FSDP1 do: the backward begins with them.
         cpu_offload: keep shards, gradients and the optimizer step in CPU memory (accelerators only);
             FSDP1's ``CPUOffload(offload_params=...)`` is accepted too.
         activation_checkpointing: layer classes whose activations are recomputed in the backward.
@@ -306,8 +307,11 @@ class FSDPStrategy(ParallelStrategy):
         for submodule in reversed(list(module.modules())):  # descendants before their ancestors
             if submodule in units:
                 fully_shard(submodule, **options)
+        # A root's gathered parameters are the first the backward needs: torch's default (None: False for the root
+        # at run time, as FSDP1 did) keeps them after its forward, rather than gathering them again at once.
+        root_options = options | {"reshard_after_forward": None} if self.reshard_after_forward is True else options
         for root in self._shard_roots(module):
-            fully_shard(root, **options)
+            fully_shard(root, **root_options)
         return module
 
     def _shard_roots(self, module: nn.Module) -> list[nn.Module]:
