@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 import torch.distributed
@@ -308,10 +308,15 @@ class FSDPStrategy(ParallelStrategy):
             if submodule in units:
                 fully_shard(submodule, **options)
         # A root's gathered parameters are the first the backward needs: torch's default (None: False for the root
-        # at run time, as FSDP1 did) keeps them after its forward, rather than gathering them again at once.
-        root_options = options | {"reshard_after_forward": None} if self.reshard_after_forward is True else options
+        # at run time, as FSDP1 did) keeps them after its forward, rather than gathering them again at once. A
+        # forward without gradients has no backward to follow: it frees them (else an evaluation would leave them
+        # gathered, and registered in place of the shards the optimizer and a save refer to).
+        keeps_root = self.reshard_after_forward is True
+        root_options = options | {"reshard_after_forward": None} if keeps_root else options
         for root in self._shard_roots(module):
             fully_shard(root, **root_options)
+            if keeps_root:
+                root.register_forward_hook(_reshard_without_gradients)
         return module
 
     def _shard_roots(self, module: nn.Module) -> list[nn.Module]:
@@ -564,3 +569,9 @@ def _gradient_sync_disabled(module: FSDPModule) -> Generator[None, None, None]:
         yield
     finally:
         module.set_requires_gradient_sync(True)
+
+
+def _reshard_without_gradients(module: nn.Module, inputs: Any, output: Any) -> None:
+    """After a root's forward under ``torch.no_grad()`` (or inference mode): free its gathered parameters."""
+    if not torch.is_grad_enabled():
+        cast(FSDPModule, module).reshard()
