@@ -8,11 +8,14 @@ what the run should have trained.
 
     python ft_replica_group.py REPORT_DIR STOP_FILE [--devices N] [--strategy S] [--seed N] [--min-groups N]
                                [--clip MAX_NORM] [--load CHECKPOINT] [--save CHECKPOINT]
+                               [--width W] [--accumulate K]
 
 ``--load`` loads a checkpoint before the first step and writes ``REPORT_DIR/loaded-groupG.json`` (the committed step
 count right after); ``--save`` saves one at the stop. Groups are initialised apart (step 0 syncs DDP groups), or
 alike from ``--seed``; ``--min-groups`` is the strategy's ``min_replica_groups``; ``--clip`` clips the gradients' norm
-(``fabric.clip_gradients``) before each step.
+(``fabric.clip_gradients``) before each step. ``--width`` puts a hidden layer of W x W between the two (W=520: over a
+MiB, so that the gradients go out in two buckets; the weights are then reported at the stop step only);
+``--accumulate`` splits each step's batch into K microbatches, all but the last under ``fabric.no_backward_sync``.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ def batch(step: int, share: int) -> tuple[torch.Tensor, torch.Tensor]:
     return inputs, inputs.sum(dim=1, keepdim=True) * 0.5
 
 
-def build_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 1))
+def build_model(width: int | None = None) -> nn.Module:
+    if width is None:
+        return nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 1))
+    return nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 1))
 
 
 def whole_weights(model: nn.Module) -> list[float]:
@@ -62,13 +67,15 @@ def main() -> None:
     parser.add_argument("--clip", type=float)
     parser.add_argument("--load", type=Path)
     parser.add_argument("--save", type=Path)
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--accumulate", type=int, default=1)
     args = parser.parse_args()
 
     strategy = STRATEGY_REGISTRY.create(args.strategy, min_replica_groups=args.min_groups)
     fabric = Fabric(accelerator="cpu", devices=args.devices, strategy=strategy)
     fabric.launch()
     torch.manual_seed(int(os.environ["FABRIC_FT_REPLICA_GROUP"]) + 7 if args.seed is None else args.seed)
-    model = build_model()
+    model = build_model(args.width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model, optimizer = fabric.setup(model, optimizer)
     strategy = fabric.strategy
@@ -88,8 +95,10 @@ def main() -> None:
                 break
             optimizer.zero_grad()
             inputs, targets = batch(step, share)
-            loss = nn.functional.mse_loss(model(inputs), targets)
-            fabric.backward(loss)
+            pieces = list(zip(inputs.chunk(args.accumulate), targets.chunk(args.accumulate), strict=True))
+            for index, (piece, target) in enumerate(pieces):
+                with fabric.no_backward_sync(model, enabled=index < len(pieces) - 1):
+                    fabric.backward(nn.functional.mse_loss(model(piece), target) / len(pieces))
             if args.clip is not None:
                 fabric.clip_gradients(model, optimizer, max_norm=args.clip)
             optimizer.step()
@@ -101,8 +110,9 @@ def main() -> None:
                 "committed_steps": strategy.committed_steps,
                 "participants": strategy.replica_groups.participants,
                 "joined_at": strategy.replica_groups.joined_at,
-                "weights": whole_weights(model),
             }
+            if args.width is None or record["committed_steps"] == stop:
+                record["weights"] = whole_weights(model)
             out.write(json.dumps(record) + "\n")
             out.flush()
     if args.save is not None:

@@ -34,6 +34,12 @@ class FaultTolerantFSDPStrategy(FaultTolerantStrategy, FSDPStrategy):
 
     syncs_first_step = False
 
+    @property
+    @override
+    def _exchanges_during_backward(self) -> bool:
+        """FSDP calls the hook on a shard once its gradient is reduce-scattered inside the group."""
+        return True
+
     @override
     def _module_state(self, module: nn.Module) -> StateFunctions:
         return (lambda state: load_local_module_state(module, state)), (lambda: local_module_state(module))

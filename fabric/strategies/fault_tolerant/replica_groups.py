@@ -3,8 +3,8 @@
 torchft (the optional ``[ft]`` extra) does the work: its lighthouse forms a quorum of the live groups each step, its
 ``Manager`` reconfigures the process group across them, averages tensors over the groups taking part, sends a
 joining group the weights, optimizer state and step of a healthy one, and decides whether a step commits. This class
-only calls it: :meth:`begin_step` before the gradients are needed, :meth:`averaged` on them, :meth:`commit` before the
-optimizer steps.
+only calls it: :meth:`begin_step` before the gradients are needed, :meth:`start_averaging` on them, :meth:`commit`
+before the optimizer steps.
 """
 
 from __future__ import annotations
@@ -110,37 +110,31 @@ class ReplicaGroups:
             self._manager.start_quorum()
             self._step_begun = True
 
-    def averaged(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """``tensors`` averaged over the groups in this step's quorum, in order: views of one exchanged copy per dtype
-        and device, so that a caller may take them as they are rather than copy them back (a joining group
-        contributes zeros and receives the average). A failed exchange is not raised: it makes :meth:`commit` return
-        False on every group."""
+    def start_averaging(self, tensors: Sequence[torch.Tensor]) -> Averaging:
+        """Start averaging ``tensors`` over the groups in this step's quorum (one exchange per dtype and device, in the
+        background); :meth:`Averaging.wait` gives the averages. Every group starts its exchanges in the same order."""
         self.begin_step()
         by_kind: dict[tuple[torch.dtype, torch.device], list[int]] = {}
         for index, tensor in enumerate(tensors):
             by_kind.setdefault((tensor.dtype, tensor.device), []).append(index)
-        averages: list[torch.Tensor] = list(tensors)
+        exchanges = []
         for indices in by_kind.values():
             flat = torch.cat([tensors[index].reshape(-1) for index in indices])
-            self._exchange(flat)
-            parts = torch.split(flat, [tensors[index].numel() for index in indices])
-            for index, part in zip(indices, parts, strict=True):
-                averages[index] = part.view_as(tensors[index])
-        return averages
+            exchanges.append((indices, flat, self._manager.allreduce(flat)))
+        return Averaging(self, list(tensors), exchanges)
 
     def agree(self, fingerprint: int) -> bool:
         """Whether every group in this step's quorum holds ``fingerprint`` (an int below 2**32, the same rank's of
         each group): its average over them, exact in float64, is ``fingerprint`` itself."""
         mine = torch.tensor([float(fingerprint)], dtype=torch.float64, device=self._device)
-        averaged = mine.clone()
-        self._exchange(averaged)
+        (averaged,) = self.start_averaging([mine]).wait()
         return bool(averaged.item() == mine.item())
 
-    def _exchange(self, tensor: torch.Tensor) -> None:
-        """Average ``tensor`` in place over the quorum. A failed exchange aborts this group's side of it at once:
-        the peers still waiting on this group in it (a ring passes data on) then fail now, not after ``timeout``,
-        and join the next quorum in time (torchft reconfigures after a failed commit)."""
-        self._manager.allreduce(tensor).wait()
+    def finish_exchange(self, work: Any) -> None:
+        """Wait for one exchange. A failed exchange aborts this group's side of it at once: the peers still waiting
+        on this group in it (a ring passes data on) then fail now, not after ``timeout``, and join the next quorum
+        in time (torchft reconfigures after a failed commit)."""
+        work.wait()
         if self._manager.errored() is not None:
             self._process_group.abort()
 
@@ -181,3 +175,29 @@ class ReplicaGroups:
 
     def shutdown(self) -> None:
         self._manager.shutdown(wait=False)
+
+
+class Averaging:
+    """Exchanges :meth:`ReplicaGroups.start_averaging` started, one per dtype and device of its tensors."""
+
+    def __init__(
+        self,
+        groups: ReplicaGroups,
+        tensors: list[torch.Tensor],
+        exchanges: list[tuple[list[int], torch.Tensor, Any]],
+    ) -> None:
+        self._groups = groups
+        self._tensors = tensors
+        self._exchanges = exchanges
+
+    def wait(self) -> list[torch.Tensor]:
+        """The tensors averaged, in order: views of the exchanged copies, so that a caller may take them as they are
+        rather than copy them back (a joining group contributes zeros and receives the average). A failed exchange is
+        not raised: it makes :meth:`ReplicaGroups.commit` return False on every group."""
+        averages = list(self._tensors)
+        for indices, flat, work in self._exchanges:
+            self._groups.finish_exchange(work)
+            parts = torch.split(flat, [self._tensors[index].numel() for index in indices])
+            for index, part in zip(indices, parts, strict=True):
+                averages[index] = part.view_as(self._tensors[index])
+        return averages

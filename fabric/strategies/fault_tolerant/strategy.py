@@ -11,7 +11,6 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, ClassVar
 
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
@@ -19,11 +18,10 @@ from typing_extensions import override
 
 from fabric.plugins.io.checkpoint_io import PathType
 from fabric.strategies.ddp import DDPStrategy
+from fabric.strategies.fault_tolerant.gradient_buckets import GradientBuckets
 from fabric.strategies.fault_tolerant.plan import DEFAULT_FT_TIMEOUT, FaultTolerance
 from fabric.strategies.fault_tolerant.replica_groups import ReplicaGroups, import_torchft
 from fabric.strategies.parallel import ParallelStrategy
-from fabric.strategies.strategy import parameters_with_grad
-from fabric.utilities.dtensor import local_part
 
 #: A state torchft sends a joining group: ``(load, state)``, ``state()`` on a healthy group, ``load`` on the joiner.
 StateFunctions = tuple[Callable[[Any], None], Callable[[], Any]]
@@ -82,7 +80,7 @@ class FaultTolerantStrategy(ParallelStrategy):
         )
         super().__init__(**kwargs)
         self._replica_groups: ReplicaGroups | None = None
-        self._optimizer: Optimizer | None = None
+        self._gradients: GradientBuckets | None = None
         self._modules: list[nn.Module] = []
         self._participants = 0
         #: Inside ``no_backward_sync``: the gradients are not complete yet, so not averaged across the groups.
@@ -143,13 +141,15 @@ class FaultTolerantStrategy(ParallelStrategy):
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        if self._optimizer is not None:
+        if self._gradients is not None:
             raise ValueError(
                 f"{type(self).__name__} steps one optimizer (torchft commits once per step); got a second one, "
                 f"{type(optimizer).__name__}. Put all parameter groups in one optimizer."
             )
-        self._optimizer = optimizer = super().setup_optimizer(optimizer)
+        optimizer = super().setup_optimizer(optimizer)
         self.replica_groups.register_state("optimizer", *self._optimizer_state(optimizer))
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        self._gradients = GradientBuckets(parameters, self.replica_groups)
         return optimizer
 
     @override
@@ -159,10 +159,17 @@ class FaultTolerantStrategy(ParallelStrategy):
 
     @override
     def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        """The backward, then (unless accumulating) the gradients averaged across the groups at once: clipping, and
-        anything else that reads them before the step, sees the run's gradients, as under plain DDP."""
+        """The backward, then (unless accumulating) the gradients averaged across the groups: clipping, and anything
+        else that reads them before the step, sees the run's gradients, as under plain DDP. Where each rank's
+        gradients are final as the backward produces them (:attr:`_exchanges_during_backward`), their buckets are
+        sent during it."""
         self.replica_groups.begin_step()
-        super().backward(tensor, module, *args, **kwargs)
+        gradients = self._gradients
+        sending: AbstractContextManager[Any] = contextlib.nullcontext()
+        if gradients is not None and not self._accumulating and self._exchanges_during_backward:
+            sending = gradients.sending_during_backward()
+        with sending:
+            super().backward(tensor, module, *args, **kwargs)
         if not self._accumulating:
             self._average_gradients()
 
@@ -181,11 +188,8 @@ class FaultTolerantStrategy(ParallelStrategy):
             self._accumulating = False
 
     def _average_gradients(self) -> None:
-        if self._optimizer is not None:
-            parameters = parameters_with_grad(self._optimizer)
-            averages = self.replica_groups.averaged([local_part(p.grad) for p in parameters])
-            for parameter, average in zip(parameters, averages, strict=True):
-                _take_gradient(parameter, average)
+        if self._gradients is not None:
+            self._gradients.average()
             self._averaged = True
 
     @override
@@ -205,6 +209,12 @@ class FaultTolerantStrategy(ParallelStrategy):
         return super().optimizer_step(optimizer, closure)
 
     # --- what the strategy inside the group decides ---------------------------------------------------------------
+
+    @property
+    def _exchanges_during_backward(self) -> bool:
+        """Whether a parameter's gradient, when autograd's post-accumulate hook sees it, is this rank's final one
+        for the step (so that it may be sent across the groups then), rather than completed after the backward."""
+        raise NotImplementedError
 
     def _module_state(self, module: nn.Module) -> StateFunctions:
         """What a joining group receives of a set-up module: this rank's part of it."""
@@ -302,6 +312,13 @@ class FaultTolerantDDPStrategy(FaultTolerantStrategy, DDPStrategy):
         self._track(module)  # one process: no DDP wrapper, nothing to synchronise inside the group
         return module
 
+    @property
+    @override
+    def _exchanges_during_backward(self) -> bool:
+        """One process: its gradients are final at the hook. Several: DDP's reducer averages them inside the group
+        after it, so they are sent after the backward."""
+        return self.world_size == 1
+
     @override
     def _module_state(self, module: nn.Module) -> StateFunctions:
         return module.load_state_dict, module.state_dict
@@ -323,13 +340,3 @@ class FaultTolerantDDPStrategy(FaultTolerantStrategy, DDPStrategy):
                 dist.broadcast(tensor.data, src=0)
                 if tensor.grad is not None:
                     dist.broadcast(tensor.grad, src=0)
-
-
-def _take_gradient(parameter: torch.Tensor, average: torch.Tensor) -> None:
-    """``parameter``'s gradient becomes ``average``: a plain gradient is replaced by it (a view of the exchanged
-    buffer, not copied back), a ``DTensor``'s local part is overwritten with it."""
-    gradient = parameter.grad
-    if local_part(gradient) is gradient:
-        parameter.grad = average
-    else:
-        local_part(gradient).copy_(average)

@@ -333,7 +333,8 @@ class Run:
             records = self.records()
             if condition(records):
                 return records
-            dead = [group for group, process in self.processes.items() if process.poll() not in (None, -9)]
+            # A group the test stopped (SIGKILL, or SIGTERM: exit 75) is expected gone; any other exit ends the wait.
+            dead = [group for group, process in self.processes.items() if process.poll() not in (None, -9, 75)]
             if dead:
                 break
             time.sleep(0.2)
@@ -576,24 +577,34 @@ def _reference_weights(steps: int) -> list[float]:
     return [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()]
 
 
-def _reference_clipped_weights(steps: int, shares: int, max_norm: float, synced_first: bool) -> list[float]:
-    """One process training on every share's batch, the gradients averaged over the shares, then clipped by norm:
-    what data parallelism over all the groups computes. With ``synced_first`` the first step has share 0's gradient
-    alone in the average: torchft's initial sync makes the other groups receive group 0's state in it, and they send
-    zeros (the step is 1/shares of share 0's)."""
+def _reference_data_parallel_weights(
+    steps: int,
+    shares: int,
+    first_shares: int,
+    max_norm: float | None = None,
+    width: int | None = None,
+    accumulate: int = 1,
+) -> list[float]:
+    """One process training on every share's batch (in ``accumulate`` microbatches), the gradients averaged over the
+    shares (then clipped by norm if ``max_norm``): what data parallelism over all the groups computes. The first step
+    has only the first ``first_shares`` shares' gradients in the average where torchft syncs the groups at it (DDP
+    groups): the others receive group 0's state in it and send zeros (the step is ``first_shares / shares`` of group
+    0's)."""
     import torch
     from torch import nn
 
     worker = _worker()
     torch.manual_seed(7)
-    model = worker.build_model()
+    model = worker.build_model(width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for step in range(steps):
         optimizer.zero_grad()
-        for share in range(1 if synced_first and step == 0 else shares):
+        for share in range(first_shares if step == 0 else shares):
             inputs, targets = worker.batch(step, share)
-            (nn.functional.mse_loss(model(inputs), targets) / shares).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            for piece, target in zip(inputs.chunk(accumulate), targets.chunk(accumulate), strict=True):
+                (nn.functional.mse_loss(model(piece), target) / (shares * accumulate)).backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
     return [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()]
 
@@ -611,7 +622,31 @@ def test_clipping_sees_the_gradients_averaged_over_the_groups(tmp_path: Path, st
         assert [process.wait(timeout=EVENT_DEADLINE) for process in processes] == [0, 0]
     last = [r for r in run.records() if r["committed_steps"] == steps]
     assert len(last) == 2 and last[0]["weights"] == last[1]["weights"]
-    reference = _reference_clipped_weights(steps, 2, max_norm, synced_first=strategy == "fault_tolerant_ddp")
+    reference = _reference_data_parallel_weights(steps, 2, 1 if strategy == "fault_tolerant_ddp" else 2, max_norm)
+    assert last[0]["weights"] == pytest.approx(reference, abs=1e-6)
+
+
+@pytest.mark.end_to_end
+@pytest.mark.parametrize(
+    ("strategy", "devices"),
+    [("fault_tolerant_ddp", 1), ("fault_tolerant_fsdp", 1), ("fault_tolerant_fsdp", 2), ("fault_tolerant_ddp", 2)],
+)
+def test_gradients_sent_in_buckets_during_the_backward_and_accumulated_train_as_one_process(
+    tmp_path: Path, strategy: str, devices: int
+) -> None:
+    """A model of over a MiB (two buckets, the first sent while the backward goes on; with DDP groups of 2 processes
+    all sent after it) and two microbatches a step, the first under no_backward_sync: the groups train what one
+    process trains on all their data."""
+    steps, width = 3, 520
+    with _fault_tolerant_run(tmp_path, groups=2, devices=devices, strategy=strategy) as run:
+        run.stop_at(steps)
+        options = (f"--strategy={strategy}", "--seed=7", "--min-groups=2", f"--width={width}", "--accumulate=2")
+        processes = [run.start_group(group, *options) for group in range(2)]
+        assert [process.wait(timeout=EVENT_DEADLINE) for process in processes] == [0, 0]
+    last = [r for r in run.records() if r["committed_steps"] == steps]
+    assert len(last) == 2 * devices and all(r["weights"] == last[0]["weights"] for r in last)
+    first_shares = devices if strategy == "fault_tolerant_ddp" else 2 * devices  # DDP groups: group 0's at step 0
+    reference = _reference_data_parallel_weights(steps, 2 * devices, first_shares, width=width, accumulate=2)
     assert last[0]["weights"] == pytest.approx(reference, abs=1e-6)
 
 

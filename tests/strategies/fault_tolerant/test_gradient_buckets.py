@@ -1,0 +1,112 @@
+"""The gradients' buckets of a fault-tolerant strategy, against a stand-in for torchft's exchange that records what it
+was sent and when: which buckets, in which order, during or after the backward (or before a given gradient). The
+exchange itself, across real replica groups, runs in test_fault_tolerant.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from fabric.strategies.fault_tolerant.gradient_buckets import FIRST_BUCKET_BYTES, GradientBuckets
+
+
+class _Exchange:
+    """``start_averaging`` as :class:`ReplicaGroups` offers it: here the "average" over the groups is half of what was
+    sent, and each send is recorded with the gradients' sizes and whether the backward was still running."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[list[int], bool]] = []
+        self.in_backward = False
+
+    def in_backward_before(self) -> bool:
+        """Whether the backward is still running (a test narrows it to: before a given gradient)."""
+        return self.in_backward
+
+    def start_averaging(self, tensors: list[torch.Tensor]) -> Any:
+        self.sent.append(([t.numel() for t in tensors], self.in_backward_before()))
+        halves = [t.detach() / 2 for t in tensors]
+        return type("Averaging", (), {"wait": lambda _: halves})()
+
+
+def _model() -> nn.Sequential:
+    """Three layers, the middle one over ``FIRST_BUCKET_BYTES``: two buckets, the backward completes the last layer's
+    first."""
+    width = int((FIRST_BUCKET_BYTES / 4) ** 0.5) + 8
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 1))
+
+
+def _backward(model: nn.Module, exchange: _Exchange, seed: int = 0) -> None:
+    inputs = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+    exchange.in_backward = True
+    model(inputs).sum().backward()
+    exchange.in_backward = False
+
+
+def test_the_first_bucket_goes_out_during_the_backward_and_every_gradient_comes_back_averaged() -> None:
+    model, exchange = _model(), _Exchange()
+    exchange.in_backward_before = lambda: model[0].weight.grad is None  # type: ignore[method-assign]
+    buckets = GradientBuckets(list(model.parameters()), exchange)  # type: ignore[arg-type]
+    reference = _model()
+    _backward(reference, _Exchange())
+    with buckets.sending_during_backward():
+        _backward(model, exchange)
+    buckets.average()
+    last, middle, first = model[4], model[2], model[0]
+    # reverse order: the last layer's bias and weight with the middle layer's, before the backward reached the first
+    # layer; then the first layer's
+    assert exchange.sent == [
+        ([1, last.weight.numel(), middle.bias.numel(), middle.weight.numel()], True),
+        ([first.bias.numel(), first.weight.numel()], False),
+    ]
+    for parameter, expected in zip(model.parameters(), reference.parameters(), strict=True):
+        assert parameter.grad is not None and expected.grad is not None
+        torch.testing.assert_close(parameter.grad, expected.grad / 2)
+
+
+def test_accumulating_backwards_send_nothing_and_the_last_sends_the_sum() -> None:
+    model, exchange = _model(), _Exchange()
+    buckets = GradientBuckets(list(model.parameters()), exchange)  # type: ignore[arg-type]
+    reference = _model()
+    for seed in (1, 2):
+        _backward(reference, _Exchange(), seed)
+    _backward(model, exchange, seed=1)  # outside sending_during_backward: accumulating
+    assert exchange.sent == []
+    with buckets.sending_during_backward():
+        _backward(model, exchange, seed=2)
+    assert [during for _, during in exchange.sent] == [True, True]
+    buckets.average()
+    for parameter, expected in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(parameter.grad, expected.grad / 2)  # type: ignore[operator]
+
+
+def test_a_bucket_the_backward_completes_first_waits_for_the_one_before_it() -> None:
+    """Buckets go out in one order on every group (the groups' exchanges pair up in order): where the backward
+    completes the second before the first (the last layer used first), both go out when the first completes."""
+    model, exchange = _model(), _Exchange()
+    # parameters in the reverse of their use: bucket 0 holds the first layer, which the backward reaches last
+    buckets = GradientBuckets(list(reversed(list(model.parameters()))), exchange)  # type: ignore[arg-type]
+    with buckets.sending_during_backward():
+        _backward(model, exchange)
+    first, middle = model[0], model[2]
+    assert [sizes for sizes, _ in exchange.sent] == [
+        [first.weight.numel(), first.bias.numel(), middle.weight.numel()],
+        [middle.bias.numel(), model[4].weight.numel(), 1],
+    ]
+    assert all(during for _, during in exchange.sent)  # both at the backward's last gradient
+
+
+def test_a_parameter_the_backward_does_not_reach_leaves_its_bucket_to_the_average_after_it() -> None:
+    model, exchange = _model(), _Exchange()
+    model[0].requires_grad_(False)
+    unused = nn.Parameter(torch.ones(2))
+    parameters = [*model[2].parameters(), *model[4].parameters()]
+    buckets = GradientBuckets([unused, *parameters], exchange)  # type: ignore[arg-type]
+    with buckets.sending_during_backward():
+        _backward(model, exchange)
+    buckets.average()
+    assert unused.grad is None
+    assert [during for _, during in exchange.sent] == [True, False]  # the unused parameter's bucket: empty, after
+    assert exchange.sent[1][0] == []
