@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from fabric.strategies.fault_tolerant.replica_groups import Averaging, ReplicaGroups
-from fabric.utilities.dtensor import local_part
+from fabric.utilities.dtensor import laid_out_like, local_part
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 #: DDP's bucket sizes: a small first bucket starts the exchange early in the backward, the others amortise its cost.
 FIRST_BUCKET_BYTES = 1024 * 1024
@@ -108,10 +112,11 @@ def _buckets_of(parameters: list[torch.Tensor]) -> list[_Bucket]:
 
 
 def _take_gradient(parameter: torch.Tensor, average: torch.Tensor) -> None:
-    """``parameter``'s gradient becomes ``average``: a plain gradient is replaced by it (a view of the exchanged
-    buffer, not copied back), a ``DTensor``'s local part is overwritten with it."""
+    """``parameter``'s gradient becomes ``average`` (the gradient itself where it was averaged in place, else a view of
+    the exchanged buffer, not copied back; a ``DTensor`` keeps its layout around it)."""
     gradient = parameter.grad
-    if local_part(gradient) is gradient:
+    local = local_part(gradient)
+    if local is gradient:
         parameter.grad = average
-    else:
-        local_part(gradient).copy_(average)
+    elif local.data_ptr() != average.data_ptr():
+        parameter.grad = laid_out_like(average, cast("DTensor", gradient))

@@ -112,23 +112,26 @@ class ReplicaGroups:
 
     def start_averaging(self, tensors: Sequence[torch.Tensor]) -> Averaging:
         """Start averaging ``tensors`` over the groups in this step's quorum (one exchange per dtype and device, in the
-        background); :meth:`Averaging.wait` gives the averages. Every group starts its exchanges in the same order."""
+        background); :meth:`Averaging.wait` gives the averages. Every group starts its exchanges in the same order.
+        Tensors that tile one piece of memory (one tensor; FSDP's gradient shards, views of its reduce-scatter's
+        output) are averaged in place, others in one concatenated copy."""
         self.begin_step()
         by_kind: dict[tuple[torch.dtype, torch.device], list[int]] = {}
         for index, tensor in enumerate(tensors):
             by_kind.setdefault((tensor.dtype, tensor.device), []).append(index)
         exchanges = []
         for indices in by_kind.values():
-            flat = torch.cat([tensors[index].reshape(-1) for index in indices])
-            exchanges.append((indices, flat, self._manager.allreduce(flat)))
+            span = _span([tensors[index] for index in indices])
+            flat = torch.cat([tensors[index].reshape(-1) for index in indices]) if span is None else span
+            exchanges.append((indices, flat, span is not None, self._manager.allreduce(flat)))
         return Averaging(self, list(tensors), exchanges)
 
     def agree(self, fingerprint: int) -> bool:
         """Whether every group in this step's quorum holds ``fingerprint`` (an int below 2**32, the same rank's of
         each group): its average over them, exact in float64, is ``fingerprint`` itself."""
-        mine = torch.tensor([float(fingerprint)], dtype=torch.float64, device=self._device)
-        (averaged,) = self.start_averaging([mine]).wait()
-        return bool(averaged.item() == mine.item())
+        averaged = torch.tensor([float(fingerprint)], dtype=torch.float64, device=self._device)
+        self.start_averaging([averaged]).wait()  # one tensor: averaged in place
+        return bool(averaged.item() == float(fingerprint))
 
     def finish_exchange(self, work: Any) -> None:
         """Wait for one exchange. A failed exchange aborts this group's side of it at once: the peers still waiting
@@ -184,20 +187,37 @@ class Averaging:
         self,
         groups: ReplicaGroups,
         tensors: list[torch.Tensor],
-        exchanges: list[tuple[list[int], torch.Tensor, Any]],
+        exchanges: list[tuple[list[int], torch.Tensor, bool, Any]],
     ) -> None:
         self._groups = groups
         self._tensors = tensors
         self._exchanges = exchanges
 
     def wait(self) -> list[torch.Tensor]:
-        """The tensors averaged, in order: views of the exchanged copies, so that a caller may take them as they are
-        rather than copy them back (a joining group contributes zeros and receives the average). A failed exchange is
-        not raised: it makes :meth:`ReplicaGroups.commit` return False on every group."""
+        """The tensors averaged, in order: themselves where exchanged in place, else views of the exchanged copies,
+        so that a caller may take them as they are rather than copy them back (a joining group contributes zeros and
+        receives the average). A failed exchange is not raised: it makes :meth:`ReplicaGroups.commit` return False on
+        every group."""
         averages = list(self._tensors)
-        for indices, flat, work in self._exchanges:
+        for indices, flat, in_place, work in self._exchanges:
             self._groups.finish_exchange(work)
+            if in_place:
+                continue
             parts = torch.split(flat, [self._tensors[index].numel() for index in indices])
             for index, part in zip(indices, parts, strict=True):
                 averages[index] = part.view_as(self._tensors[index])
         return averages
+
+
+def _span(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """One flat view of the memory ``tensors`` cover when they are contiguous and tile one piece of one storage
+    without gap or overlap (in any order); else None."""
+    storage = tensors[0].untyped_storage().data_ptr()
+    if any(not t.is_contiguous() or t.untyped_storage().data_ptr() != storage for t in tensors):
+        return None
+    start = end = min(t.storage_offset() for t in tensors)
+    for offset, numel in sorted((t.storage_offset(), t.numel()) for t in tensors):
+        if offset != end:
+            return None
+        end += numel
+    return torch.as_strided(tensors[0], (end - start,), (1,), start)

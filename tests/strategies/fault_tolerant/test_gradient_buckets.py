@@ -110,3 +110,18 @@ def test_a_parameter_the_backward_does_not_reach_leaves_its_bucket_to_the_averag
     assert unused.grad is None
     assert [during for _, during in exchange.sent] == [True, False]  # the unused parameter's bucket: empty, after
     assert exchange.sent[1][0] == []
+
+
+def test_gradients_that_tile_one_buffer_are_exchanged_in_place_and_others_in_a_copy() -> None:
+    """FSDP's gradient shards are views of one reduce-scatter output: exchanged as that memory, in place; tensors
+    with a gap, an overlap or memory of their own are concatenated."""
+    from fabric.strategies.fault_tolerant.replica_groups import _span
+
+    buffer = torch.arange(10.0)
+    weight, bias = buffer[:6].view(2, 3), buffer[6:10]
+    span = _span([bias, weight])  # in any order
+    assert span is not None and span.data_ptr() == buffer.data_ptr() and span.numel() == 10
+    assert _span([buffer[:4], buffer[5:]]) is None  # a gap
+    assert _span([buffer[:6], buffer[4:]]) is None  # an overlap
+    assert _span([buffer[:4], torch.ones(3)]) is None  # two buffers
+    assert _span([buffer.view(2, 5).t()]) is None  # not contiguous
