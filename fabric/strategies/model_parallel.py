@@ -42,8 +42,7 @@ from fabric.strategies.fsdp.strategy import FSDPStrategy, StateDictType
 from fabric.strategies.mesh import AUTO, DATA_PARALLEL_DIMS, MeshPlan
 from fabric.strategies.parallel import ParallelArgs, refuse_unexpected_arguments
 from fabric.strategies.pipeline import (
-    SCHEDULES,
-    SPLIT_BACKWARD_SCHEDULES,
+    WHOLE_BACKWARD_SCHEDULES,
     PipelineModule,
     PipelinePlan,
     keep_stages,
@@ -150,7 +149,7 @@ class ModelParallelStrategy(FSDPStrategy):
                     "the gathered parameters FSDP would have freed (torch then leaves them None or partial). Leave "
                     "reshard_after_forward unset (False under this schedule; as a sharding_strategy: SHARD_GRAD_OP or "
                     "_HYBRID_SHARD_ZERO2, not FULL_SHARD or HYBRID_SHARD) or pick a schedule of "
-                    f"{[name for name in SCHEDULES if name not in SPLIT_BACKWARD_SCHEDULES]}."
+                    f"{list(WHOLE_BACKWARD_SCHEDULES)}."
                 )
             reshard_after_forward = False
             if activation_checkpointing:
@@ -159,7 +158,7 @@ class ModelParallelStrategy(FSDPStrategy):
                     f"PipelinePlan(schedule={pipeline.schedule!r}): the schedule runs two backwards through each "
                     "stage (the input's, then the weights'), and torch 2.13's checkpoint fails recomputing a module "
                     "the second time. Drop activation_checkpointing or pick a schedule of "
-                    f"{[name for name in SCHEDULES if name not in SPLIT_BACKWARD_SCHEDULES]}."
+                    f"{list(WHOLE_BACKWARD_SCHEDULES)}."
                 )
         refuse_unexpected_arguments(type(self), common)  # FSDPStrategy would take the others as Lightning's
         super().__init__(

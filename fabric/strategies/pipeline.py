@@ -60,6 +60,8 @@ V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 #: The schedules that split each backward into the input's gradient (sent on at once) and the weights' (run later, in
 #: the bubble): FSDP must keep a stage's parameters gathered from its forward until then.
 SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+#: The others: one backward through each stage (what FSDP resharding after the forward and checkpointing need).
+WHOLE_BACKWARD_SCHEDULES = tuple(name for name in SCHEDULES if name not in SPLIT_BACKWARD_SCHEDULES)
 #: Containers whose forward runs the modules they still hold, so a part of another stage is removed from them.
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
