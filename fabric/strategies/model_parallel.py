@@ -93,7 +93,7 @@ class ModelParallelStrategy(FSDPStrategy):
             ``parallelize_fn`` (unless it sharded itself). Under a zero-bubble schedule (``InterleavedZeroBubble``,
             ``ZBVZeroBubble``, ``DualPipeV``) the parameters stay gathered from the forward to the weights' backward:
             ``reshard_after_forward`` is ``False`` (``True`` is refused), for the FSDP units ``parallelize_fn``
-            made too; ``activation_checkpointing`` is refused (torch's checkpoint cannot recompute twice).
+            made too; ``activation_checkpointing`` recomputes a module for each of the two backwards.
         **common: the arguments of every parallel strategy (:class:`~fabric.strategies.parallel.ParallelArgs`);
             FSDPStrategy's Lightning names are not taken.
     """
@@ -152,14 +152,6 @@ class ModelParallelStrategy(FSDPStrategy):
                     f"{list(WHOLE_BACKWARD_SCHEDULES)}."
                 )
             reshard_after_forward = False
-            if activation_checkpointing:
-                raise ValueError(
-                    f"ModelParallelStrategy(activation_checkpointing={activation_checkpointing!r}) with "
-                    f"PipelinePlan(schedule={pipeline.schedule!r}): the schedule runs two backwards through each "
-                    "stage (the input's, then the weights'), and torch 2.13's checkpoint fails recomputing a module "
-                    "the second time. Drop activation_checkpointing or pick a schedule of "
-                    f"{list(WHOLE_BACKWARD_SCHEDULES)}."
-                )
         refuse_unexpected_arguments(type(self), common)  # FSDPStrategy would take the others as Lightning's
         super().__init__(
             reshard_after_forward=reshard_after_forward,

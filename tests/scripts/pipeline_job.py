@@ -2,7 +2,8 @@
 
 ``python pipeline_job.py OUT SCHEDULE``: an ``nn.Sequential`` MLP cut after its second layer (with a multi-stage
 schedule: into 4 stages, 2 per rank; with ``InterleavedZeroBubble-own-fsdp``: 2 stages that ``parallelize_fn`` shards
-itself, under InterleavedZeroBubble) trains 3 SGD steps with gradient clipping through
+itself, under InterleavedZeroBubble; with ``ZBVZeroBubble-checkpointed``: ZBV recomputing the linear layers) trains 3
+SGD steps with gradient clipping through
 ``ModelParallelStrategy(mesh=MeshPlan(pipeline_parallel=2), pipeline=PipelinePlan(...))``; then the loop's misuses are
 tried and their messages kept. The model and batches are the reference's (pipeline_job_reference.py). Each rank writes
 ``OUT/rank-R.pt``: the losses it was returned, the clipped norms, its stage's weights, an evaluation's outputs and the
@@ -27,11 +28,14 @@ from fabric.strategies import MeshPlan, ModelParallelStrategy, PipelinePlan
 MICROBATCHES = 4
 #: The job that runs InterleavedZeroBubble on 2 stages that ``parallelize_fn`` shards itself.
 OWN_FSDP = "InterleavedZeroBubble-own-fsdp"
+#: The job that runs ZBVZeroBubble with every linear layer's activations recomputed in the backward (twice: the
+#: inputs' gradients, then the weights').
+CHECKPOINTED = "ZBVZeroBubble-checkpointed"
 #: Where each schedule cuts the 5 layers: 2 stages, or 4 (rank 0 holds layers 0, 2 and 3, rank 1 layers 1 and 4;
 #: in a V, rank 0 holds layers 0 and 4, rank 1 layers 1 to 3).
 FOUR_STAGES = ["1", "2", "4"]
 CUTS = {"1F1B": ["2"], "GPipe": ["2"], OWN_FSDP: ["2"]} | dict.fromkeys(
-    ["Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"], FOUR_STAGES
+    ["Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", CHECKPOINTED], FOUR_STAGES
 )
 
 
@@ -43,12 +47,13 @@ def shard_each_stage(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
 
 
 out_dir, job = Path(sys.argv[1]), sys.argv[2]
-schedule = "InterleavedZeroBubble" if job == OWN_FSDP else job
+schedule = {OWN_FSDP: "InterleavedZeroBubble", CHECKPOINTED: "ZBVZeroBubble"}.get(job, job)
 plan = PipelinePlan(CUTS[job], F.mse_loss, microbatches=MICROBATCHES, schedule=schedule)
 strategy = ModelParallelStrategy(
     shard_each_stage if job == OWN_FSDP else None,
     mesh=MeshPlan(pipeline_parallel=2, data_parallel=1),
     pipeline=plan,
+    activation_checkpointing={nn.Linear} if job == CHECKPOINTED else None,
 )
 fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
 fabric.launch()

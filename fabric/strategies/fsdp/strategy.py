@@ -39,6 +39,7 @@ import fabric.strategies.fsdp.checkpoint as checkpoints
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.formats import CheckpointFormat, recognise
 from fabric.plugins.precision.dtypes import mixed_dtype
+from fabric.strategies.fsdp.activation_checkpointing import checkpoint_activations
 from fabric.strategies.fsdp.options import (
     ShardPolicy,
     UnitsLikeFsdp1,
@@ -299,9 +300,7 @@ class FSDPStrategy(ParallelStrategy):
         """Apply activation checkpointing, then ``fully_shard`` in place: sub-units first, then the root."""
         for submodule in module.modules():
             if isinstance(submodule, tuple(self.activation_checkpointing)):
-                from torch.distributed._composable.checkpoint_activation import checkpoint
-
-                checkpoint(submodule)
+                checkpoint_activations(submodule)
         options = self._shard_options(self.data_parallel_mesh)
         units = shard_units(self.shard_modules, module)
         for submodule in reversed(list(module.modules())):  # descendants before their ancestors
