@@ -27,7 +27,9 @@ class _Bucket:
     def __init__(self, parameters: list[torch.Tensor]) -> None:
         self.parameters = parameters
         self.produced = 0
+        #: The exchange in flight, and the parameters whose gradients it holds (those that had one when sent).
         self.averaging: Averaging | None = None
+        self.sent: list[torch.Tensor] = []
 
     @property
     def complete(self) -> bool:
@@ -77,8 +79,8 @@ class GradientBuckets:
             self._send(self._buckets[self._sent])
 
     def _send(self, bucket: _Bucket) -> None:
-        gradients = [local_part(p.grad) for p in bucket.parameters if p.grad is not None]
-        bucket.averaging = self._groups.start_averaging(gradients)
+        bucket.sent = [p for p in bucket.parameters if p.grad is not None]
+        bucket.averaging = self._groups.start_averaging([local_part(p.grad) for p in bucket.sent])
         self._sent += 1
 
     def average(self) -> None:
@@ -88,10 +90,9 @@ class GradientBuckets:
             self._send(self._buckets[self._sent])
         for bucket in self._buckets:
             assert bucket.averaging is not None
-            with_gradient = [p for p in bucket.parameters if p.grad is not None]
-            for parameter, average in zip(with_gradient, bucket.averaging.wait(), strict=True):
+            for parameter, average in zip(bucket.sent, bucket.averaging.wait(), strict=True):
                 _take_gradient(parameter, average)
-            bucket.averaging, bucket.produced = None, 0
+            bucket.averaging, bucket.sent, bucket.produced = None, [], 0
         self._sent = 0
 
 
