@@ -36,7 +36,7 @@ class FaultTolerantFSDPStrategy(FaultTolerantStrategy, FSDPStrategy):
 
     @property
     @override
-    def _exchanges_during_backward(self) -> bool:
+    def _gradients_final_when_accumulated(self) -> bool:
         """FSDP calls the hook on a shard once its gradient is reduce-scattered inside the group."""
         return True
 

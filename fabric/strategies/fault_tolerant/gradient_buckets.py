@@ -5,15 +5,18 @@ do inside a group)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
+import torch.distributed as dist
 
 from fabric.strategies.fault_tolerant.replica_groups import Averaging, ReplicaGroups
 from fabric.utilities.dtensor import laid_out_like, local_part
 
 if TYPE_CHECKING:
+    from torch._C._distributed_c10d import GradBucket
     from torch.distributed.tensor import DTensor
 
 #: DDP's bucket sizes: a small first bucket starts the exchange early in the backward, the others amortise its cost.
@@ -27,6 +30,8 @@ class _Bucket:
     def __init__(self, parameters: list[torch.Tensor]) -> None:
         self.parameters = parameters
         self.produced = 0
+        #: The final gradients reported for this step (:meth:`GradientBuckets.produced`), by parameter id.
+        self.final: dict[int, torch.Tensor] = {}
         #: The exchange in flight, and the parameters whose gradients it holds (those that had one when sent).
         self.averaging: Averaging | None = None
         self.sent: list[torch.Tensor] = []
@@ -44,16 +49,25 @@ class GradientBuckets:
     are sent in the same order on every group (one completed early waits for those before it), since the groups'
     exchanges pair up in the order they start. :meth:`average` sends what is left (gradients accumulated outside it,
     or parameters the backward did not reach) and puts the averages in place.
+
+    Where a rank's gradient is final when autograd has accumulated it (``final_when_accumulated``: one process, or
+    FSDP's shard after its reduce-scatter), autograd's hook reports it; else whoever completes it calls
+    :meth:`produced` (DDP's comm hook, once the group's average is in its bucket), from any thread, with a tensor
+    that holds it then. Those are exchanged as a copy, the memory they are in being another's.
     """
 
-    def __init__(self, parameters: Sequence[torch.Tensor], groups: ReplicaGroups) -> None:
+    def __init__(
+        self, parameters: Sequence[torch.Tensor], groups: ReplicaGroups, *, final_when_accumulated: bool = True
+    ) -> None:
         self._groups = groups
         self._buckets = _buckets_of([p for p in reversed(parameters) if p.requires_grad])
         self._bucket_of: dict[int, _Bucket] = {}
         for bucket in self._buckets:
             for parameter in bucket.parameters:
                 self._bucket_of[id(parameter)] = bucket
-                parameter.register_post_accumulate_grad_hook(self._produced)  # type: ignore[no-untyped-call]
+                if final_when_accumulated:
+                    parameter.register_post_accumulate_grad_hook(self._accumulated)  # type: ignore[no-untyped-call]
+        self._lock = threading.Lock()  # produced() may come from the threads of a process group's collectives
         self._sending = False
         #: Buckets before this index have been sent this step.
         self._sent = 0
@@ -64,23 +78,38 @@ class GradientBuckets:
         one of several accumulating them)."""
         for bucket in self._buckets[self._sent :]:
             bucket.produced = 0  # counted only from this backward
+            bucket.final.clear()
         self._sending = True
         try:
             yield
         finally:
-            self._sending = False
+            with self._lock:
+                self._sending = False
 
-    def _produced(self, parameter: torch.Tensor) -> None:
+    def _accumulated(self, parameter: torch.Tensor) -> None:
         """Autograd's hook: ``parameter``'s gradient is final for this backward (FSDP calls it on the shard)."""
-        if not self._sending:
-            return
-        self._bucket_of[id(parameter)].produced += 1
+        if self._sending:
+            self._count(self._bucket_of[id(parameter)])
+
+    def produced(self, parameter: torch.Tensor, gradient: torch.Tensor) -> None:
+        """``parameter``'s final gradient of this backward is ``gradient`` (until the backward returns)."""
+        with self._lock:
+            if self._sending:
+                bucket = self._bucket_of[id(parameter)]
+                bucket.final[id(parameter)] = gradient
+                self._count(bucket)
+
+    def _count(self, bucket: _Bucket) -> None:
+        bucket.produced += 1
         while self._sent < len(self._buckets) and self._buckets[self._sent].complete:
             self._send(self._buckets[self._sent])
 
     def _send(self, bucket: _Bucket) -> None:
-        bucket.sent = [p for p in bucket.parameters if p.grad is not None]
-        bucket.averaging = self._groups.start_averaging([local_part(p.grad) for p in bucket.sent])
+        final = bucket.final
+        bucket.sent = [p for p in bucket.parameters if id(p) in final or p.grad is not None]
+        gradients = [final.get(id(p)) if id(p) in final else local_part(p.grad) for p in bucket.sent]
+        bucket.averaging = self._groups.start_averaging(gradients, copy=bool(final))  # type: ignore[arg-type]
+        final.clear()
         self._sent += 1
 
     def average(self) -> None:
@@ -94,6 +123,25 @@ class GradientBuckets:
                 _take_gradient(parameter, average)
             bucket.averaging, bucket.sent, bucket.produced = None, [], 0
         self._sent = 0
+
+
+def average_in_group(
+    process_group: dist.ProcessGroup, bucket: GradBucket, buckets: GradientBuckets | None
+) -> torch.futures.Future[torch.Tensor]:
+    """A DDP comm hook's work: ``bucket`` averaged over the group's processes (what DDP's default hook does), then its
+    gradients reported to ``buckets``, which send them across the replica groups while the backward goes on."""
+    buffer = bucket.buffer()
+    buffer.div_(process_group.size())
+    reduced = dist.all_reduce(buffer, group=process_group, async_op=True).get_future()
+    parameters, gradients = bucket.parameters(), bucket.gradients()
+
+    def report(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        if buckets is not None:
+            for parameter, gradient in zip(parameters, gradients, strict=True):
+                buckets.produced(parameter, gradient)
+        return future.value()[0]
+
+    return cast("torch.futures.Future[torch.Tensor]", reduced.then(report))
 
 
 def _buckets_of(parameters: list[torch.Tensor]) -> list[_Bucket]:

@@ -110,18 +110,18 @@ class ReplicaGroups:
             self._manager.start_quorum()
             self._step_begun = True
 
-    def start_averaging(self, tensors: Sequence[torch.Tensor]) -> Averaging:
+    def start_averaging(self, tensors: Sequence[torch.Tensor], copy: bool = False) -> Averaging:
         """Start averaging ``tensors`` over the groups in this step's quorum (one exchange per dtype and device, in the
         background); :meth:`Averaging.wait` gives the averages. Every group starts its exchanges in the same order.
         Tensors that tile one piece of memory (one tensor; FSDP's gradient shards, views of its reduce-scatter's
-        output) are averaged in place, others in one concatenated copy."""
+        output) are averaged in place unless ``copy``, others in one concatenated copy."""
         self.begin_step()
         by_kind: dict[tuple[torch.dtype, torch.device], list[int]] = {}
         for index, tensor in enumerate(tensors):
             by_kind.setdefault((tensor.dtype, tensor.device), []).append(index)
         exchanges = []
         for indices in by_kind.values():
-            span = _span([tensors[index] for index in indices])
+            span = None if copy else _span([tensors[index] for index in indices])
             flat = torch.cat([tensors[index].reshape(-1) for index in indices]) if span is None else span
             exchanges.append((indices, flat, span is not None, self._manager.allreduce(flat)))
         return Averaging(self, list(tensors), exchanges)

@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from fabric.plugins.io.checkpoint_io import PathType
 from fabric.strategies.ddp import DDPStrategy
-from fabric.strategies.fault_tolerant.gradient_buckets import GradientBuckets
+from fabric.strategies.fault_tolerant.gradient_buckets import GradientBuckets, average_in_group
 from fabric.strategies.fault_tolerant.plan import DEFAULT_FT_TIMEOUT, FaultTolerance
 from fabric.strategies.fault_tolerant.replica_groups import ReplicaGroups, import_torchft
 from fabric.strategies.parallel import ParallelStrategy
@@ -149,7 +149,9 @@ class FaultTolerantStrategy(ParallelStrategy):
         optimizer = super().setup_optimizer(optimizer)
         self.replica_groups.register_state("optimizer", *self._optimizer_state(optimizer))
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
-        self._gradients = GradientBuckets(parameters, self.replica_groups)
+        self._gradients = GradientBuckets(
+            parameters, self.replica_groups, final_when_accumulated=self._gradients_final_when_accumulated
+        )
         return optimizer
 
     @override
@@ -160,13 +162,12 @@ class FaultTolerantStrategy(ParallelStrategy):
     @override
     def backward(self, tensor: Any, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         """The backward, then (unless accumulating) the gradients averaged across the groups: clipping, and anything
-        else that reads them before the step, sees the run's gradients, as under plain DDP. Where each rank's
-        gradients are final as the backward produces them (:attr:`_exchanges_during_backward`), their buckets are
-        sent during it."""
+        else that reads them before the step, sees the run's gradients, as under plain DDP. Their buckets are sent
+        during the backward, as it completes them (see :attr:`_gradients_final_when_accumulated`)."""
         self.replica_groups.begin_step()
         gradients = self._gradients
         sending: AbstractContextManager[Any] = contextlib.nullcontext()
-        if gradients is not None and not self._accumulating and self._exchanges_during_backward:
+        if gradients is not None and not self._accumulating:
             sending = gradients.sending_during_backward()
         with sending:
             super().backward(tensor, module, *args, **kwargs)
@@ -211,9 +212,10 @@ class FaultTolerantStrategy(ParallelStrategy):
     # --- what the strategy inside the group decides ---------------------------------------------------------------
 
     @property
-    def _exchanges_during_backward(self) -> bool:
+    def _gradients_final_when_accumulated(self) -> bool:
         """Whether a parameter's gradient, when autograd's post-accumulate hook sees it, is this rank's final one
-        for the step (so that it may be sent across the groups then), rather than completed after the backward."""
+        for the step (so that it may be sent across the groups then); else the strategy reports each one when it is
+        (:meth:`GradientBuckets.produced`)."""
         raise NotImplementedError
 
     def _module_state(self, module: nn.Module) -> StateFunctions:
@@ -307,16 +309,21 @@ class FaultTolerantDDPStrategy(FaultTolerantStrategy, DDPStrategy):
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
-        if self.world_size > 1:
-            return super().setup_module(module)
-        self._track(module)  # one process: no DDP wrapper, nothing to synchronise inside the group
-        return module
+        if self.world_size == 1:
+            self._track(module)  # one process: no DDP wrapper, nothing to synchronise inside the group
+            return module
+        wrapped = super().setup_module(module)
+        # A lambda: DDP refuses a hook whose annotations are strings (postponed annotations), and the buckets are
+        # built with the optimizer, after the module.
+        hook = lambda group, bucket: average_in_group(group, bucket, self._gradients)  # noqa: E731
+        wrapped.register_comm_hook(wrapped.process_group, hook)  # type: ignore[operator]
+        return wrapped
 
     @property
     @override
-    def _exchanges_during_backward(self) -> bool:
+    def _gradients_final_when_accumulated(self) -> bool:
         """One process: its gradients are final at the hook. Several: DDP's reducer averages them inside the group
-        after it, so they are sent after the backward."""
+        after it, in its buckets, which :func:`average_in_group` reports as they complete."""
         return self.world_size == 1
 
     @override

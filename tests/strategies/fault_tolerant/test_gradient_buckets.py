@@ -4,12 +4,16 @@ exchange itself, across real replica groups, runs in test_fault_tolerant.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from fabric.strategies.fault_tolerant.gradient_buckets import FIRST_BUCKET_BYTES, GradientBuckets
+from fabric.strategies.fault_tolerant.gradient_buckets import FIRST_BUCKET_BYTES, GradientBuckets, average_in_group
 
 
 class _Exchange:
@@ -18,14 +22,16 @@ class _Exchange:
 
     def __init__(self) -> None:
         self.sent: list[tuple[list[int], bool]] = []
+        self.copied: list[bool] = []
         self.in_backward = False
 
     def in_backward_before(self) -> bool:
         """Whether the backward is still running (a test narrows it to: before a given gradient)."""
         return self.in_backward
 
-    def start_averaging(self, tensors: list[torch.Tensor]) -> Any:
+    def start_averaging(self, tensors: list[torch.Tensor], copy: bool = False) -> Any:
         self.sent.append(([t.numel() for t in tensors], self.in_backward_before()))
+        self.copied.append(copy)
         halves = [t.detach() / 2 for t in tensors]
         return type("Averaging", (), {"wait": lambda _: halves})()
 
@@ -125,3 +131,50 @@ def test_gradients_that_tile_one_buffer_are_exchanged_in_place_and_others_in_a_c
     assert _span([buffer[:6], buffer[4:]]) is None  # an overlap
     assert _span([buffer[:4], torch.ones(3)]) is None  # two buffers
     assert _span([buffer.view(2, 5).t()]) is None  # not contiguous
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", world_size=1, rank=0)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_buckets_report_their_group_average_during_the_backward_and_are_exchanged_as_a_copy(
+    one_rank_group: None,
+) -> None:
+    """DDP groups of several processes: DDP's comm hook averages a bucket inside the group, then reports it, and the
+    buckets go out before the backward returns, also at the first step, where DDP holds every gradient in one bucket
+    (it rebuilds them after it). The exchange copies them: the memory is DDP's."""
+    model, exchange = _model(), _Exchange()
+    ddp = DistributedDataParallel(model)
+    buckets = GradientBuckets(list(model.parameters()), exchange, final_when_accumulated=False)  # type: ignore[arg-type]
+    ddp.register_comm_hook(ddp.process_group, lambda group, bucket: average_in_group(group, bucket, buckets))
+    reference = _model()
+    for step in range(3):
+        reference.zero_grad(set_to_none=True)
+        _backward(reference, _Exchange(), seed=step)
+        model.zero_grad(set_to_none=True)
+        exchange.sent.clear()
+        with buckets.sending_during_backward():
+            _backward(ddp, exchange, seed=step)
+        buckets.average()
+        assert [during for _, during in exchange.sent] == [True, True]
+        assert exchange.copied == [True] * 2 * (step + 1)
+        for parameter, expected in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(parameter.grad, expected.grad / 2)  # type: ignore[operator]
+
+
+def test_ddp_buckets_outside_a_sending_backward_are_left_to_the_average_after_it(one_rank_group: None) -> None:
+    """A backward whose gradients are accumulated further (DDP synced by hand) reports nothing: the average after it
+    sends the gradients as they are then."""
+    model, exchange = _model(), _Exchange()
+    ddp = DistributedDataParallel(model)
+    buckets = GradientBuckets(list(model.parameters()), exchange, final_when_accumulated=False)  # type: ignore[arg-type]
+    ddp.register_comm_hook(ddp.process_group, lambda group, bucket: average_in_group(group, bucket, buckets))
+    _backward(ddp, exchange)
+    assert exchange.sent == []
+    buckets.average()
+    assert [during for _, during in exchange.sent] == [False, False] and exchange.copied == [False, False]
