@@ -4,11 +4,12 @@ Every job trains the same MLP (``--dim``, 4 layers, batch 32 per process, SGD) f
 process per replica group, each job in fresh processes:
 
 * **overhead**: the median step time of 2 replica groups of 1 process (Fabric, a torchft lighthouse) against plain
-  torch DDP over the same 2 processes (``init_process_group("gloo")``, ``DistributedDataParallel``); printed as
+  torch DDP over the same 2 processes (``init_process_group("gloo")``, ``DistributedDataParallel``); with
+  ``--group-size N`` 2 groups of N processes each (DDP inside a group) against plain DDP over the 2N; printed as
   ``overhead: R x`` (goal: at most 1.05x on CPU), and as ``cpu overhead: R x`` in CPU time per step (every thread of
   the process: torchft's quorum and heartbeats too), which a busy machine blurs less than the wall time. With
   ``--fsdp`` also ``strategy="fault_tolerant_fsdp"`` (2 groups of one FSDP2 shard each) against plain torch HSDP
-  over the same 2 processes (``fully_shard`` on a 2 x 1 replicate x shard mesh), printed as ``overhead (fsdp): R x``.
+  over the same 2 processes (``fully_shard`` on a 2 x N replicate x shard mesh), printed as ``overhead (fsdp): R x``.
 * **one failure**: 3 processes, of which one is SIGKILLed at step ``--kill-at``:
   - fault tolerant: 3 replica groups; the group killed does not come back, the 2 others finish the run.
     *Steps lost*: steps the survivors ran whose update was discarded. *Wall time lost*: the survivors' time for the
@@ -26,6 +27,7 @@ on every interface. Usage::
     python benchmarks/fault_tolerance.py --steps 100 --kill-at 55
     python benchmarks/fault_tolerance.py --rounds 5       # the overhead as the median of 5 alternating rounds
     python benchmarks/fault_tolerance.py --fsdp           # also fault_tolerant_fsdp against plain HSDP
+    python benchmarks/fault_tolerance.py --group-size 2   # the overhead with groups of 2 processes (4 in all)
     python benchmarks/fault_tolerance.py --heartbeat-timeout-ms 5000   # `fabric lighthouse`'s default (500 here)
 
 The survivors' wall time lost is mostly the lighthouse's heartbeat timeout: the quorum after a failure waits until
@@ -99,7 +101,8 @@ def job_ddp(args: argparse.Namespace) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
+        shape = (2, dist.get_world_size() // 2)  # the replica groups' layout: 2 replicas of a group's shards
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
         model = fully_shard(model, mesh=mesh)
     else:
         model = DistributedDataParallel(model)
@@ -119,24 +122,27 @@ def job_ddp(args: argparse.Namespace) -> None:
 
 
 def job_fault_tolerant(args: argparse.Namespace) -> None:
-    """One replica group of one process (the variables name it), killing itself at ``--kill-at`` if told."""
+    """A process of one replica group of ``--group-size`` (the variables name it), killing itself at ``--kill-at``
+    if told."""
     import torch
 
     from fabric import Fabric
 
     started = time.perf_counter()
-    fabric = Fabric(accelerator="cpu", devices=1, strategy="fault_tolerant_fsdp" if args.fsdp else "fault_tolerant_ddp")
+    strategy_name = "fault_tolerant_fsdp" if args.fsdp else "fault_tolerant_ddp"
+    fabric = Fabric(accelerator="cpu", devices=args.group_size, strategy=strategy_name)
     fabric.launch()
     model = _model(args.dim)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = fabric.setup(model, optimizer)
     strategy = fabric.strategy
     group = strategy.fault_tolerance.replica_group
+    share = group * args.group_size + fabric.global_rank
     times, cpu_times, lost = [], [], 0
     while (step := strategy.committed_steps) < args.steps:
         begin, cpu_begin = time.perf_counter(), time.process_time()
         optimizer.zero_grad()
-        inputs, targets = _batch(args.dim, step, group)
+        inputs, targets = _batch(args.dim, step, share)
         fabric.backward(torch.nn.functional.mse_loss(model(inputs), targets))
         if args.kill_at and step == args.kill_at and group == args.kill_group:
             os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others are exchanging gradients with it
@@ -144,7 +150,8 @@ def job_fault_tolerant(args: argparse.Namespace) -> None:
         times.append(time.perf_counter() - begin)
         cpu_times.append(time.process_time() - cpu_begin)  # torchft's threads (quorum, heartbeats) included
         lost += strategy.committed_steps == step
-    print_result(RESULT_PREFIX, _summary(times, cpu_times, started, {"group": group, "steps_lost": lost}))
+    if fabric.global_rank == 0:
+        print_result(RESULT_PREFIX, _summary(times, cpu_times, started, {"group": group, "steps_lost": lost}))
 
 
 def job_restart(args: argparse.Namespace) -> None:
@@ -182,8 +189,9 @@ def job_restart(args: argparse.Namespace) -> None:
 # --- the orchestrator ------------------------------------------------------------------------------------------------
 
 
-def _own(args: argparse.Namespace, job: str, *extra: str, fsdp: bool = False) -> list[str]:
+def _own(args: argparse.Namespace, job: str, *extra: str, fsdp: bool = False, group_size: int = 1) -> list[str]:
     command = [sys.executable, __file__, "--job", job, "--steps", str(args.steps), "--dim", str(args.dim), *extra]
+    command += ["--group-size", str(group_size)]
     return [*command, "--fsdp"] if fsdp else command
 
 
@@ -193,22 +201,24 @@ def _environment(**variables: str) -> dict[str, str]:
 
 
 def _run_ddp(args: argparse.Namespace, port: int, fsdp: bool = False) -> dict[str, Any]:
+    world = 2 * args.group_size
     processes = [
         subprocess.Popen(
             _own(args, "ddp", fsdp=fsdp),
-            env=_environment(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+            env=_environment(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
             stdout=subprocess.PIPE,
             text=True,
         )
-        for rank in range(2)
+        for rank in range(world)
     ]
     outputs = [process.communicate(timeout=900)[0] for process in processes]
     return _result(outputs[0])
 
 
 def _run_fault_tolerant(
-    args: argparse.Namespace, groups: int, kill_at: int, fsdp: bool = False
+    args: argparse.Namespace, groups: int, kill_at: int, fsdp: bool = False, group_size: int = 1
 ) -> list[dict[str, Any]]:
+    """``groups`` replica groups of ``group_size`` processes (torchrun's variables in each, its own rendezvous)."""
     from torchft.coordination import LighthouseServer
 
     timeout = args.heartbeat_timeout_ms
@@ -217,21 +227,24 @@ def _run_fault_tolerant(
     )
     address = f"127.0.0.1:{lighthouse.address().rpartition(':')[2]}"
     try:
+        group_variables = {"WORLD_SIZE": str(group_size), "LOCAL_WORLD_SIZE": str(group_size), "GROUP_RANK": "0"}
         processes = [
             subprocess.Popen(
-                _own(args, "fault_tolerant", "--kill-at", str(kill_at), fsdp=fsdp),
+                _own(args, "fault_tolerant", "--kill-at", str(kill_at), fsdp=fsdp, group_size=group_size),
                 env=_environment(
                     FABRIC_FT_REPLICA_GROUP=str(group),
                     FABRIC_FT_REPLICA_GROUPS=str(groups),
                     TORCHFT_LIGHTHOUSE=address,
                     MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(29700 + group),
+                    **(group_variables | {"RANK": str(rank), "LOCAL_RANK": str(rank)} if group_size > 1 else {}),
                 ),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 text=True,
             )
             for group in range(groups)
+            for rank in range(group_size)
         ]
         outputs = [process.communicate(timeout=900)[0] for process in processes]
     finally:
@@ -272,6 +285,7 @@ def _ratios(groups: list[dict[str, Any]], reference: dict[str, Any]) -> tuple[fl
 
 
 def _print_comparison(
+    group_size: int,
     reference_label: str,
     reference: dict[str, Any],
     strategy: str,
@@ -283,7 +297,7 @@ def _print_comparison(
     medians."""
     print(f"{reference_label:58} {reference['step_ms']:8.1f} {reference['cpu_ms']:7.1f} {reference['wall_s']:7.1f}")
     for r in groups:
-        label = f"{strategy}, 2 groups of 1 (group {r['group']})"
+        label = f"{strategy}, 2 groups of {group_size} (group {r['group']})"
         print(f"{label:58} {r['step_ms']:8.1f} {r['cpu_ms']:7.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
     walls, cpus = ([ratios[index] for ratios in rounds] for index in (0, 1))
     if len(rounds) > 1:
@@ -308,6 +322,7 @@ def main() -> None:
         help="the lighthouse's heartbeat and join timeouts: how soon a dead group is left out of the quorum",
     )
     parser.add_argument("--fsdp", action="store_true", help="also measure fault_tolerant_fsdp against plain HSDP")
+    parser.add_argument("--group-size", type=int, default=1, help="processes per replica group in the overhead runs")
     parser.add_argument("--work")
     args = parser.parse_args()
     if args.job is not None:
@@ -324,11 +339,11 @@ def main() -> None:
     fsdp_rounds: list[tuple[float, float]] = []
     for _ in range(args.rounds):
         ddp = _run_ddp(args, 29600)
-        fault_tolerant = _run_fault_tolerant(args, groups=2, kill_at=0)
+        fault_tolerant = _run_fault_tolerant(args, groups=2, kill_at=0, group_size=args.group_size)
         rounds.append(_ratios(fault_tolerant, ddp))
         if args.fsdp:
             hsdp = _run_ddp(args, 29600, fsdp=True)
-            fault_tolerant_fsdp = _run_fault_tolerant(args, groups=2, kill_at=0, fsdp=True)
+            fault_tolerant_fsdp = _run_fault_tolerant(args, groups=2, kill_at=0, fsdp=True, group_size=args.group_size)
             fsdp_rounds.append(_ratios(fault_tolerant_fsdp, hsdp))
     calm = _run_fault_tolerant(args, groups=3, kill_at=0)
     failed = _run_fault_tolerant(args, groups=3, kill_at=kill_at)
@@ -343,10 +358,15 @@ def main() -> None:
         f"heartbeat and join timeouts {args.heartbeat_timeout_ms} ms"
     )
     print(f"{'job':58} {'step ms':>8} {'cpu ms':>7} {'wall s':>7} {'steps lost':>10}")
-    _print_comparison("plain torch DDP, 2 processes", ddp, "fault_tolerant_ddp", fault_tolerant, rounds, "overhead")
+    world, size = 2 * args.group_size, args.group_size
+    _print_comparison(
+        size, f"plain torch DDP, {world} processes", ddp, "fault_tolerant_ddp", fault_tolerant, rounds, "overhead"
+    )
     if args.fsdp:
-        reference = "plain torch HSDP (2 replicas x 1 shard), 2 processes"
-        _print_comparison(reference, hsdp, "fault_tolerant_fsdp", fault_tolerant_fsdp, fsdp_rounds, "overhead (fsdp)")
+        reference = f"plain torch HSDP (2 replicas x {size} shards), {world} processes"
+        _print_comparison(
+            size, reference, hsdp, "fault_tolerant_fsdp", fault_tolerant_fsdp, fsdp_rounds, "overhead (fsdp)"
+        )
     label = f"fault_tolerant_ddp, 3 groups, group 2 SIGKILLed at step {kill_at}"
     print(f"{label:58} {'':8} {'':7} {max(r['wall_s'] for r in failed):7.1f} {steps_lost:10d}")
     label = f"torchrun --max-restarts=1 + autoresume (every {args.checkpoint_every}), rank 2 killed"
