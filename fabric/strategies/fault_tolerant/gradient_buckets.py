@@ -92,10 +92,11 @@ class GradientBuckets:
             self._count(self._bucket_of[id(parameter)])
 
     def produced(self, parameter: torch.Tensor, gradient: torch.Tensor) -> None:
-        """``parameter``'s final gradient of this backward is ``gradient`` (until the backward returns)."""
+        """``parameter``'s final gradient of this backward is ``gradient`` (until the backward returns); a parameter
+        the optimizer does not step is not exchanged."""
         with self._lock:
-            if self._sending:
-                bucket = self._bucket_of[id(parameter)]
+            bucket = self._bucket_of.get(id(parameter))
+            if self._sending and bucket is not None:
                 bucket.final[id(parameter)] = gradient
                 self._count(bucket)
 

@@ -178,3 +178,21 @@ def test_ddp_buckets_outside_a_sending_backward_are_left_to_the_average_after_it
     assert exchange.sent == []
     buckets.average()
     assert [during for _, during in exchange.sent] == [False, False] and exchange.copied == [False, False]
+
+
+def test_ddp_reports_of_parameters_the_optimizer_does_not_step_are_not_exchanged(one_rank_group: None) -> None:
+    """A model trained in part (the optimizer holds the last two layers): DDP's buckets also hold the first layer,
+    whose gradient stays the group's own."""
+    model, exchange = _model(), _Exchange()
+    ddp = DistributedDataParallel(model)
+    stepped = [*model[2].parameters(), *model[4].parameters()]
+    buckets = GradientBuckets(stepped, exchange, final_when_accumulated=False)  # type: ignore[arg-type]
+    ddp.register_comm_hook(ddp.process_group, lambda group, bucket: average_in_group(group, bucket, buckets))
+    reference = _model()
+    _backward(reference, _Exchange())
+    with buckets.sending_during_backward():
+        _backward(ddp, exchange)
+    buckets.average()
+    assert sorted(size for sizes, _ in exchange.sent for size in sizes) == sorted(p.numel() for p in stepped)
+    torch.testing.assert_close(model[0].weight.grad, reference[0].weight.grad)
+    torch.testing.assert_close(model[2].weight.grad, reference[2].weight.grad / 2)  # type: ignore[operator]
