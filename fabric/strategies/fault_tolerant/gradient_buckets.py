@@ -107,7 +107,8 @@ class GradientBuckets:
 
     def _send(self, bucket: _Bucket) -> None:
         final = bucket.final
-        bucket.sent = [p for p in bucket.parameters if id(p) in final or p.grad is not None]
+        # Those with a gradient: DDP also reports the parameters a step did not use (as zeros), which keep None.
+        bucket.sent = [p for p in bucket.parameters if p.grad is not None]
         gradients = [final.get(id(p)) if id(p) in final else local_part(p.grad) for p in bucket.sent]
         bucket.averaging = self._groups.start_averaging(gradients, copy=bool(final))  # type: ignore[arg-type]
         final.clear()
