@@ -196,3 +196,33 @@ def test_ddp_reports_of_parameters_the_optimizer_does_not_step_are_not_exchanged
     assert sorted(size for sizes, _ in exchange.sent for size in sizes) == sorted(p.numel() for p in stepped)
     torch.testing.assert_close(model[0].weight.grad, reference[0].weight.grad)
     torch.testing.assert_close(model[2].weight.grad, reference[2].weight.grad / 2)  # type: ignore[operator]
+
+
+class _WithUnused(nn.Module):
+    """``used`` in the forward, ``unused`` never."""
+
+    def __init__(self, used: nn.Module, unused: nn.Module) -> None:
+        super().__init__()
+        self.used, self.unused = used, unused
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.used(inputs)  # type: ignore[no-any-return]
+
+
+def test_a_parameter_ddp_reports_unused_keeps_no_gradient_as_under_plain_ddp(one_rank_group: None) -> None:
+    """``find_unused_parameters=True``: DDP reports a layer the step did not use (its bucket holds zeros); its
+    gradient stays None, so the optimizer leaves it alone, as under plain DDP."""
+    model, exchange = _model(), _Exchange()
+    unused = nn.Linear(3, 3)
+    both = _WithUnused(model, unused)
+    ddp = DistributedDataParallel(both, find_unused_parameters=True)
+    buckets = GradientBuckets(list(both.parameters()), exchange, final_when_accumulated=False)  # type: ignore[arg-type]
+    ddp.register_comm_hook(ddp.process_group, lambda group, bucket: average_in_group(group, bucket, buckets))
+    with buckets.sending_during_backward():
+        _backward(ddp, exchange)
+    buckets.average()
+    assert unused.weight.grad is None and unused.bias.grad is None
+    assert all(p.grad is not None for layer in (model[0], model[2], model[4]) for p in layer.parameters())
+    assert sum(size for sizes, _ in exchange.sent for size in sizes) == sum(
+        p.numel() for layer in (model[0], model[2], model[4]) for p in layer.parameters()
+    )
