@@ -142,6 +142,16 @@ def one_rank_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def _ddp_reporting(
+    module: nn.Module, parameters: list[nn.Parameter], exchange: _Exchange, **ddp_options: Any
+) -> tuple[DistributedDataParallel, GradientBuckets]:
+    """``module`` under DDP whose comm hook reports to buckets of ``parameters``, as a DDP replica group's."""
+    ddp = DistributedDataParallel(module, **ddp_options)
+    buckets = GradientBuckets(parameters, exchange, final_when_accumulated=False)  # type: ignore[arg-type]
+    ddp.register_comm_hook(ddp.process_group, lambda group, bucket: average_in_group(group, bucket, buckets))
+    return ddp, buckets
+
+
 def test_ddp_buckets_report_their_group_average_during_the_backward_and_are_exchanged_as_a_copy(
     one_rank_group: None,
 ) -> None:
@@ -149,9 +159,7 @@ def test_ddp_buckets_report_their_group_average_during_the_backward_and_are_exch
     buckets go out before the backward returns, also at the first step, where DDP holds every gradient in one bucket
     (it rebuilds them after it). The exchange copies them: the memory is DDP's."""
     model, exchange = _model(), _Exchange()
-    ddp = DistributedDataParallel(model)
-    buckets = GradientBuckets(list(model.parameters()), exchange, final_when_accumulated=False)  # type: ignore[arg-type]
-    ddp.register_comm_hook(ddp.process_group, lambda group, bucket: average_in_group(group, bucket, buckets))
+    ddp, buckets = _ddp_reporting(model, list(model.parameters()), exchange)
     reference = _model()
     for step in range(3):
         reference.zero_grad(set_to_none=True)
@@ -171,9 +179,7 @@ def test_ddp_buckets_outside_a_sending_backward_are_left_to_the_average_after_it
     """A backward whose gradients are accumulated further (DDP synced by hand) reports nothing: the average after it
     sends the gradients as they are then."""
     model, exchange = _model(), _Exchange()
-    ddp = DistributedDataParallel(model)
-    buckets = GradientBuckets(list(model.parameters()), exchange, final_when_accumulated=False)  # type: ignore[arg-type]
-    ddp.register_comm_hook(ddp.process_group, lambda group, bucket: average_in_group(group, bucket, buckets))
+    ddp, buckets = _ddp_reporting(model, list(model.parameters()), exchange)
     _backward(ddp, exchange)
     assert exchange.sent == []
     buckets.average()
@@ -184,10 +190,8 @@ def test_ddp_reports_of_parameters_the_optimizer_does_not_step_are_not_exchanged
     """A model trained in part (the optimizer holds the last two layers): DDP's buckets also hold the first layer,
     whose gradient stays the group's own."""
     model, exchange = _model(), _Exchange()
-    ddp = DistributedDataParallel(model)
     stepped = [*model[2].parameters(), *model[4].parameters()]
-    buckets = GradientBuckets(stepped, exchange, final_when_accumulated=False)  # type: ignore[arg-type]
-    ddp.register_comm_hook(ddp.process_group, lambda group, bucket: average_in_group(group, bucket, buckets))
+    ddp, buckets = _ddp_reporting(model, stepped, exchange)
     reference = _model()
     _backward(reference, _Exchange())
     with buckets.sending_during_backward():
@@ -215,9 +219,7 @@ def test_a_parameter_ddp_reports_unused_keeps_no_gradient_as_under_plain_ddp(one
     model, exchange = _model(), _Exchange()
     unused = nn.Linear(3, 3)
     both = _WithUnused(model, unused)
-    ddp = DistributedDataParallel(both, find_unused_parameters=True)
-    buckets = GradientBuckets(list(both.parameters()), exchange, final_when_accumulated=False)  # type: ignore[arg-type]
-    ddp.register_comm_hook(ddp.process_group, lambda group, bucket: average_in_group(group, bucket, buckets))
+    ddp, buckets = _ddp_reporting(both, list(both.parameters()), exchange, find_unused_parameters=True)
     with buckets.sending_during_backward():
         _backward(ddp, exchange)
     buckets.average()
