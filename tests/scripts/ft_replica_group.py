@@ -8,7 +8,7 @@ what the run should have trained.
 
     python ft_replica_group.py REPORT_DIR STOP_FILE [--devices N] [--strategy S] [--seed N] [--min-groups N]
                                [--clip MAX_NORM] [--load CHECKPOINT] [--save CHECKPOINT]
-                               [--width W] [--accumulate K]
+                               [--width W] [--accumulate K] [--expert]
 
 ``--load`` loads a checkpoint before the first step and writes ``REPORT_DIR/loaded-groupG.json`` (the committed step
 count right after); ``--save`` saves one at the stop. Groups are initialised apart (step 0 syncs DDP groups), or
@@ -16,6 +16,8 @@ alike from ``--seed``; ``--min-groups`` is the strategy's ``min_replica_groups``
 (``fabric.clip_gradients``) before each step. ``--width`` puts a hidden layer of W x W between the two (W=520: over a
 MiB, so that the gradients go out in two buckets; the weights are then reported at the stop step only);
 ``--accumulate`` splits each step's batch into K microbatches, all but the last under ``fabric.no_backward_sync``.
+``--expert`` adds a layer that only some shares' batches use at a step (``uses_expert``), none at some steps (DDP
+with ``find_unused_parameters=True``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,24 @@ def build_model(width: int | None = None) -> nn.Module:
     return nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 1))
 
 
+def uses_expert(step: int, share: int) -> bool:
+    """Whether share ``share``'s batch of step ``step`` goes through the expert layer (a branch only some take)."""
+    return (step + share) % 3 == 0
+
+
+class WithExpert(nn.Module):
+    """``base``, plus ``expert``'s output where the batch takes that branch: a parameter that has a gradient in some
+    groups' step and not in others' (as a mixture of experts' or conditional computation's)."""
+
+    def __init__(self, base: nn.Module) -> None:
+        super().__init__()
+        self.base, self.expert = base, nn.Linear(8, 1)
+
+    def forward(self, inputs: torch.Tensor, use_expert: bool) -> torch.Tensor:
+        outputs = self.base(inputs)
+        return outputs + self.expert(inputs) if use_expert else outputs
+
+
 def whole_weights(model: nn.Module) -> list[float]:
     """Every weight of the model, gathered from the group's shards where it is sharded (a collective then)."""
     tensors = [p.detach().full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
@@ -69,13 +89,15 @@ def main() -> None:
     parser.add_argument("--save", type=Path)
     parser.add_argument("--width", type=int)
     parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--expert", action="store_true")
     args = parser.parse_args()
 
-    strategy = STRATEGY_REGISTRY.create(args.strategy, min_replica_groups=args.min_groups)
+    options = {"find_unused_parameters": True} if args.expert and "ddp" in args.strategy else {}
+    strategy = STRATEGY_REGISTRY.create(args.strategy, min_replica_groups=args.min_groups, **options)
     fabric = Fabric(accelerator="cpu", devices=args.devices, strategy=strategy)
     fabric.launch()
     torch.manual_seed(int(os.environ["FABRIC_FT_REPLICA_GROUP"]) + 7 if args.seed is None else args.seed)
-    model = build_model(args.width)
+    model = WithExpert(build_model(args.width)) if args.expert else build_model(args.width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model, optimizer = fabric.setup(model, optimizer)
     strategy = fabric.strategy
@@ -98,7 +120,8 @@ def main() -> None:
             pieces = list(zip(inputs.chunk(args.accumulate), targets.chunk(args.accumulate), strict=True))
             for index, (piece, target) in enumerate(pieces):
                 with fabric.no_backward_sync(model, enabled=index < len(pieces) - 1):
-                    fabric.backward(nn.functional.mse_loss(model(piece), target) / len(pieces))
+                    outputs = model(piece, uses_expert(step, share)) if args.expert else model(piece)
+                    fabric.backward(nn.functional.mse_loss(outputs, target) / len(pieces))
             if args.clip is not None:
                 fabric.clip_gradients(model, optimizer, max_norm=args.clip)
             optimizer.step()

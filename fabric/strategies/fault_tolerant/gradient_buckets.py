@@ -32,9 +32,9 @@ class _Bucket:
         self.produced = 0
         #: The final gradients reported for this step (:meth:`GradientBuckets.produced`), by parameter id.
         self.final: dict[int, torch.Tensor] = {}
-        #: The exchange in flight, and the parameters whose gradients it holds (those that had one when sent).
+        #: The exchange in flight, and which of the parameters had a gradient on this rank when it was sent.
         self.averaging: Averaging | None = None
-        self.sent: list[torch.Tensor] = []
+        self.had_gradient: list[bool] = []
 
     @property
     def complete(self) -> bool:
@@ -49,6 +49,11 @@ class GradientBuckets:
     are sent in the same order on every group (one completed early waits for those before it), since the groups'
     exchanges pair up in the order they start. :meth:`average` sends what is left (gradients accumulated outside it,
     or parameters the backward did not reach) and puts the averages in place.
+
+    Every bucket sends every one of its parameters, zeros where this rank has no gradient (a branch this group's
+    batch did not take), so that the groups' exchanges pair up; the last one sent also carries which parameters had
+    a gradient, and one keeps None after the average only where no group's had one, as plain DDP over all the
+    groups' processes leaves it.
 
     Where a rank's gradient is final when autograd has accumulated it (``final_when_accumulated``: one process, or
     FSDP's shard after its reduce-scatter), autograd's hook reports it; else whoever completes it calls
@@ -107,23 +112,33 @@ class GradientBuckets:
 
     def _send(self, bucket: _Bucket) -> None:
         final = bucket.final
-        # Those with a gradient: DDP also reports the parameters a step did not use (as zeros), which keep None.
-        bucket.sent = [p for p in bucket.parameters if p.grad is not None]
-        gradients = [final.get(id(p)) if id(p) in final else local_part(p.grad) for p in bucket.sent]
-        bucket.averaging = self._groups.start_averaging(gradients, copy=bool(final))  # type: ignore[arg-type]
-        final.clear()
+        bucket.had_gradient = [p.grad is not None for p in bucket.parameters]
+        gradients = [_to_send(p, final) for p in bucket.parameters]
         self._sent += 1
+        if self._sent == len(self._buckets):  # every bucket's parameters are known by now
+            had_gradient = [had for sent in self._buckets for had in sent.had_gradient]
+            gradients.append(torch.tensor(had_gradient, dtype=gradients[0].dtype, device=gradients[0].device))
+        bucket.averaging = self._groups.start_averaging(gradients, copy=bool(final))
+        final.clear()
 
     def average(self) -> None:
         """Every gradient averaged across the groups, in place: the buckets not sent yet are sent now (in order),
         then every exchange is waited for."""
         while self._sent < len(self._buckets):
             self._send(self._buckets[self._sent])
+        averages = []
         for bucket in self._buckets:
             assert bucket.averaging is not None
-            for parameter, average in zip(bucket.sent, bucket.averaging.wait(), strict=True):
+            averages.append(bucket.averaging.wait())
+            bucket.averaging, bucket.produced = None, 0
+        had_gradient = averages[-1].pop().tolist()  # the share of the groups where each parameter had one
+        parameters = (parameter for bucket in self._buckets for parameter in bucket.parameters)
+        gradients = (gradient for bucket_averages in averages for gradient in bucket_averages)
+        for parameter, average, share in zip(parameters, gradients, had_gradient, strict=True):
+            if share > 0:
                 _take_gradient(parameter, average)
-            bucket.averaging, bucket.sent, bucket.produced = None, [], 0
+            else:  # even this rank's own: a group that just joined sends zeros and takes the others' average
+                parameter.grad = None
         self._sent = 0
 
 
@@ -162,12 +177,24 @@ def _buckets_of(parameters: list[torch.Tensor]) -> list[_Bucket]:
     return buckets
 
 
+def _to_send(parameter: torch.Tensor, final: dict[int, torch.Tensor]) -> torch.Tensor:
+    """This rank's part of ``parameter``'s gradient: as reported final, else as accumulated, else zeros (where it has
+    none, so that the exchange is the same size on every group)."""
+    if id(parameter) in final:
+        return final[id(parameter)]
+    if parameter.grad is None:
+        return torch.zeros_like(local_part(parameter))
+    return cast("torch.Tensor", local_part(parameter.grad))
+
+
 def _take_gradient(parameter: torch.Tensor, average: torch.Tensor) -> None:
     """``parameter``'s gradient becomes ``average`` (the gradient itself where it was averaged in place, else a view of
-    the exchanged buffer, not copied back; a ``DTensor`` keeps its layout around it)."""
+    the exchanged buffer, not copied back; a ``DTensor`` keeps its layout around it, or takes the parameter's where
+    this rank had no gradient)."""
     gradient = parameter.grad
-    local = local_part(gradient)
-    if local is gradient:
+    like = parameter if gradient is None else gradient
+    local = local_part(like)
+    if local is like:
         parameter.grad = average
-    elif local.data_ptr() != average.data_ptr():
-        parameter.grad = laid_out_like(average, cast("DTensor", gradient))
+    elif gradient is None or local.data_ptr() != average.data_ptr():
+        parameter.grad = laid_out_like(average, cast("DTensor", like))

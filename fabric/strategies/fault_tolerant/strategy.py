@@ -313,6 +313,10 @@ class FaultTolerantDDPStrategy(FaultTolerantStrategy, DDPStrategy):
             self._track(module)  # one process: no DDP wrapper, nothing to synchronise inside the group
             return module
         wrapped = super().setup_module(module)
+        if self._ddp_kwargs["find_unused_parameters"] or self._ddp_kwargs["static_graph"]:
+            # Whether a parameter has a gradient in the group is known only after the backward (DDP gives it one
+            # where another process of the group used it): the buckets go out then.
+            return wrapped
         # A lambda: DDP refuses a hook whose annotations are strings (postponed annotations), and the buckets are
         # built with the optimizer, after the module.
         hook = lambda group, bucket: average_in_group(group, bucket, self._gradients)  # noqa: E731
@@ -323,7 +327,8 @@ class FaultTolerantDDPStrategy(FaultTolerantStrategy, DDPStrategy):
     @override
     def _gradients_final_when_accumulated(self) -> bool:
         """One process: its gradients are final at the hook. Several: DDP's reducer averages them inside the group
-        after it, in its buckets, which :func:`average_in_group` reports as they complete."""
+        after it, in its buckets, which :func:`average_in_group` reports as they complete (unless parameters may
+        go unused, see :meth:`setup_module`)."""
         return self.world_size == 1
 
     @override

@@ -584,25 +584,28 @@ def _reference_data_parallel_weights(
     max_norm: float | None = None,
     width: int | None = None,
     accumulate: int = 1,
+    expert: bool = False,
 ) -> list[float]:
     """One process training on every share's batch (in ``accumulate`` microbatches), the gradients averaged over the
     shares (then clipped by norm if ``max_norm``): what data parallelism over all the groups computes. The first step
     has only the first ``first_shares`` shares' gradients in the average where torchft syncs the groups at it (DDP
     groups): the others receive group 0's state in it and send zeros (the step is ``first_shares / shares`` of group
-    0's)."""
+    0's). With ``expert``, the worker's ``WithExpert`` model: its expert takes the branch for some shares, and has no
+    gradient (SGD leaves it alone) at a step where none took it."""
     import torch
     from torch import nn
 
     worker = _worker()
     torch.manual_seed(7)
-    model = worker.build_model(width)
+    model = worker.WithExpert(worker.build_model(width)) if expert else worker.build_model(width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for step in range(steps):
         optimizer.zero_grad()
         for share in range(first_shares if step == 0 else shares):
             inputs, targets = worker.batch(step, share)
             for piece, target in zip(inputs.chunk(accumulate), targets.chunk(accumulate), strict=True):
-                (nn.functional.mse_loss(model(piece), target) / (shares * accumulate)).backward()
+                outputs = model(piece, worker.uses_expert(step, share)) if expert else model(piece)
+                (nn.functional.mse_loss(outputs, target) / (shares * accumulate)).backward()
         if max_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
@@ -634,8 +637,8 @@ def test_clipping_sees_the_gradients_averaged_over_the_groups(tmp_path: Path, st
 def test_gradients_sent_in_buckets_during_the_backward_and_accumulated_train_as_one_process(
     tmp_path: Path, strategy: str, devices: int
 ) -> None:
-    """A model of over a MiB (two buckets, the first sent while the backward goes on; with DDP groups of 2 processes
-    all sent after it) and two microbatches a step, the first under no_backward_sync: the groups train what one
+    """A model of over a MiB (two buckets, the first sent while the backward goes on, from DDP's comm hook in DDP
+    groups of 2 processes) and two microbatches a step, the first under no_backward_sync: the groups train what one
     process trains on all their data."""
     steps, width = 3, 520
     with _fault_tolerant_run(tmp_path, groups=2, devices=devices, strategy=strategy) as run:
@@ -647,6 +650,32 @@ def test_gradients_sent_in_buckets_during_the_backward_and_accumulated_train_as_
     assert len(last) == 2 * devices and all(r["weights"] == last[0]["weights"] for r in last)
     first_shares = devices if strategy == "fault_tolerant_ddp" else 2 * devices  # DDP groups: group 0's at step 0
     reference = _reference_data_parallel_weights(steps, 2 * devices, first_shares, width=width, accumulate=2)
+    assert last[0]["weights"] == pytest.approx(reference, abs=1e-6)
+
+
+@pytest.mark.end_to_end
+@pytest.mark.parametrize(
+    ("strategy", "devices"), [("fault_tolerant_ddp", 1), ("fault_tolerant_fsdp", 1), ("fault_tolerant_ddp", 2)]
+)
+def test_a_layer_only_some_groups_use_at_a_step_trains_as_one_process_on_all_their_data(
+    tmp_path: Path, strategy: str, devices: int
+) -> None:
+    """A branch taken by some shares' batches at a step and by none at others (a mixture of experts' expert): the
+    groups without its gradient send zeros, so that the exchanges pair up, and it keeps no gradient only where no
+    group had one, as plain DDP over every process leaves it (with DDP groups of 2, also a branch one process of
+    a group took)."""
+    worker, steps = _worker(), 6
+    assert {worker.uses_expert(step, share) for step in range(1, steps) for share in range(2)} == {True, False}
+    assert not any(worker.uses_expert(1, share) for share in range(2))  # a step where no group of one takes it
+    with _fault_tolerant_run(tmp_path, groups=2, devices=devices, strategy=strategy) as run:
+        run.stop_at(steps)
+        options = (f"--strategy={strategy}", "--seed=7", "--min-groups=2", "--expert")
+        processes = [run.start_group(group, *options) for group in range(2)]
+        assert [process.wait(timeout=EVENT_DEADLINE) for process in processes] == [0, 0]
+    last = [r for r in run.records() if r["committed_steps"] == steps]
+    assert len(last) == 2 * devices and all(r["weights"] == last[0]["weights"] for r in last)
+    first_shares = devices if strategy == "fault_tolerant_ddp" else 2 * devices  # DDP groups: group 0's at step 0
+    reference = _reference_data_parallel_weights(steps, 2 * devices, first_shares, expert=True)
     assert last[0]["weights"] == pytest.approx(reference, abs=1e-6)
 
 

@@ -4,7 +4,7 @@ exchange itself, across real replica groups, runs in test_fault_tolerant.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,13 +17,16 @@ from fabric.strategies.fault_tolerant.gradient_buckets import FIRST_BUCKET_BYTES
 
 
 class _Exchange:
-    """``start_averaging`` as :class:`ReplicaGroups` offers it: here the "average" over the groups is half of what was
-    sent, and each send is recorded with the gradients' sizes and whether the backward was still running."""
+    """``start_averaging`` as :class:`ReplicaGroups` offers it, with one peer group: the "average" is half the sum of
+    what was sent and what the peer sends (zeros unless ``peer`` says otherwise; nothing of this group's where it is
+    ``joining``, as torchft's exchange takes a joining group's), and each send is recorded with the tensors' sizes and
+    whether the backward was still running."""
 
-    def __init__(self) -> None:
+    def __init__(self, peer: Callable[[torch.Tensor], torch.Tensor] = torch.zeros_like, joining: bool = False) -> None:
         self.sent: list[tuple[list[int], bool]] = []
         self.copied: list[bool] = []
         self.in_backward = False
+        self._peer, self._joining = peer, joining
 
     def in_backward_before(self) -> bool:
         """Whether the backward is still running (a test narrows it to: before a given gradient)."""
@@ -32,8 +35,8 @@ class _Exchange:
     def start_averaging(self, tensors: list[torch.Tensor], copy: bool = False) -> Any:
         self.sent.append(([t.numel() for t in tensors], self.in_backward_before()))
         self.copied.append(copy)
-        halves = [t.detach() / 2 for t in tensors]
-        return type("Averaging", (), {"wait": lambda _: halves})()
+        averages = [(t.detach() * (not self._joining) + self._peer(t)) / 2 for t in tensors]
+        return type("Averaging", (), {"wait": lambda _: averages})()
 
 
 def _model() -> nn.Sequential:
@@ -65,7 +68,7 @@ def test_the_first_bucket_goes_out_during_the_backward_and_every_gradient_comes_
     # layer; then the first layer's
     assert exchange.sent == [
         ([1, last.weight.numel(), middle.bias.numel(), middle.weight.numel()], True),
-        ([first.bias.numel(), first.weight.numel()], False),
+        ([first.bias.numel(), first.weight.numel(), 6], False),  # with which of the 6 parameters had a gradient
     ]
     for parameter, expected in zip(model.parameters(), reference.parameters(), strict=True):
         assert parameter.grad is not None and expected.grad is not None
@@ -99,23 +102,53 @@ def test_a_bucket_the_backward_completes_first_waits_for_the_one_before_it() -> 
     first, middle = model[0], model[2]
     assert [sizes for sizes, _ in exchange.sent] == [
         [first.weight.numel(), first.bias.numel(), middle.weight.numel()],
-        [middle.bias.numel(), model[4].weight.numel(), 1],
+        [middle.bias.numel(), model[4].weight.numel(), 1, 6],
     ]
     assert all(during for _, during in exchange.sent)  # both at the backward's last gradient
 
 
-def test_a_parameter_the_backward_does_not_reach_leaves_its_bucket_to_the_average_after_it() -> None:
-    model, exchange = _model(), _Exchange()
+def _with_unreached(exchange: _Exchange) -> tuple[nn.Sequential, nn.Parameter, GradientBuckets]:
+    """The model's last two layers and a parameter the backward does not reach, in buckets of their own."""
+    model = _model()
     model[0].requires_grad_(False)
-    unused = nn.Parameter(torch.ones(2))
+    unreached = nn.Parameter(torch.ones(2))
     parameters = [*model[2].parameters(), *model[4].parameters()]
-    buckets = GradientBuckets([unused, *parameters], exchange)  # type: ignore[arg-type]
+    buckets = GradientBuckets([unreached, *parameters], exchange)  # type: ignore[arg-type]
     with buckets.sending_during_backward():
         _backward(model, exchange)
     buckets.average()
-    assert unused.grad is None
-    assert [during for _, during in exchange.sent] == [True, False]  # the unused parameter's bucket: empty, after
-    assert exchange.sent[1][0] == []
+    return model, unreached, buckets
+
+
+def test_a_parameter_the_backward_does_not_reach_sends_zeros_after_it_and_keeps_no_gradient_if_no_group_had_one() -> (
+    None
+):
+    """Every group sends every parameter (the exchanges pair up), zeros for one without a gradient; the last send
+    says which had one."""
+    exchange = _Exchange()
+    model, unreached, _ = _with_unreached(exchange)
+    assert unreached.grad is None
+    assert exchange.sent == [
+        ([1, model[4].weight.numel(), model[2].bias.numel(), model[2].weight.numel()], True),
+        ([2, 5], False),  # after the backward: its 2 zeros, and which of the 5 parameters had a gradient
+    ]
+
+
+def test_a_parameter_without_a_gradient_here_takes_the_average_of_a_group_that_had_one() -> None:
+    """A branch only the peer group's batch took: this group's zeros and the peer's gradient averaged, as plain DDP
+    over both groups' processes computes it."""
+    model, unreached, _ = _with_unreached(_Exchange(peer=torch.ones_like))
+    torch.testing.assert_close(unreached.grad, torch.full((2,), 0.5))
+    reference = _model()
+    _backward(reference, _Exchange())
+    torch.testing.assert_close(model[2].weight.grad, (reference[2].weight.grad + 1) / 2)  # type: ignore[operator]
+
+
+def test_a_joining_group_keeps_no_gradient_where_the_others_had_none() -> None:
+    """A group that has just joined sends nothing of its own (torchft takes zeros): where the others had no gradient
+    it keeps None, not the one it computed, or its optimizer would step what the others' leave alone."""
+    model, _, _ = _with_unreached(_Exchange(joining=True))
+    assert all(p.grad is None for p in [*model[2].parameters(), *model[4].parameters()])
 
 
 def test_gradients_that_tile_one_buffer_are_exchanged_in_place_and_others_in_a_copy() -> None:
@@ -197,7 +230,8 @@ def test_ddp_reports_of_parameters_the_optimizer_does_not_step_are_not_exchanged
     with buckets.sending_during_backward():
         _backward(ddp, exchange)
     buckets.average()
-    assert sorted(size for sizes, _ in exchange.sent for size in sizes) == sorted(p.numel() for p in stepped)
+    sizes = sorted(size for sizes, _ in exchange.sent for size in sizes)
+    assert sizes == sorted([len(stepped), *(p.numel() for p in stepped)])  # with which of them had a gradient
     torch.testing.assert_close(model[0].weight.grad, reference[0].weight.grad)
     torch.testing.assert_close(model[2].weight.grad, reference[2].weight.grad / 2)  # type: ignore[operator]
 
@@ -214,8 +248,8 @@ class _WithUnused(nn.Module):
 
 
 def test_a_parameter_ddp_reports_unused_keeps_no_gradient_as_under_plain_ddp(one_rank_group: None) -> None:
-    """``find_unused_parameters=True``: DDP reports a layer the step did not use (its bucket holds zeros); its
-    gradient stays None, so the optimizer leaves it alone, as under plain DDP."""
+    """``find_unused_parameters=True``: DDP reports a layer the step did not use (its bucket holds zeros), sent as
+    such; its gradient stays None where no group had one, so the optimizer leaves it alone, as under plain DDP."""
     model, exchange = _model(), _Exchange()
     unused = nn.Linear(3, 3)
     both = _WithUnused(model, unused)
@@ -225,6 +259,4 @@ def test_a_parameter_ddp_reports_unused_keeps_no_gradient_as_under_plain_ddp(one
     buckets.average()
     assert unused.weight.grad is None and unused.bias.grad is None
     assert all(p.grad is not None for layer in (model[0], model[2], model[4]) for p in layer.parameters())
-    assert sum(size for sizes, _ in exchange.sent for size in sizes) == sum(
-        p.numel() for layer in (model[0], model[2], model[4]) for p in layer.parameters()
-    )
+    assert sum(size for sizes, _ in exchange.sent for size in sizes) == sum(p.numel() + 1 for p in both.parameters())
