@@ -10,6 +10,10 @@ process per replica group, each job in fresh processes:
   the process: torchft's quorum and heartbeats too), which a busy machine blurs less than the wall time. With
   ``--fsdp`` also ``strategy="fault_tolerant_fsdp"`` (2 groups of one FSDP2 shard each) against plain torch HSDP
   over the same 2 processes (``fully_shard`` on a 2 x N replicate x shard mesh), printed as ``overhead (fsdp): R x``.
+  The peer, in the same rounds (groups of one process): torchft written directly as its own DDP example does it
+  (``torchft.Manager``, its ``DistributedDataParallel``, whose comm hook all-reduces each bucket through the manager,
+  and its ``OptimizerWrapper``: the quorum at ``zero_grad``, ``should_commit`` at ``step``), printed as
+  ``overhead (raw torchft): R x`` against the same plain DDP: what torchft itself costs, beside what Fabric adds.
 * **one failure**: 3 processes, of which one is SIGKILLed at step ``--kill-at``:
   - fault tolerant: 3 replica groups; the group killed does not come back, the 2 others finish the run.
     *Steps lost*: steps the survivors ran whose update was discarded. *Wall time lost*: the survivors' time for the
@@ -154,6 +158,55 @@ def job_fault_tolerant(args: argparse.Namespace) -> None:
         print_result(RESULT_PREFIX, _summary(times, cpu_times, started, {"group": group, "steps_lost": lost}))
 
 
+def job_torchft(args: argparse.Namespace) -> None:
+    """torchft's data parallelism as its DDP example writes it, in a replica group of one process (the variables name
+    it): the group's own store, a ``Manager``, torchft's ``DistributedDataParallel`` and ``OptimizerWrapper``."""
+    from datetime import timedelta
+
+    import torch
+    import torchft
+    from torch.distributed import TCPStore
+
+    started = time.perf_counter()
+    group, port = int(os.environ["FABRIC_FT_REPLICA_GROUP"]), int(os.environ["MASTER_PORT"])
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # torchrun's, under torchrun
+    model = _model(args.dim)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def load(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    manager = torchft.Manager(
+        pg=torchft.ProcessGroupGloo(timeout=timedelta(seconds=60)),
+        load_state_dict=load,
+        state_dict=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+        min_replica_size=1,
+        use_async_quorum=True,
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=port,
+        lighthouse_addr=f"http://{os.environ['TORCHFT_LIGHTHOUSE']}",
+        replica_id=f"raw_torchft_{group}",
+    )
+    ddp = torchft.DistributedDataParallel(manager, model)
+    wrapped = torchft.Optimizer(manager, optimizer)
+    times, cpu_times, lost = [], [], 0
+    while (step := manager.current_step()) < args.steps:
+        begin, cpu_begin = time.perf_counter(), time.process_time()
+        wrapped.zero_grad()
+        inputs, targets = _batch(args.dim, step, group)
+        torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
+        wrapped.step()
+        times.append(time.perf_counter() - begin)
+        cpu_times.append(time.process_time() - cpu_begin)
+        lost += manager.current_step() == step
+    print_result(RESULT_PREFIX, _summary(times, cpu_times, started, {"group": group, "steps_lost": lost}))
+    manager.shutdown(wait=False)
+    del store
+
+
 def job_restart(args: argparse.Namespace) -> None:
     """Fabric DDP under torchrun: a checkpoint every ``--checkpoint-every`` steps, autoresume from the latest; rank
     ``--kill-group`` kills itself at ``--kill-at`` in the first attempt."""
@@ -216,9 +269,15 @@ def _run_ddp(args: argparse.Namespace, port: int, fsdp: bool = False) -> dict[st
 
 
 def _run_fault_tolerant(
-    args: argparse.Namespace, groups: int, kill_at: int, fsdp: bool = False, group_size: int = 1
+    args: argparse.Namespace,
+    groups: int,
+    kill_at: int,
+    fsdp: bool = False,
+    group_size: int = 1,
+    job: str = "fault_tolerant",
 ) -> list[dict[str, Any]]:
-    """``groups`` replica groups of ``group_size`` processes (torchrun's variables in each, its own rendezvous)."""
+    """``groups`` replica groups of ``group_size`` processes (torchrun's variables in each, its own rendezvous)
+    running ``job``."""
     from torchft.coordination import LighthouseServer
 
     timeout = args.heartbeat_timeout_ms
@@ -230,7 +289,7 @@ def _run_fault_tolerant(
         group_variables = {"WORLD_SIZE": str(group_size), "LOCAL_WORLD_SIZE": str(group_size), "GROUP_RANK": "0"}
         processes = [
             subprocess.Popen(
-                _own(args, "fault_tolerant", "--kill-at", str(kill_at), fsdp=fsdp, group_size=group_size),
+                _own(args, job, "--kill-at", str(kill_at), fsdp=fsdp, group_size=group_size),
                 env=_environment(
                     FABRIC_FT_REPLICA_GROUP=str(group),
                     FABRIC_FT_REPLICA_GROUPS=str(groups),
@@ -301,14 +360,21 @@ def _print_comparison(
         print(f"{label:58} {r['step_ms']:8.1f} {r['cpu_ms']:7.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
     walls, cpus = ([ratios[index] for ratios in rounds] for index in (0, 1))
     if len(rounds) > 1:
-        print(f"(the last of {len(rounds)} rounds; overhead per round: {', '.join(f'{r:.2f}' for r in walls)})")
+        print(f"(the last of {len(rounds)} rounds; overhead per round: {_listed(walls)})")
     print(f"{overhead_label}: {statistics.median(walls):.2f} x")
     print(f"cpu {overhead_label}: {statistics.median(cpus):.2f} x (CPU time per step, every thread of the process)")
 
 
+def _listed(ratios: list[float]) -> str:
+    return ", ".join(f"{r:.2f}" for r in ratios)
+
+
+JOBS = {"ddp": job_ddp, "fault_tolerant": job_fault_tolerant, "torchft": job_torchft, "restart": job_restart}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--job", choices=("ddp", "fault_tolerant", "restart"))
+    parser.add_argument("--job", choices=tuple(JOBS))
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--kill-at", type=int, default=35)
@@ -326,7 +392,7 @@ def main() -> None:
     parser.add_argument("--work")
     args = parser.parse_args()
     if args.job is not None:
-        {"ddp": job_ddp, "fault_tolerant": job_fault_tolerant, "restart": job_restart}[args.job](args)
+        JOBS[args.job](args)
         return
     if os.environ.get(IN_NAMESPACE) is None and os.geteuid() == 0 and shutil.which("unshare"):
         command = f"ip link set lo up && exec {sys.executable} {' '.join(map(str, sys.argv))}"
@@ -337,10 +403,15 @@ def main() -> None:
     # (wall, CPU) ratios per round, alternating, so that both see the same moments of a busy machine
     rounds: list[tuple[float, float]] = []
     fsdp_rounds: list[tuple[float, float]] = []
+    raw_rounds: list[tuple[float, float]] = []
+    raw = args.group_size == 1  # torchft's DDP wraps one process per group
     for _ in range(args.rounds):
         ddp = _run_ddp(args, 29600)
         fault_tolerant = _run_fault_tolerant(args, groups=2, kill_at=0, group_size=args.group_size)
         rounds.append(_ratios(fault_tolerant, ddp))
+        if raw:
+            raw_torchft = _run_fault_tolerant(args, groups=2, kill_at=0, job="torchft")
+            raw_rounds.append(_ratios(raw_torchft, ddp))
         if args.fsdp:
             hsdp = _run_ddp(args, 29600, fsdp=True)
             fault_tolerant_fsdp = _run_fault_tolerant(args, groups=2, kill_at=0, fsdp=True, group_size=args.group_size)
@@ -362,6 +433,14 @@ def main() -> None:
     _print_comparison(
         size, f"plain torch DDP, {world} processes", ddp, "fault_tolerant_ddp", fault_tolerant, rounds, "overhead"
     )
+    if raw:
+        print(f"(raw torchft against the same plain DDP: {len(raw_rounds)} rounds)")
+        for r in raw_torchft:
+            label = f"raw torchft (its DDP and optimizer wrapper), group {r['group']}"
+            print(f"{label:58} {r['step_ms']:8.1f} {r['cpu_ms']:7.1f} {r['wall_s']:7.1f} {r['steps_lost']:10d}")
+        walls, cpus = ([ratios[index] for ratios in raw_rounds] for index in (0, 1))
+        print(f"overhead (raw torchft): {statistics.median(walls):.2f} x (per round: {_listed(walls)})")
+        print(f"cpu overhead (raw torchft): {statistics.median(cpus):.2f} x")
     if args.fsdp:
         reference = f"plain torch HSDP (2 replicas x {size} shards), {world} processes"
         _print_comparison(
