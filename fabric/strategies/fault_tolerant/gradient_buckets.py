@@ -66,6 +66,8 @@ class GradientBuckets:
     ) -> None:
         self._groups = groups
         self._buckets = _buckets_of([p for p in reversed(parameters) if p.requires_grad])
+        #: The parameters frozen at set-up, by their place in the optimizer: none may get a gradient later.
+        self._frozen = [(index, p) for index, p in enumerate(parameters) if not p.requires_grad]
         self._bucket_of: dict[int, _Bucket] = {}
         for bucket in self._buckets:
             for parameter in bucket.parameters:
@@ -124,6 +126,9 @@ class GradientBuckets:
     def average(self) -> None:
         """Every gradient averaged across the groups, in place: the buckets not sent yet are sent now (in order),
         then every exchange is waited for."""
+        self._refuse_unfrozen()
+        if not self._buckets:
+            return
         while self._sent < len(self._buckets):
             self._send(self._buckets[self._sent])
         averages = []
@@ -140,6 +145,18 @@ class GradientBuckets:
             else:  # even this rank's own: a group that just joined sends zeros and takes the others' average
                 parameter.grad = None
         self._sent = 0
+
+    def _refuse_unfrozen(self) -> None:
+        """A ``RuntimeError`` for a parameter frozen when the buckets were laid out that has a gradient now: it is in
+        no bucket, so the groups would each step their own, and drift apart without a word."""
+        for index, parameter in self._frozen:
+            if parameter.grad is not None:
+                raise RuntimeError(
+                    f"Parameter {index} of the optimizer (shape {tuple(parameter.shape)}) had requires_grad=False "
+                    "at fabric.setup and has a gradient now: the replica groups exchange only the gradients laid "
+                    "out at set-up. Set requires_grad on every parameter to train before fabric.setup (freezing "
+                    "later is fine)."
+                )
 
 
 def average_in_group(

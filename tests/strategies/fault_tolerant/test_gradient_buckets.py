@@ -151,6 +151,26 @@ def test_a_joining_group_keeps_no_gradient_where_the_others_had_none() -> None:
     assert all(p.grad is None for p in [*model[2].parameters(), *model[4].parameters()])
 
 
+def test_a_parameter_unfrozen_after_the_buckets_were_laid_out_is_refused_naming_it() -> None:
+    """Frozen at set-up, it is in no bucket: its gradient would stay each group's own (they would drift apart)."""
+    model, exchange = _model(), _Exchange()
+    model[0].requires_grad_(False)
+    buckets = GradientBuckets(list(model.parameters()), exchange)  # type: ignore[arg-type]
+    _backward(model, exchange)
+    buckets.average()  # frozen and without a gradient: fine
+    model[0].requires_grad_(True)
+    _backward(model, exchange)
+    with pytest.raises(RuntimeError, match=r"Parameter 0 of the optimizer \(shape \(.*, 4\)\) had requires_grad=False"):
+        buckets.average()
+
+
+def test_an_optimizer_of_frozen_parameters_only_exchanges_nothing() -> None:
+    model, exchange = _model(), _Exchange()
+    model.requires_grad_(False)
+    GradientBuckets(list(model.parameters()), exchange).average()  # type: ignore[arg-type]
+    assert exchange.sent == []
+
+
 def test_gradients_that_tile_one_buffer_are_exchanged_in_place_and_others_in_a_copy() -> None:
     """FSDP's gradient shards are views of one reduce-scatter output: exchanged as that memory, in place; tensors
     with a gap, an overlap or memory of their own are concatenated."""
