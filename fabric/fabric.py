@@ -24,7 +24,6 @@ from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.connector import AcceleratorArg, Plugin, PrecisionArg, StrategyArg, resolve
-from fabric.plugins.io.background_saves import finished
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.formats import CheckpointFormat, recognise
 from fabric.plugins.io.huggingface import DEFAULT_MAX_FILE_BYTES
@@ -575,13 +574,13 @@ class Fabric:
 
         ``format="huggingface"`` writes ``state={"model": model}``'s weights as a folder in Hugging Face's layout
         (``model-0000i-of-0000N.safetensors`` of at most ``max_file_bytes`` each, the index, and a ``transformers``
-        model's ``config.json``) that ``from_pretrained`` reads, every rank writing only its shards (synchronous; any
-        strategy but DeepSpeed). At an object store URL every rank uploads the weight files it owns (no rank holds the
-        model), and rank 0 the index, last.
+        model's ``config.json``) that ``from_pretrained`` reads, every rank writing only its shards (any strategy but
+        DeepSpeed). At an object store URL every rank uploads the weight files it owns (no rank holds the
+        model), and rank 0 the index, last. With ``async_save=True`` (to a folder on a file system) each rank's
+        shards are copied to CPU memory and written on the save thread, as above.
         """
         if format is not None:
-            self._save_in_format(format, path, state, filter, async_save, max_file_bytes, storage_options)
-            return finished()
+            return self._save_in_format(format, path, state, filter, async_save, max_file_bytes, storage_options)
         self._check_launched()
         _check_filter(filter, state)
         self._strategy.background_saves.wait()  # one save in flight at a time; its error is raised here
@@ -600,18 +599,20 @@ class Fabric:
         async_save: bool,
         max_file_bytes: int,
         storage_options: StorageOptions,
-    ) -> None:
+    ) -> Future[None]:
         if format not in SAVE_FORMATS:
             raise ValueError(f"fabric.save(format={format!r}): accepted formats are {list(SAVE_FORMATS)} (or None).")
-        if filter or async_save:
-            raise ValueError(f"fabric.save(format={format!r}) takes neither filter= nor async_save=True.")
+        if filter:
+            raise ValueError(f"fabric.save(format={format!r}) takes no filter= (it writes the model's weights).")
         if max_file_bytes <= 0:
             raise ValueError(f"fabric.save(max_file_bytes={max_file_bytes}) must be positive.")
         module = _only_model(_unwrap_objects(state), f"fabric.save(format={format!r})")
         check_supported(self._strategy, "Saving")
         self._check_launched()
         self._strategy.background_saves.wait()
-        save_huggingface(self._strategy, path, module, max_file_bytes, storage_options=storage_options)
+        return save_huggingface(
+            self._strategy, path, module, max_file_bytes, storage_options=storage_options, async_save=async_save
+        )
 
     def load(
         self,

@@ -18,12 +18,14 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from fabric.plugins.io.background_saves import finished
 from fabric.plugins.io.checkpoint_io import PathType, StorageOptions
 from fabric.plugins.io.distributed_checkpoint import new_generation, temporary_directory
 from fabric.plugins.io.huggingface import (
@@ -75,25 +77,46 @@ def save_huggingface(
     dtype: torch.dtype | None = None,
     files: Mapping[str, bytes] | None = None,
     storage_options: StorageOptions = None,
-) -> None:
+    async_save: bool = False,
+) -> Future[None]:
     """Write ``module``'s weights (in ``dtype`` when given) to the folder ``path`` in Hugging Face's layout, with a
     ``transformers`` model's config and ``files`` (a tokenizer's) beside them (a collective; call
     :func:`check_supported` first). For a URL, every rank uploads the weight files it owns, and rank 0 then the index
-    (:class:`~fabric.plugins.io.huggingface.FolderUpload`)."""
+    (:class:`~fabric.plugins.io.huggingface.FolderUpload`). ``async_save`` (to a folder on a file system): each rank's
+    shards copied now, written on its save thread; the future completes once the folder is in place."""
+    files = {**config_files(module), **(files or {})}
     if is_remote(path):
+        if async_save:
+            raise ValueError(
+                f"async_save=True writes a Hugging Face folder on a file system; {os.fspath(path)!r} is a URL, where "
+                "the ranks make their files' tensors whole (collectives of training's): save it synchronously."
+            )
         check_upload_target(path)
-        files = {**config_files(module), **(files or {})}
         _save_to_url(strategy, path, module, max_file_bytes, dtype, files, storage_options)
-        return
+        return finished()
     state_dict = _weights(module)
     target = Path(path)
-    temporary: Path = strategy.broadcast(temporary_directory(target) if strategy.is_global_zero else None)
-    with removed_on_failure(temporary, owner=strategy.is_global_zero):
-        write_huggingface(state_dict, temporary, max_file_bytes, dtype)
+    owner = strategy.is_global_zero
+    temporary: Path = strategy.broadcast(temporary_directory(target) if owner else None)
+    if async_save:
+        snapshot = strategy.background_saves.snapshot(state_dict)
+
+        def write_part(group: object) -> None:
+            with removed_on_failure(temporary, owner=owner):  # the shards' writes fail on every rank alike (DCP)
+                write_huggingface(snapshot, temporary, max_file_bytes, dtype, process_group=group, target=target)
+
+        def publish() -> None:
+            with removed_on_failure(temporary):
+                finish_folder(temporary, target, files)
+
+        return strategy.write_parts_in_background(write_part, publish if owner else None, repr(os.fspath(path)))
+    with removed_on_failure(temporary, owner=owner):
+        write_huggingface(state_dict, temporary, max_file_bytes, dtype, target=target)
         strategy.barrier("huggingface_written")
-        if strategy.is_global_zero:
-            finish_folder(temporary, target, {**config_files(module), **(files or {})})
+        if owner:
+            finish_folder(temporary, target, files)
     strategy.barrier("huggingface_published")
+    return finished()
 
 
 def load_huggingface(

@@ -356,6 +356,10 @@ class ParallelStrategy(Strategy):
         return self._background_group
 
     @override
+    def _background_saves_group(self) -> Any:
+        return self.background_group() if self._distributed() else None
+
+    @override
     def write_from_rank_zero_in_background(self, write: Callable[[], None] | None, description: str) -> Future[None]:
         """Every rank's future completes when rank 0's write has, and fails if it failed: a rank that loads
         after its future completed (or whose next save or load waited for it) sees the new checkpoint."""

@@ -25,7 +25,7 @@ from torch.utils.hooks import RemovableHandle
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.plugins.environments.cluster_environment import ClusterEnvironment
-from fabric.plugins.io.background_saves import BackgroundSaves, finished
+from fabric.plugins.io.background_saves import BackgroundSaves, finished, written_in_parts
 from fabric.plugins.io.checkpoint_io import CheckpointIO, PathType, StorageOptions
 from fabric.plugins.io.formats import read_whole
 from fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -471,6 +471,21 @@ class Strategy:
         """Run rank 0's ``write`` (``None`` on the other ranks) on the save thread; the future completes when the
         checkpoint is complete. With one process there is no other rank to wait for it."""
         return finished() if write is None else self.background_saves.submit(write, description)
+
+    def write_parts_in_background(
+        self, write_part: Callable[[Any], None], publish: Callable[[], None] | None, description: str
+    ) -> Future[None]:
+        """Every rank writes its part of one checkpoint on its save thread, ``write_part(group)`` (its collectives on
+        ``group``: the background saves' own, None with one process), then rank 0 runs ``publish`` (``None`` on the
+        others) once every part is written; every rank's future completes when it is published, and fails if any
+        part or the publishing failed (:func:`~fabric.plugins.io.background_saves.written_in_parts`)."""
+        group = self._background_saves_group()
+        write = functools.partial(written_in_parts, functools.partial(write_part, group), publish, group, description)
+        return self.background_saves.submit(write, description)
+
+    def _background_saves_group(self) -> Any:
+        """The process group of background saves' collectives: none with one process."""
+        return None
 
     def load_checkpoint(
         self,

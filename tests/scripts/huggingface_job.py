@@ -1,14 +1,18 @@
 """Hugging Face folders from several ranks, for tests/plugins/io/test_huggingface_format.py:
-``python huggingface_job.py OUT_DIR save STRATEGY DEVICES [tied] [URL [refused-on-rank-1]]`` or
-``... OUT_DIR load STRATEGY DEVICES FOLDER``.
+``python huggingface_job.py OUT_DIR save STRATEGY DEVICES [tied] [URL [refused-on-rank-1]] [fails-on-rank-1]``,
+``... OUT_DIR save-async STRATEGY DEVICES [fails-on-rank-1]`` or ``... OUT_DIR load STRATEGY DEVICES FOLDER``.
 
 A tiny random-initialised Llama (``transformers``) set up with STRATEGY (``fsdp``, ``hsdp``: 2 replicas of
 DEVICES/2 shards, ``ddp`` or ``tp``: tensor parallelism over the MLP projections) on DEVICES gloo ranks. ``save``:
 the seed-0 model written to ``OUT_DIR/hf`` (or URL) with ``format="huggingface"`` in files of at most 200 kB
 (``tied``: its head tied to its embedding). To a URL, each rank writes the weight files it uploaded to
 ``OUT_DIR/uploads-rank{rank}.txt``; ``refused-on-rank-1``: rank 1's uploads are refused (``PermissionError``), and each
-rank writes the ``CheckpointError`` the save raised to ``OUT_DIR/error-rank{rank}.txt``. ``load``: a seed-1 model
-filled from FOLDER; rank 0 writes its logits on fixed tokens to ``OUT_DIR/logits.pt``.
+rank writes the ``CheckpointError`` the save raised to ``OUT_DIR/error-rank{rank}.txt``. ``save-async``: the seed-1
+model saved to ``OUT_DIR/hf``, then the seed-0 model with ``async_save=True``, its weights changed in place as soon
+as the save returns, then its future waited for. ``fails-on-rank-1`` (to a folder): rank 1 cannot write its shards
+(``PermissionError``; in ``save-async`` from its second save on), and each rank writes the error its save or future
+raised to ``OUT_DIR/error-rank{rank}.txt``. ``load``: a seed-1 model filled from FOLDER; rank 0 writes its logits on
+fixed tokens to ``OUT_DIR/logits.pt``.
 """
 
 import sys
@@ -63,7 +67,34 @@ def recorded(upload: FolderUpload, tensors: dict[str, torch.Tensor], name: str, 
 
 
 FolderUpload.put_weights = recorded  # type: ignore[method-assign]
-if mode == "save":
+
+
+def refuse_shards_on_rank_1() -> None:
+    """With ``fails-on-rank-1``, rank 1 cannot write its shards from now on."""
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError("Permission denied: the shards' folder")
+
+    if "fails-on-rank-1" in sys.argv[5:] and fabric.global_rank == 1:
+        HuggingFaceStorageWriter.write_data = refused  # type: ignore[method-assign,assignment]
+
+
+if mode == "save-async":
+    fabric.save(TARGET, {"model": fabric.setup(make_model(1))}, format="huggingface", max_file_bytes=200_000)
+    refuse_shards_on_rank_1()
+    model = fabric.setup(make_model(0))
+    saved = fabric.save(TARGET, {"model": model}, format="huggingface", max_file_bytes=200_000, async_save=True)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)  # after the save returned: not in the folder
+    try:
+        saved.result()
+    except Exception as error:
+        (out_dir / f"error-rank{fabric.global_rank}.txt").write_text(f"{type(error).__name__}: {error}")
+    fabric.barrier()  # a rank that ends with code 1 stops the job: every rank has written its error first
+elif mode == "save":
+    refuse_shards_on_rank_1()
     model = fabric.setup(make_model(0))
     try:
         fabric.save(TARGET, {"model": model}, format="huggingface", max_file_bytes=200_000)

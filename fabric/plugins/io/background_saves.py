@@ -146,6 +146,36 @@ def written_by_rank_zero(write: Callable[[], None] | None, group: ProcessGroup, 
         raise CheckpointError(f"rank 0, which writes {description}, failed: {outcome[0]}")
 
 
+def written_in_parts(
+    write_part: Callable[[], None], publish: Callable[[], None] | None, group: ProcessGroup | None, description: str
+) -> None:
+    """On every rank's save thread: each rank writes its part, then, once every part is written, rank 0 runs
+    ``publish`` (the others pass ``None``) and tells every rank how it ended (:func:`written_by_rank_zero`). A part
+    that failed on any rank fails every rank's save, naming it, and nothing is published. ``group`` is the background
+    saves' own (None with one process)."""
+    if group is None:
+        write_part()
+        if publish is not None:
+            publish()
+        return
+    import torch.distributed as dist
+
+    failure: BaseException | None = None
+    try:
+        write_part()
+    except BaseException as error:
+        failure = error
+    outcomes: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(outcomes, None if failure is None else f"{type(failure).__name__}: {failure}", group=group)
+    if failure is not None:
+        raise failure
+    failed = [(rank, outcome) for rank, outcome in enumerate(outcomes) if outcome is not None]
+    if failed:
+        rank, outcome = failed[0]
+        raise CheckpointError(f"rank {rank}, which writes its part of {description}, failed: {outcome}")
+    written_by_rank_zero(publish, group, description)
+
+
 def finished() -> Future[None]:
     """The future of a save that is already complete (a synchronous one, or a rank with nothing to write)."""
     done: Future[None] = Future()

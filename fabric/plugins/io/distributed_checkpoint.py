@@ -119,13 +119,21 @@ def write_shards(
         writer = _remote_writer(location, storage_options, generation)
     else:
         writer = _local_writer(location)
+    with written_or_checkpoint_error(target), _single_process_warning_silenced(), warnings.catch_warnings():
+        # Replacing the checkpoint there is the point; its files stay until the new .metadata is written.
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
+        save(state, storage_writer=writer, process_group=process_group, no_dist=_without_process_group())
+
+
+@contextlib.contextmanager
+def written_or_checkpoint_error(target: PathType) -> Iterator[None]:
+    """DCP's failure to write ``target`` (its ``CheckpointException``, a ``BaseException`` that ``except Exception``
+    misses, holding each failing rank's error) as one :class:`CheckpointError` naming it, the same on every rank; a
+    full disk as the disk-full error."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        with _single_process_warning_silenced(), warnings.catch_warnings():
-            # Replacing the checkpoint there is the point; its files stay until the new .metadata is written.
-            warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
-            save(state, storage_writer=writer, process_group=process_group, no_dist=_without_process_group())
+        yield
     except CheckpointException as error:
         if any(is_disk_full(cause) for cause, _ in error.failures.values()):
             raise disk_full_error(target) from error

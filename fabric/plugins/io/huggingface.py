@@ -36,6 +36,7 @@ from fabric.plugins.io.distributed_checkpoint import (
     new_generation,
     publish,
     temporary_directory,
+    written_or_checkpoint_error,
 )
 from fabric.plugins.io.storage import OBJECT_STORE_PROTOCOLS, filesystem
 from fabric.plugins.io.temporaries import ABANDONED_AFTER, last_written, remove_temporary
@@ -124,11 +125,14 @@ def write_huggingface(
     max_file_bytes: int,
     dtype: torch.dtype | None = None,
     alone: bool = False,
+    process_group: Any = None,
+    target: PathType | None = None,
 ) -> None:
-    """Every rank writes its shards of ``state_dict`` into ``folder`` (a collective, unless ``alone``: this process
-    holds every tensor whole; a tied tensor once, under its first name; floating-point tensors in ``dtype`` when
-    given); the coordinator merges them into the Hugging Face files. Call :func:`finish_folder` on rank 0 once every
-    rank returned."""
+    """Every rank writes its shards of ``state_dict`` into ``folder`` (a collective, on ``process_group`` or the
+    default group, unless ``alone``: this process holds every tensor whole; a tied tensor once, under its first name;
+    floating-point tensors in ``dtype`` when given); the coordinator merges them into the Hugging Face files. Call
+    :func:`finish_folder` on rank 0 once every rank returned. A failure on any rank is a :class:`CheckpointError` on
+    every rank, naming ``target`` (the folder this one becomes)."""
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
@@ -145,8 +149,8 @@ def write_huggingface(
         save_distributed=True,
         enable_consolidation=True,
     )
-    with _single_process_warning_silenced():
-        save(state_dict, storage_writer=writer, no_dist=alone or _without_process_group())
+    with written_or_checkpoint_error(folder if target is None else target), _single_process_warning_silenced():
+        save(state_dict, storage_writer=writer, process_group=process_group, no_dist=alone or _without_process_group())
 
 
 def remove_staging(folder: Path) -> None:
@@ -303,7 +307,7 @@ def write_huggingface_folder(
     ranks of a job, if any, take no part)."""
     temporary = temporary_directory(target)
     with removed_on_failure(temporary):
-        write_huggingface(weights, temporary, max_file_bytes, dtype, alone=True)
+        write_huggingface(weights, temporary, max_file_bytes, dtype, alone=True, target=target)
         finish_folder(temporary, target, files)
 
 

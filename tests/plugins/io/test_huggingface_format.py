@@ -40,12 +40,15 @@ def _model(seed: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(CONFIG).eval()
 
 
-def _job(out: Path, *arguments: str, env: dict[str, str] | None = None) -> None:
+def _job(
+    out: Path, *arguments: str, env: dict[str, str] | None = None, returncode: int = 0
+) -> subprocess.CompletedProcess[str]:
     out.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in (env or os.environ).items() if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     command = [sys.executable, str(SCRIPT), str(out), *arguments]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == returncode, done.stderr[-4000:]
+    return done
 
 
 def _assert_same_weights(first: nn.Module, second: nn.Module) -> None:
@@ -66,6 +69,47 @@ def test_a_sharded_save_is_a_folder_transformers_loads_with_the_same_weights(
     assert sorted(path.name for path in tmp_path.iterdir()) == ["hf"]  # no staging or temporary folder left
     loaded = LlamaForCausalLM.from_pretrained(folder).eval()
     _assert_same_weights(_model(0), loaded)
+
+
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
+@pytest.mark.parametrize(("strategy", "devices"), [("fsdp", "2"), ("ddp", "2"), ("tp", "2")])
+def test_an_async_save_writes_the_weights_as_they_were_when_it_returned(
+    tmp_path: Path, strategy: str, devices: str
+) -> None:
+    """The weights change in place as soon as ``fabric.save(..., async_save=True)`` returns: the folder, replacing
+    the one saved before, has those of the moment of the save, whole, once every rank's future completed."""
+    _job(tmp_path, "save-async", strategy, devices)
+    folder = tmp_path / "hf"
+    files = sorted(path.name for path in folder.iterdir())
+    assert files == ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", INDEX_FILE]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["hf"]  # no staging, temporary or error left
+    _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(folder).eval())
+
+
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
+def test_an_async_save_whose_shards_fail_on_rank_1_fails_every_rank_and_leaves_the_previous_folder(
+    tmp_path: Path,
+) -> None:
+    """And the job ends with code 1, never 0: its last save failed (a scheduler would count it a success)."""
+    done = _job(tmp_path, "save-async", "fsdp", "2", "fails-on-rank-1", returncode=1)
+    assert "exiting with code 1: the last background save failed" in done.stderr
+    errors = [(tmp_path / f"error-rank{rank}.txt").read_text() for rank in range(2)]
+    expected = f"{str(tmp_path / 'hf')!r} could not be written: PermissionError: Permission denied: the shards' folder"
+    assert errors == [f"CheckpointError: {expected}"] * 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["error-rank0.txt", "error-rank1.txt", "hf"]
+    _assert_same_weights(_model(1), LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval())  # as it was
+
+
+@pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
+def test_a_save_whose_shards_fail_on_rank_1_raises_a_checkpoint_error_naming_the_folder_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    """Not DCP's ``CheckpointException``, a ``BaseException`` that ``except Exception`` lets through."""
+    _job(tmp_path, "save", "fsdp", "2", "fails-on-rank-1")
+    errors = [(tmp_path / f"error-rank{rank}.txt").read_text() for rank in range(2)]
+    expected = f"{str(tmp_path / 'hf')!r} could not be written: PermissionError: Permission denied: the shards' folder"
+    assert errors == [expected] * 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["error-rank0.txt", "error-rank1.txt"]
 
 
 @pytest.mark.end_to_end  # real ranks (gloo): scripts/test.sh --end-to-end
@@ -295,6 +339,20 @@ def test_one_process_saves_replaces_the_previous_folder_and_loads_back(tmp_path:
     _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(folder))
 
 
+def test_one_process_saves_in_the_background_the_weights_of_the_moment_it_returned(tmp_path: Path) -> None:
+    fabric = Fabric(accelerator="cpu")
+    folder = tmp_path / "exported"
+    fabric.save(folder, {"model": fabric.setup(_model(1))}, format="huggingface")
+    model = fabric.setup(_model(0))
+    saved = fabric.save(folder, {"model": model}, format="huggingface", async_save=True)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+    saved.result()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
+    _assert_same_weights(_model(0), LlamaForCausalLM.from_pretrained(folder))
+
+
 def _unchanged_after(error: str, folder: Path | str, strict: bool = True) -> None:
     fabric = Fabric(accelerator="cpu")
     target = fabric.setup(_model(1))
@@ -348,8 +406,10 @@ def test_what_cannot_be_a_hugging_face_folder_is_refused_in_one_line(tmp_path: P
         ValueError, match=r"takes state=\{'model': model\}, one module; got state with keys \['model', 'step'\]"
     ):
         fabric.save(tmp_path / "x", {"model": model, "step": 3}, format="huggingface")
-    with pytest.raises(ValueError, match="takes neither filter= nor async_save=True"):
-        fabric.save(tmp_path / "x", {"model": model}, format="huggingface", async_save=True)
+    with pytest.raises(ValueError, match=r"takes no filter= \(it writes the model's weights\)"):
+        fabric.save(tmp_path / "x", {"model": model}, format="huggingface", filter={"model": lambda *_: True})
+    with pytest.raises(ValueError, match=r"async_save=True writes a Hugging Face folder on a file system; 's3://b/x'"):
+        fabric.save("s3://b/x", {"model": model}, format="huggingface", async_save=True)
     with pytest.raises(ValueError, match=r"written to an object store \(.*s3.*\), .*; 'ftp://host/x' is not one"):
         fabric.save("ftp://host/x", {"model": model}, format="huggingface")
     fabric.save(tmp_path / "hf", {"model": model}, format="huggingface")
