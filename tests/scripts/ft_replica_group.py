@@ -1,6 +1,7 @@
 """One replica group of a fault-tolerant run (strategy="fault_tolerant_ddp", or with ``--strategy`` FSDP2 shard groups):
 trains a small regression until the run's committed step reaches the number in STOP_FILE, writing one JSON line per
-step and rank (with the whole weights) to REPORT_DIR.
+step and rank (with the whole weights and the wall time) to REPORT_DIR, and ``ready-group...json`` there (the wall time)
+once set up, before its first step.
 
 Group and lighthouse come from the launcher's variables (FABRIC_FT_REPLICA_GROUP, FABRIC_FT_REPLICA_GROUPS,
 TORCHFT_LIGHTHOUSE). Each step's batch depends on the step and on the rank's data share, so a reference can recompute
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -109,6 +111,9 @@ def main() -> None:
         if fabric.global_rank == 0:
             loaded = {"committed_steps": strategy.committed_steps}
             (args.report_dir / f"loaded-group{group}.json").write_text(json.dumps(loaded))
+    ready = {"committed_steps": strategy.committed_steps, "time": time.time()}  # before its first quorum request
+    ready_file = args.report_dir / f"ready-group{group}-rank{fabric.global_rank}-pid{os.getpid()}.json"
+    ready_file.write_text(json.dumps(ready))
     with report.open("a") as out:
         while True:
             step = strategy.committed_steps
@@ -133,6 +138,7 @@ def main() -> None:
                 "committed_steps": strategy.committed_steps,
                 "participants": strategy.replica_groups.participants,
                 "joined_at": strategy.replica_groups.joined_at,
+                "time": time.time(),
             }
             if args.width is None or record["committed_steps"] == stop:
                 record["weights"] = whole_weights(model)

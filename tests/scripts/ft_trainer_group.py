@@ -4,16 +4,21 @@ JSON line per batch and rank to REPORT_DIR, and checkpoints (for SIGTERM) in REP
 
 Group and lighthouse come from the launcher's variables, as in tests/scripts/ft_replica_group.py.
 
-    python ft_trainer_group.py REPORT_DIR STOP_FILE [STRATEGY]
+    python ft_trainer_group.py REPORT_DIR STOP_FILE [STRATEGY] [--save-interval INTERVAL] [--autoresume] [--hold-at N]
+                               [--min-groups N]
 
-DDP groups are initialised apart (step 0 syncs them); FSDP shard groups alike, as they must be.
+DDP groups are initialised apart (step 0 syncs them); FSDP shard groups alike, as they must be. ``--save-interval``
+saves every INTERVAL (default: only when preempted), ``--autoresume`` resumes from the group's latest checkpoint, and
+``--hold-at`` stops the process at the end of batch N, reported, until it is killed (every group lost at one point);
+``--min-groups`` is the strategy's ``min_replica_groups``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from fabric.strategies import STRATEGY_REGISTRY
 from fabric.trainer import Callback, Trainer
 from fabric.trainer.core.state import State
 
@@ -45,8 +51,8 @@ class Regression(nn.Module):
 class Report(Callback):
     """A line per batch (the clock, the run's committed steps, the weights), and the stop from STOP_FILE."""
 
-    def __init__(self, out: Path, stop_file: Path, group: int) -> None:
-        self.out, self.stop_file, self.group = out, stop_file, group
+    def __init__(self, out: Path, stop_file: Path, group: int, hold_at: int | None) -> None:
+        self.out, self.stop_file, self.group, self.hold_at = out, stop_file, group, hold_at
 
     def batch_end(self, state: State, logger: Any) -> None:
         strategy = state.fabric.strategy  # type: ignore[union-attr]
@@ -66,6 +72,8 @@ class Report(Callback):
         }
         with self.out.open("a") as out:
             out.write(json.dumps(record) + "\n")
+        while record["batch"] == self.hold_at:  # until the test kills the process
+            time.sleep(1)
         text = self.stop_file.read_text().strip() if self.stop_file.exists() else ""
         if text and int(state.timestamp.batch) >= int(text):
             state.stop_training()
@@ -76,25 +84,35 @@ def _whole(parameter: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
-    report_dir, stop_file = Path(sys.argv[1]), Path(sys.argv[2])
-    strategy = sys.argv[3] if len(sys.argv) > 3 else "fault_tolerant_ddp"
+    parser = argparse.ArgumentParser()
+    parser.add_argument("report_dir", type=Path)
+    parser.add_argument("stop_file", type=Path)
+    parser.add_argument("strategy", nargs="?", default="fault_tolerant_ddp")
+    parser.add_argument("--save-interval", default="1000ep")  # by default saves only when preempted (SIGTERM)
+    parser.add_argument("--autoresume", action="store_true")
+    parser.add_argument("--hold-at", type=int)
+    parser.add_argument("--min-groups", type=int, default=1)
+    args = parser.parse_args()
+    report_dir, strategy = args.report_dir, args.strategy
     group = int(os.environ["FABRIC_FT_REPLICA_GROUP"])
     torch.manual_seed(7 if strategy == "fault_tolerant_fsdp" else group + 7)
     inputs = torch.randn(SAMPLES, 8, generator=torch.Generator().manual_seed(0))
     dataset = TensorDataset(inputs, inputs.sum(dim=1, keepdim=True) * 0.5, torch.arange(SAMPLES))
-    report = Report(report_dir / f"group{group}-pid{os.getpid()}.jsonl", stop_file, group)
+    report = Report(report_dir / f"group{group}-pid{os.getpid()}.jsonl", args.stop_file, group, args.hold_at)
     model = Regression()
     trainer = Trainer(
         model=model,
         train_dataloader=DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=1),
         max_duration="20ep",
         optimizers=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-        strategy=strategy,
+        strategy=STRATEGY_REGISTRY.create(strategy, min_replica_groups=args.min_groups),
         accelerator="cpu",
         devices=1,
         callbacks=[report],
         save_folder=str(report_dir / f"ckpt-group{group}"),
-        save_interval="1000ep",  # saves only when preempted (SIGTERM)
+        save_interval=args.save_interval,
+        run_name=f"group{group}",
+        autoresume=args.autoresume,
         progress_bar=False,
         seed=17,
     )

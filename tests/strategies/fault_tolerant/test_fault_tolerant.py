@@ -8,8 +8,10 @@ server listen on every interface of the namespace they run in.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -44,6 +46,10 @@ EVENT_DEADLINE = 240.0
 #: How far ahead of the last reported step the stop is set: every group must read it before reaching it (the reports
 #: lag the groups by the polling interval; a step takes tens of milliseconds).
 STOP_MARGIN = 100
+#: A restarted group joins the run within this many steps of being ready to train (its first quorum request): the
+#: lighthouse admits it at its next quorum, a fraction of a second here where a step takes 10-30 ms (a wait for the
+#: join timeout, 2 s, would be about a hundred).
+JOIN_WITHIN_STEPS = 10
 
 
 @pytest.mark.parametrize(
@@ -292,13 +298,20 @@ class Run:
     def stop_file(self) -> Path:
         return self.directory / "stop"
 
-    def start_group(self, group: int, *options: str) -> subprocess.Popen[str]:
-        """Group ``group``: one process started directly, or with ``devices`` above 1 ``fabric run model``'s;
+    def start_group(self, group: int, *options: str, torchrun_restarts: int | None = None) -> subprocess.Popen[str]:
+        """Group ``group``: one process started directly, or with ``devices`` above 1 ``fabric run model``'s, or
+        with ``torchrun_restarts`` torchrun's (``--max-restarts``, the group's variables in its environment);
         ``options`` go to the worker."""
         port, lighthouse = 29600 + group, f"127.0.0.1:{LIGHTHOUSE_PORT}"
         worker = [self.worker, str(self.directory), str(self.stop_file)]
         worker += [f"--devices={self.devices}", *options] if self.worker == WORKER else list(options)
-        if self.devices == 1:
+        if torchrun_restarts is not None:
+            command = [
+                *(sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={self.devices}"),
+                *(f"--max-restarts={torchrun_restarts}", "--monitor-interval=0.1", f"--master-port={port}", *worker),
+            ]
+            variables = _group_variables(group, self.groups, lighthouse, port)
+        elif self.devices == 1:
             command, variables = [sys.executable, *worker], _group_variables(group, self.groups, lighthouse, port)
         else:
             command = [
@@ -405,6 +418,15 @@ def _committed(records: list[dict[str, Any]]) -> int:
     return max((r["committed_steps"] for r in records), default=0)
 
 
+def _assert_joined_soon_after_ready(directory: Path, joined: dict[str, Any], peers: list[dict[str, Any]]) -> None:
+    """``joined`` (a restarted group's first report) joined within a few steps of being set up and ready to train,
+    counted in its ``peers``' committed steps then."""
+    ready_file = next(directory.glob(f"ready-group{joined['group']}-rank{joined['rank']}-pid{joined['pid']}.json"))
+    ready = json.loads(ready_file.read_text())["time"]
+    steps_then = max(r["committed_steps"] for r in peers if r["time"] <= ready)
+    assert joined["joined_at"] - steps_then <= JOIN_WITHIN_STEPS, (joined["joined_at"], steps_then)
+
+
 @pytest.mark.end_to_end
 def test_fsdp_shard_groups_built_apart_stop_at_the_first_step_saying_to_seed_them_alike(tmp_path: Path) -> None:
     """torchft syncs nothing at step 0 for shard groups (a rank would receive its shards from one group and its
@@ -474,6 +496,7 @@ def test_a_killed_replica_group_does_not_stop_the_others_and_rejoins_with_their_
             if group == 2:
                 joined = mine[0]
                 assert joined["joined_at"] is not None and joined["joined_at"] > killed_at
+                _assert_joined_soon_after_ready(tmp_path, joined, _by_group(records, 0))
                 peers = [r for r in _by_group(records, 0) if r["committed_steps"] == joined["committed_steps"]]
                 assert joined["weights"] == peers[0]["weights"]  # the peers' state, received at the join
                 continue
@@ -486,6 +509,55 @@ def test_a_killed_replica_group_does_not_stop_the_others_and_rejoins_with_their_
     joined_at = next(r["joined_at"] for r in _by_group(records, 2) if r["joined_at"] is not None)
     joined_line = f"fabric: replica group 2 joined the run at step {joined_at}"
     assert any(joined_line in path.read_text() for path in tmp_path.glob("group2-*.log"))
+    # a survivor says when the groups taking part change, and which steps it discarded
+    said = "".join(path.read_text() for path in tmp_path.glob("group0-*.log"))
+    shrunk = re.findall(r"fabric: from step (\d+), 2 of 3 replica groups train; the data share of the 1 missing is not "
+                        r"trained while they are away\.", said)  # fmt: skip
+    regrown = re.findall(r"fabric: from step (\d+), 3 of 3 replica groups train\.", said)
+    assert shrunk and killed_at <= int(shrunk[0]) < joined_at <= int(regrown[-1]), (shrunk, regrown, joined_at)
+    for record in _by_group(records, 0):
+        if record["committed_steps"] == record["step"]:  # not committed
+            assert f"fabric: step {record['step']} was not committed" in said
+
+
+@pytest.mark.end_to_end
+def test_a_group_torchrun_restarts_alone_rejoins_with_the_others_state(tmp_path: Path) -> None:
+    """The torchrun form (one ``torchrun --max-restarts`` per group): a killed worker is started again by its own
+    torchrun only, joins the run within a few steps and takes the peers' state; the other group trains on in its
+    process."""
+    with _fault_tolerant_run(tmp_path, groups=2, devices=1) as run:
+        run.start_group(0)
+        agent = run.start_group(1, torchrun_restarts=1)
+        records = run.wait_for(
+            "both groups training together",
+            lambda rs: all(any(r["participants"] == 2 for r in _by_group(rs, g)) for g in (0, 1)),
+        )
+        killed = _by_group(records, 1)[-1]["pid"]
+        os.kill(killed, signal.SIGKILL)  # the worker, not its torchrun
+        killed_at = _committed(records)
+        records = run.wait_for(
+            "group 1 restarted by its torchrun and training with group 0",
+            lambda rs: any(r["pid"] != killed and r["participants"] == 2 for r in _by_group(rs, 1)),
+        )
+        stop = _committed(records) + STOP_MARGIN
+        run.stop_at(stop)
+        for group, process in run.processes.items():
+            assert process.wait(timeout=EVENT_DEADLINE) == 0, f"group {group} exited {process.returncode}"
+        assert agent.returncode == 0
+
+    records = run.records()
+    survivor = _by_group(records, 0)
+    assert len({r["pid"] for r in survivor}) == 1  # never restarted
+    assert sum(r["committed_steps"] == r["step"] for r in survivor) <= 1  # at most one step lost
+    restarted = [r for r in _by_group(records, 1) if r["pid"] != killed]
+    assert len({r["pid"] for r in restarted}) == 1  # one restart, by torchrun
+    joined = restarted[0]
+    assert joined["joined_at"] is not None and joined["joined_at"] > killed_at
+    _assert_joined_soon_after_ready(tmp_path, joined, survivor)
+    peer = next(r for r in survivor if r["committed_steps"] == joined["committed_steps"])
+    assert joined["weights"] == peer["weights"]  # the peer's state, received at the join
+    assert survivor[-1]["committed_steps"] == restarted[-1]["committed_steps"] == stop
+    assert survivor[-1]["weights"] == restarted[-1]["weights"]
 
 
 @pytest.mark.end_to_end
@@ -778,6 +850,10 @@ def test_the_trainer_trains_on_when_a_group_dies_rejoins_at_its_data_position_an
         assert batches == list(range(batches[0], batches[0] + len(batches)))  # one batch after the other, no rewind
         assert batches[-1] == stop
     assert survivors[0][-1]["weights"] == survivors[2][-1]["weights"]  # the same model at the end
+    assert len({r["pid"] for r in survivors[0]}) == 1  # group 0 trained through both failures in one process
+    commits = [r["committed_steps"] for r in survivors[0]]
+    assert commits == sorted(commits)
+    assert sum(a == b for a, b in itertools.pairwise(commits)) <= 2  # at most one step lost to each failure
     joined = survivors[2][0]
     peer = next(r for r in survivors[0] if r["batch"] == joined["batch"])
     assert joined["joined_at"] is not None
@@ -790,6 +866,43 @@ def test_the_trainer_trains_on_when_a_group_dies_rejoins_at_its_data_position_an
         start = (record["batch_in_epoch"] - 1) * 8
         assert record["indices"] == share[start : start + 8], record["batch"]
     assert (tmp_path / "ckpt-group1").is_dir() and any((tmp_path / "ckpt-group1").iterdir())  # saved when preempted
+
+
+@pytest.mark.end_to_end
+def test_the_trainer_autoresumes_every_group_from_its_checkpoint_when_all_are_lost(tmp_path: Path) -> None:
+    """Every group lost at once (both SIGKILLed at batch 10, a checkpoint every 4 batches): started again with
+    ``autoresume=True``, each group resumes from its batch 8 and retrains batches 9 and 10 to the very weights of the
+    first run, its committed steps counted on from the checkpoint's. Every step needs both groups
+    (``min_replica_groups=2``): with 1, the group that starts first would train on alone and finish before the other
+    joins (this lighthouse's join timeout is 2 s), each then training its own continuation."""
+    options = ("fault_tolerant_ddp", "--save-interval=4ba", "--autoresume", "--min-groups=2")
+    with _fault_tolerant_run(tmp_path, groups=2, devices=1, worker=TRAINER_WORKER) as run:
+        first = {group: run.start_group(group, *options, "--hold-at=10") for group in range(2)}
+        run.wait_for(
+            "both groups at batch 10", lambda rs: all(any(r["batch"] == 10 for r in _by_group(rs, g)) for g in (0, 1))
+        )
+        for process in first.values():  # every group lost (its DataLoader worker follows it)
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        lost = {process.pid for process in first.values()}
+        run.stop_at(14)
+        again = [run.start_group(group, *options) for group in range(2)]
+        for group, process in enumerate(again):
+            assert process.wait(timeout=EVENT_DEADLINE) == 0, f"group {group} exited {process.returncode}"
+
+    records = run.records()
+    for group in (0, 1):
+        before = {r["batch"]: r for r in _by_group(records, group) if r["pid"] in lost}
+        after = [r for r in _by_group(records, group) if r["pid"] not in lost]
+        assert sorted(before) == list(range(1, 11))
+        assert [r["batch"] for r in after] == list(range(9, 15))  # from the checkpoint of batch 8, not from 0
+        assert [r["committed_steps"] for r in after] == list(range(9, 15))
+        for record in after[:2]:  # the same batches, the same data, the same weights as before the loss
+            assert (record["indices"], record["weights"]) == (
+                before[record["batch"]]["indices"],
+                before[record["batch"]]["weights"],
+            )
+    assert _by_group(records, 0)[-1]["weights"] == _by_group(records, 1)[-1]["weights"]
 
 
 @pytest.mark.end_to_end
