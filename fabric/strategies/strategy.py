@@ -83,6 +83,9 @@ class Strategy:
     huggingface_refusal: str | None = None
     #: How the model is cut into pipeline stages, where it is (:class:`~fabric.strategies.ModelParallelStrategy`).
     pipeline: PipelinePlan | None = None
+    #: True after an :meth:`optimizer_step` this strategy discarded for the run (a fault-tolerant step that did not
+    #: commit on every replica group): the batch is to be trained again, not counted (the Trainer does so).
+    step_discarded: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -173,17 +173,24 @@ class TrainStep:
         started = perf_counter()
         state.batch = batch
         self.engine.fire.batch_start()
-        if state.train_metrics:  # each batch's values are its own (compute_metrics keeps them)
-            for metric in state.train_metrics.values():
-                metric.reset()
-        if self.closure_step:
-            total_loss, full_batch, samples = self._step_with_closure(state.batch)
-        else:
-            total_loss, full_batch, samples = self._gradients(state.batch)
+        batch, strategy = state.batch, self.fabric.strategy  # the batch as BATCH_START left it, trained until applied
+        while True:
+            if state.train_metrics:  # each batch's values are its own (compute_metrics keeps them)
+                for metric in state.train_metrics.values():
+                    metric.reset()
+            if self.closure_step:
+                total_loss, full_batch, samples = self._step_with_closure(batch)
+            else:
+                total_loss, full_batch, samples = self._gradients(batch)
+                for optimizer in state.optimizers:
+                    optimizer.step()
             for optimizer in state.optimizers:
-                optimizer.step()
-        for optimizer in state.optimizers:
-            optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)
+            # The replica groups discarded the update (fault tolerance: a group failed during the step, or too few
+            # took part): train the same batch again rather than count it, so no sample goes untrained and every
+            # group's clock stays the run's committed step count.
+            if not strategy.step_discarded:
+                break
         if self.step_schedulers_every_batch:
             for scheduler in self.torch_schedulers:
                 scheduler.step()

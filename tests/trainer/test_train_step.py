@@ -5,14 +5,18 @@ exactly as the step that fires every event does, and falls back to it when the s
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim import Optimizer
 from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
 
+from fabric.strategies import SingleDeviceStrategy
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.state import State
@@ -119,3 +123,33 @@ def test_microbatches_set_after_the_step_was_chosen_are_trained() -> None:
     _fit(reference)
     for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+class DiscardsSomeSteps(SingleDeviceStrategy):
+    """Discards the updates of the optimizer steps numbered in ``discarded`` (counting from 0), as a fault-tolerant
+    strategy does with a step its replica groups did not all commit."""
+
+    def __init__(self, discarded: set[int]) -> None:
+        super().__init__(device=torch.device("cpu"))
+        self.discarded, self.calls = discarded, 0
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        self.step_discarded = self.calls in self.discarded
+        self.calls += 1
+        return None if self.step_discarded else super().optimizer_step(optimizer, closure)
+
+
+def test_a_batch_whose_update_the_strategy_discarded_is_trained_again_before_the_clock_moves() -> None:
+    """The first and the fifth updates discarded: those batches are trained again, so the run ends with the weights
+    and the clock of a run that discarded none, two forwards more."""
+    torch.manual_seed(0)
+    model = Classifier()
+    reference = copy.deepcopy(model)
+    strategy = DiscardsSomeSteps({0, 4})
+    trainer = _fit(model, strategy=strategy)
+    _fit(reference)
+    assert strategy.calls == 10 and model.forwards == reference.forwards + 2 == 10
+    assert int(trainer.state.timestamp.batch) == 8 and int(trainer.state.timestamp.sample) == 128
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(ours, theirs)

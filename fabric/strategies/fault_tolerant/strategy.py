@@ -204,6 +204,7 @@ class FaultTolerantStrategy(ParallelStrategy):
         self._before_commit()
         committed = groups.commit()
         self._report(step, committed)
+        self.step_discarded = not committed
         if not committed:
             return None
         self._after_commit(step)

@@ -8,7 +8,6 @@ server listen on every interface of the namespace they run in.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -851,9 +850,8 @@ def test_the_trainer_trains_on_when_a_group_dies_rejoins_at_its_data_position_an
         assert batches[-1] == stop
     assert survivors[0][-1]["weights"] == survivors[2][-1]["weights"]  # the same model at the end
     assert len({r["pid"] for r in survivors[0]}) == 1  # group 0 trained through both failures in one process
-    commits = [r["committed_steps"] for r in survivors[0]]
-    assert commits == sorted(commits)
-    assert sum(a == b for a, b in itertools.pairwise(commits)) <= 2  # at most one step lost to each failure
+    # a step the groups discarded is trained again, not counted: each batch of the clock is a committed step
+    assert all(r["batch"] == r["committed_steps"] for mine in survivors.values() for r in mine)
     joined = survivors[2][0]
     peer = next(r for r in survivors[0] if r["batch"] == joined["batch"])
     assert joined["joined_at"] is not None
