@@ -2,6 +2,8 @@
 
 import fabric
 
+__all__ = ["EXPECTED_DISTRIBUTION"]
+
 #: ``fabric.__distribution__`` of this project's package (``fabric.utilities.name_clash.DISTRIBUTION``); spelt
 #: out here because another package found as ``fabric`` has no ``fabric.utilities`` to import it from.
 EXPECTED_DISTRIBUTION = "torch-fabric"

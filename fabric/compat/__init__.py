@@ -7,6 +7,8 @@ saying for each name what answers it here or why nothing does; :mod:`fabric.comp
 :mod:`fabric.compat.runner` runs the program.
 """
 
+__all__ = ["DROP_IN_MODES"]
+
 #: The drop-in modes, by name, and the module that runs a program in each (``python -m MODULE SCRIPT``,
 #: ``fabric run model --drop-in=NAME``).
 DROP_IN_MODES = {"composer": "fabric.compat.composer", "lightning": "fabric.compat.lightning"}

@@ -278,9 +278,10 @@ def check_flag(value: object, name: str) -> bool:
     return value
 
 
-def check_spin_dataloaders(spin: object, dataloader: object, keeps_own_position: Callable[[Any], bool]) -> None:
-    """``spin_dataloaders``: ``True`` changes nothing; ``False`` only for a loader that resumes itself."""
-    if check_flag(spin, "spin_dataloaders") or dataloader is None or keeps_own_position(dataloader):
+def check_spin_dataloaders(spin: bool, dataloader: object, keeps_own_position: Callable[[Any], bool]) -> None:
+    """``spin_dataloaders`` (a flag, checked where the settings are built: ``LoopSettings``): ``True`` changes
+    nothing; ``False`` only for a loader that resumes itself."""
+    if spin or dataloader is None or keeps_own_position(dataloader):
         return
     raise ValueError(
         f"spin_dataloaders=False is Composer's setting for dataloaders that resume themselves, and this "

@@ -17,24 +17,27 @@ The checks that need the Fabric (its strategy) run in :meth:`TrainerPlan.make_fa
 
 from __future__ import annotations
 
+import numbers
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from torch import nn
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 from fabric.fabric import Fabric
 from fabric.plugins.precision.precision import Precision
 from fabric.trainer.checkpoint.dataloader_position import keeps_own_position
-from fabric.trainer.checkpoint.parts import check_ignore_paths, load_parts
+from fabric.trainer.checkpoint.parts import check_ignore_paths, check_load_ignore_keys
 from fabric.trainer.checkpoint.saver import CheckpointSaver
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.passes import AlgorithmPass
 from fabric.trainer.core.time import Time, TimeUnit
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
+from fabric.trainer.evaluation import Evaluator, ensure_evaluators
 from fabric.trainer.intervals import IntervalInput, create_eval_interval
 from fabric.trainer.migration import algorithm_passes as merged_passes
 from fabric.trainer.migration import (
@@ -59,6 +62,7 @@ from fabric.trainer.stages import default_optimizer, precision_for_fit
 from fabric.trainer.train_step import TokenCounter, count_tokens
 from fabric.utilities.apply_func import as_list
 from fabric.utilities.cli_contract import FABRIC_CHOICES
+from fabric.utilities.seed import MAX_SEED, check_seed_range
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ class LoopSettings:
         check_microbatch_size(self.device_train_microbatch_size, "device_train_microbatch_size")
 
     def check_train_loader(self, dataloader: object) -> None:
-        """``spin_dataloaders=False`` is only for a train dataloader that resumes itself."""
+        """``spin_dataloaders=False`` (checked to be a flag when these settings were built) is only for a train
+        dataloader that resumes itself."""
         check_spin_dataloaders(self.spin_dataloaders, dataloader, keeps_own_position)
 
     def check_on(self, fabric: Fabric) -> None:
@@ -127,7 +132,7 @@ class TrainerPlan:
 
     model: nn.Module
     train_data: DataSpec | None
-    eval_dataloader: Any
+    evaluators: list[Evaluator]
     #: Scaled by ``scale_schedule_ratio``.
     max_duration: Time[Any] | None
     settings: LoopSettings
@@ -147,7 +152,7 @@ class TrainerPlan:
     saver: CheckpointSaver | None
     autoresume: bool
     load: LoadPlan
-    storage_options: dict[str, Any] | None
+    storage_options: Mapping[str, Any] | None
     save_ignore_keys: tuple[str, ...]
     save_metrics: bool
     compile_options: dict[str, Any] | None
@@ -166,6 +171,7 @@ class TrainerPlan:
         if self.dist_timeout is not None:
             apply_dist_timeout(fabric, self.dist_timeout)
         self.settings.check_on(fabric)
+        check_eval_microbatching(self.evaluators, fabric)
         _check_sequence_split(fabric, self.sequence_split)
         if fabric.strategy.pipeline is not None:
             pipeline_network(fabric.strategy.pipeline, self.model)
@@ -187,10 +193,10 @@ def plan_trainer(arguments: Mapping[str, Any]) -> TrainerPlan:
     defaulted = given["optimizers"] is None and (train_data is not None or bool(schedulers))
     optimizers = as_list(default_optimizer(model) if defaulted else given["optimizers"])
     max_duration = given["max_duration"]
-    return TrainerPlan(
+    plan = TrainerPlan(
         model=model,
         train_data=train_data,
-        eval_dataloader=given["eval_dataloader"],
+        evaluators=ensure_evaluators(given["eval_dataloader"]),
         max_duration=None if max_duration is None else scaled(positive_time(max_duration, "max_duration"), ratio),
         settings=settings,
         scale_schedule_ratio=ratio,
@@ -201,14 +207,14 @@ def plan_trainer(arguments: Mapping[str, Any]) -> TrainerPlan:
         passes=merged_passes(given["algorithm_passes"]),
         callbacks=as_list(given["callbacks"]),
         profiler=_checked_profiler(given["profiler"]),
+        progress_bar=check_flag(given["progress_bar"], "progress_bar"),
         loggers=_loggers(given),
-        progress_bar=given["progress_bar"],
-        seed=given["seed"],
+        seed=check_seed(given["seed"]),
         run_name=check_run_name(given["run_name"]),
+        storage_options=check_storage_options(given["storage_options"]),
         saver=_saver(given),
         autoresume=given["autoresume"],
         load=_load_plan(given),
-        storage_options=given["storage_options"],
         save_ignore_keys=check_ignore_paths(given["save_ignore_keys"], "save_ignore_keys"),
         save_metrics=check_flag(given["save_metrics"], "save_metrics"),
         compile_options=check_compile_config(given["compile_config"], model),
@@ -220,6 +226,10 @@ def plan_trainer(arguments: Mapping[str, Any]) -> TrainerPlan:
         fabric_choices=_fabric_choices(given, choices),
         dist_timeout=check_dist_timeout(given["dist_timeout"], fabric_given=given["fabric"] is not None),
     )
+    # What the set-up would refuse, after every argument's own check (as it was refused after them at set-up).
+    check_trainer_model(model)
+    check_schedulers_have_optimizers(schedulers, has_optimizers=bool(optimizers))
+    return plan
 
 
 def _check_sequence_split(fabric: Fabric, split: SequenceSplit | None) -> None:
@@ -264,6 +274,8 @@ def _initial_settings(given: Mapping[str, Any]) -> LoopSettings:
 def _saver(given: Mapping[str, Any]) -> CheckpointSaver | None:
     """The saver the ``save_*`` options describe (None without ``save_folder``); ``autoresume`` needs both names."""
     folder, run_name = given["save_folder"], given["run_name"]
+    for flag in ("save_weights_only", "save_overwrite", "save_async"):  # also without save_folder: checked either way
+        check_flag(given[flag], flag)
     if check_flag(given["autoresume"], "autoresume") and (folder is None or run_name is None):
         raise ValueError(
             f"autoresume=True needs save_folder and run_name (got save_folder={folder!r}, "
@@ -285,13 +297,11 @@ def _saver(given: Mapping[str, Any]) -> CheckpointSaver | None:
 
 
 def _load_plan(given: Mapping[str, Any]) -> LoadPlan:
-    ignore_keys = check_ignore_paths(given["load_ignore_keys"], "load_ignore_keys")
-    load_parts(ignore_keys)  # names no part: refused now, not at the load
     return LoadPlan(
         path=load_path_from(given["load_path"], given["load_path_format"]),
-        weights_only=given["load_weights_only"],
+        weights_only=check_flag(given["load_weights_only"], "load_weights_only"),
         strict=strict_model_weights(given["load_strict"], given["load_strict_model_weights"]),
-        ignore_keys=ignore_keys,
+        ignore_keys=check_load_ignore_keys(given["load_ignore_keys"]),  # names no part: refused now, not at the load
         excluded_algorithms=check_exclude_algorithms(given["load_exclude_algorithms"]),
     )
 
@@ -343,16 +353,25 @@ class StagePlan:
     reset_time: bool
     scale_schedule_ratio: float
     schedulers: list[Any] | None
-    eval_dataloader: Any
+    #: ``eval_dataloader`` as evaluators (None: the Trainer's stay).
+    evaluators: list[Evaluator] | None
     optimizers: Any
     precision: Precision | None
 
 
 def plan_stage(
-    arguments: Mapping[str, Any], settings: LoopSettings, fabric: Fabric, *, train_loader: object, evaluates: bool
+    arguments: Mapping[str, Any],
+    settings: LoopSettings,
+    fabric: Fabric,
+    *,
+    train_loader: object,
+    evaluates: bool,
+    has_optimizers: bool = True,
 ) -> StagePlan:
     """``fit(...)``'s arguments (by parameter name) checked against the Trainer's ``settings``, its ``fabric``, its
-    current ``train_loader`` and whether it ``evaluates`` (has evaluators)."""
+    current ``train_loader``, whether it ``evaluates`` (has evaluators) and whether it ``has_optimizers``."""
+    # Composer's train_dataloader_label: only its default (a missing one is the default).
+    take_composer_arguments({"train_dataloader_label": arguments.get("train_dataloader_label", "train")})
     given = {name: arguments[name] for name in SETTING_NAMES if arguments.get(name) is not None}
     if "device_train_microbatch_size" in given:
         given["grad_accum"] = None  # an explicit microbatch size replaces grad_accum's
@@ -373,6 +392,12 @@ def plan_stage(
             "pass eval_dataloader= as well."
         )
     duration, precision = arguments["duration"], arguments["precision"]
+    evaluators = None if eval_dataloader is None else ensure_evaluators(eval_dataloader)
+    check_eval_microbatching(evaluators or [], fabric)
+    if schedulers is not None:  # new optimizers given with them are checked when they are set up
+        check_schedulers_have_optimizers(
+            as_list(schedulers), has_optimizers=has_optimizers or arguments["optimizers"] is not None
+        )
     return StagePlan(
         settings=new_settings,
         given_settings=frozenset(given),
@@ -381,7 +406,7 @@ def plan_stage(
         reset_time=check_flag(arguments["reset_time"], "fit(reset_time)"),
         scale_schedule_ratio=ratio,
         schedulers=None if schedulers is None else as_list(schedulers),
-        eval_dataloader=eval_dataloader,
+        evaluators=evaluators,
         optimizers=arguments["optimizers"],
         precision=None if precision is None else precision_for_fit(fabric, precision),
     )
@@ -405,6 +430,58 @@ def check_auto_microbatching(size: object, fabric: Fabric, option: str) -> None:
         raise ValueError(
             f"{option}='auto' on several ranks needs strategy='ddp', got {type(fabric.strategy).__name__}."
         )
+
+
+def check_eval_microbatching(evaluators: Sequence[Evaluator], fabric: Fabric) -> None:
+    """Each evaluator's ``device_eval_microbatch_size='auto'`` against the strategy (see
+    :func:`check_auto_microbatching`)."""
+    for evaluator in evaluators:
+        check_auto_microbatching(evaluator.device_eval_microbatch_size, fabric, "device_eval_microbatch_size")
+
+
+def plan_evaluators(eval_dataloader: Any, fabric: Fabric) -> list[Evaluator]:
+    """``eval(eval_dataloader=...)``: the evaluators, checked against ``fabric`` as ``Trainer()`` and ``fit()`` check
+    theirs."""
+    evaluators = ensure_evaluators(eval_dataloader)
+    check_eval_microbatching(evaluators, fabric)
+    return evaluators
+
+
+def check_trainer_model(model: object) -> None:
+    """The Trainer's model needs ``loss(outputs, batch)``."""
+    if not hasattr(model, "loss"):
+        raise TypeError(
+            f"{type(model).__name__} has no loss(outputs, batch) method; the Trainer needs one "
+            "(or subclass fabric.trainer.model.TrainerModel)."
+        )
+
+
+def check_schedulers_have_optimizers(schedulers: Sequence[Any], *, has_optimizers: bool) -> None:
+    """Composer's schedulers (``fabric.trainer.schedulers``) set the optimizers' learning rates: they need some.
+    PyTorch ``LRScheduler`` objects hold their optimizer already."""
+    ours = [scheduler for scheduler in schedulers if not isinstance(scheduler, LRScheduler)]
+    if ours and not has_optimizers:
+        raise ValueError(f"schedulers={ours} need optimizers to schedule; pass optimizers=... as well.")
+
+
+def check_seed(seed: object) -> int | None:
+    """``seed``: None (one is drawn on rank 0 and shared at the launch) or an int in the range every generator
+    takes (Composer's ``seed``; a bool is refused)."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed={seed!r} is not valid. Accepted: None or an int in [0, {MAX_SEED}].")
+    return check_seed_range(int(seed))
+
+
+def check_storage_options(options: object) -> Mapping[str, Any] | None:
+    """``storage_options``: None or a dict of fsspec options (an object store's endpoint, credentials)."""
+    if options is not None and not isinstance(options, Mapping):
+        raise ValueError(
+            f"storage_options={options!r} is not valid. Accepted: None or a dict of fsspec options, e.g. "
+            "{'client_kwargs': {'endpoint_url': ...}, 'key': ..., 'secret': ...}."
+        )
+    return options
 
 
 def check_ratio(ratio: object) -> float:

@@ -32,7 +32,7 @@ from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.strategies.strategy import Strategy
 from fabric.trainer.callbacks._utils import user_model
 from fabric.trainer.checkpoint.checkpointer import find_resume_checkpoint, read_surgery_records
-from fabric.trainer.checkpoint.parts import SelectiveCheckpointer
+from fabric.trainer.checkpoint.parts import SelectiveCheckpointer, matched_parts
 from fabric.trainer.checkpoint.preemption import PreemptionWatch, TrainingPreempted
 from fabric.trainer.checkpoint.saver import CheckpointSaver
 from fabric.trainer.checkpoint.trainer_state import DataPosition, TrainerCheckpointState
@@ -51,7 +51,6 @@ from fabric.trainer.evaluation import (
     EvaluationInterrupted,
     Evaluator,
     batches_in,
-    ensure_evaluators,
     run_evaluators,
     select_metrics,
 )
@@ -59,18 +58,13 @@ from fabric.trainer.export import export_for_inference
 from fabric.trainer.intervals import IntervalFunction, IntervalInput, create_eval_interval
 from fabric.trainer.loggers.wiring import LoggerInput, connect_loggers
 from fabric.trainer.metrics import compute_metrics, model_metrics
-from fabric.trainer.migration import (
-    check_subset_num_batches,
-    microbatch_size_for,
-    take_composer_arguments,
-    without_excluded,
-)
+from fabric.trainer.migration import check_subset_num_batches, microbatch_size_for, without_excluded
 from fabric.trainer.pipeline import PipelineLoss
 from fabric.trainer.plan import (
     LoadPlan,
     StagePlan,
     TrainerPlan,
-    check_auto_microbatching,
+    plan_evaluators,
     plan_stage,
     plan_trainer,
     scaled,
@@ -206,7 +200,7 @@ class Trainer:
         self._epoch = EpochCursor(self.state, self.engine.run_event)
         if plan.train_data is not None:
             self._set_train_dataloader(plan.train_data)
-        self._set_evaluators(plan.eval_dataloader)
+        self._set_evaluators(plan.evaluators)
         self._apply_grad_accum()
         self._closed = False
         self._reported_failure: BaseException | None = None
@@ -281,13 +275,11 @@ class Trainer:
 
     def _load_at_start(self, load: LoadPlan) -> None:
         """Load the planned checkpoint; without one the load events fire all the same, as in Composer."""
-        if load.path is not None:
-            self.load_checkpoint(
-                load.path, weights_only=load.weights_only, strict=load.strict, ignore_keys=load.ignore_keys
-            )
-        else:
-            self.engine.run_event(Event.BEFORE_LOAD)
-            self.engine.run_event(Event.AFTER_LOAD)
+        self.engine.run_event(Event.BEFORE_LOAD)
+        if load.path is not None:  # the plan checked load_ignore_keys: only translated into parts here
+            parts = matched_parts(load.ignore_keys)
+            self.checkpointer.load_skipping(load.path, parts, weights_only=load.weights_only, strict=load.strict)
+        self.engine.run_event(Event.AFTER_LOAD)
 
     @property
     def step_schedulers_every_batch(self) -> bool:
@@ -302,10 +294,8 @@ class Trainer:
     ) -> tuple[LRSchedule | None, list[LRScheduler]]:
         torch_schedulers = [scheduler for scheduler in schedulers if isinstance(scheduler, LRScheduler)]
         ours = [scheduler for scheduler in schedulers if not isinstance(scheduler, LRScheduler)]
-        if not ours:
+        if not ours:  # the plan refused ours without optimizers (check_schedulers_have_optimizers)
             return None, torch_schedulers
-        if not optimizers:
-            raise ValueError(f"schedulers={ours} need optimizers to schedule; pass optimizers=... as well.")
         return LRSchedule(ours, optimizers, scale_schedule_ratio=scale_schedule_ratio), torch_schedulers
 
     def _install_schedulers(self, lr_schedule: LRSchedule | None, torch_schedulers: Sequence[LRScheduler]) -> None:
@@ -340,15 +330,13 @@ class Trainer:
             return length
         return subset if length is None else min(length, subset)
 
-    def _set_evaluators(self, eval_dataloader: Any) -> None:
-        evaluators = ensure_evaluators(eval_dataloader)
+    def _set_evaluators(self, evaluators: list[Evaluator]) -> None:
+        """Evaluate with ``evaluators`` (checked against the Fabric by the plan, or by :func:`plan_evaluators`)."""
         # Each evaluator's own subset (None: the Trainer's), so that fit(eval_subset_num_batches=) changes the rest.
         self._own_eval_subsets = [
             None if evaluator.subset_num_batches == -1 else evaluator.subset_num_batches for evaluator in evaluators
         ]
         for evaluator in evaluators:
-            size = evaluator.device_eval_microbatch_size
-            check_auto_microbatching(size, self.fabric, "device_eval_microbatch_size")
             evaluator.dataloader = self._setup_dataloader(evaluator.data_spec)
             eval_metrics = model_metrics(self.state.model.module, False, self.fabric)  # each evaluator its own
             self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
@@ -419,7 +407,6 @@ class Trainer:
         before anything changes. If training raises, the loggers hear of it first (``log_exception``: trackers mark
         the run failed).
         """
-        take_composer_arguments({"train_dataloader_label": train_dataloader_label})
         arguments = {name: value for name, value in locals().items() if name != "self"}
         with self._failures_logged():
             plan = plan_stage(
@@ -428,6 +415,7 @@ class Trainer:
                 self.fabric,
                 train_loader=self.state.dataloader,
                 evaluates=bool(self.evaluators),
+                has_optimizers=bool(self.state.optimizers),
             )
             self._start_stage(plan)
             self._fit()
@@ -454,8 +442,8 @@ class Trainer:
         if plan.schedulers is not None or new_optimizers is not None:
             self._install_schedulers(lr_schedule, torch_schedulers)
         self._set_scheduler_stepping()
-        if plan.eval_dataloader is not None:
-            self._set_evaluators(plan.eval_dataloader)
+        if plan.evaluators is not None:
+            self._set_evaluators(plan.evaluators)
         elif {"eval_interval", "eval_subset_num_batches"} & plan.given_settings:
             self._apply_eval_settings()
         if "device_train_microbatch_size" in plan.given_settings:
@@ -703,7 +691,7 @@ class Trainer:
         if subset_num_batches is not None:
             check_subset_num_batches(subset_num_batches, "subset_num_batches")
         if eval_dataloader is not None:
-            self._set_evaluators(eval_dataloader)
+            self._set_evaluators(plan_evaluators(eval_dataloader, self.fabric))
         if not self.evaluators:
             raise ValueError("eval() needs an eval_dataloader: pass it to the Trainer or to eval().")
         if subset_num_batches is not None:
@@ -824,12 +812,8 @@ def _start_engine(
 def _setup_model(
     fabric: Fabric, module: nn.Module, optimizers: list[Optimizer], compile_options: dict[str, Any] | None
 ) -> tuple[nn.Module, list[Optimizer]]:
-    """The model and its optimizers set up on ``fabric`` (compiled with ``compile_options``, unless None)."""
-    if not hasattr(module, "loss"):
-        raise TypeError(
-            f"{type(module).__name__} has no loss(outputs, batch) method; the Trainer needs one "
-            "(or subclass fabric.trainer.model.TrainerModel)."
-        )
+    """The model (with ``loss``: :func:`~fabric.trainer.plan.check_trainer_model`) and its optimizers set up on
+    ``fabric`` (compiled with ``compile_options``, unless None)."""
     if optimizers:
         model, *set_up = fabric.setup(module, *optimizers, compile=compile_options)
     else:  # eval or predict only: setup() then returns the module alone
@@ -842,7 +826,7 @@ def _setup_model(
 def _pipeline_loss(strategy: Strategy, state: State) -> PipelineLoss | None:
     """Under pipeline stages, the loss the last stage computes from the model's ``loss``, given to the strategy's
     plan before the model is set up (see :mod:`fabric.trainer.pipeline`); None otherwise."""
-    if strategy.pipeline is None or not hasattr(state.model, "loss"):  # a model without loss is refused at set-up
+    if strategy.pipeline is None or not hasattr(state.model, "loss"):  # a model without loss is refused by the plan
         return None
     model = state.model
     loss: Callable[[Any, Any], Any] = model.loss  # type: ignore[assignment]  # the Trainer's models have one

@@ -17,7 +17,8 @@ SEED_ENV_VAR = "FABRIC_GLOBAL_SEED"
 #: ``"1"`` after ``seed_everything(workers=True)``: ``fabric.setup_dataloaders`` installs :func:`worker_init_function`.
 SEED_WORKERS_ENV_VAR = "FABRIC_SEED_WORKERS"
 _NUMPY_AVAILABLE = RequirementCache("numpy")
-_MAX_SEED = 2**32 - 1
+#: The largest seed every generator takes (NumPy's are 32-bit).
+MAX_SEED = 2**32 - 1
 
 
 def seed_everything(seed: int | None = None, workers: bool = False) -> int:
@@ -34,8 +35,7 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
         if recorded is None:
             rank_zero_warn(f"seed_everything() got no seed and {SEED_ENV_VAR} is unset; using seed 0.")
         seed = int(recorded) if recorded is not None else 0
-    if not 0 <= seed <= _MAX_SEED:
-        raise ValueError(f"seed={seed} is out of range; accepted: an int in [0, {_MAX_SEED}].")
+    check_seed_range(seed)
     os.environ[SEED_ENV_VAR] = str(seed)
     os.environ[SEED_WORKERS_ENV_VAR] = str(int(workers))
     random.seed(seed)
@@ -44,6 +44,13 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
 
         numpy.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+    return seed
+
+
+def check_seed_range(seed: int) -> int:
+    """``seed`` if every generator takes it (``[0, MAX_SEED]``), else ``ValueError`` naming it."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed={seed} is out of range; accepted: an int in [0, {MAX_SEED}].")
     return seed
 
 

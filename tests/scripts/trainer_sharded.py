@@ -2,7 +2,8 @@
 
 Two CPU ranks train a small regressor, checkpointing every epoch into FOLDER (a path or URL) and
 auto-resuming from it; rank 0 writes the full weights and the clock to OUT. ``KEY=VALUE`` pairs are
-integer ``Trainer`` arguments (``devices=1 num_nodes=2`` under torchrun across two nodes).
+integer ``Trainer`` arguments (``devices=1 num_nodes=2`` under torchrun across two nodes; ``save_async=0|1`` is
+passed as False or True).
 ``KILL_RANK_AT_SAVE=R:N`` in the environment kills rank R (SIGKILL) while it writes its part of save N
 to an object store, after the data went out and before the file was closed.
 """
@@ -19,7 +20,11 @@ from upload_kill import die_during_shard_upload
 from fabric.trainer import Trainer
 
 strategy, folder, duration, out = sys.argv[1:5]
-options = {key: int(value) for key, value in (argument.split("=", 1) for argument in sys.argv[5:])}
+options: dict[str, int | bool] = {
+    key: int(value) for key, value in (argument.split("=", 1) for argument in sys.argv[5:])
+}
+if "save_async" in options:  # a flag: the Trainer takes True or False, not 0 or 1
+    options["save_async"] = bool(options["save_async"])
 
 
 if "KILL_RANK_AT_SAVE" in os.environ:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
+from fabric.trainer.core.callback import Callback
+from fabric.trainer.core.events import Event
+from fabric.trainer.core.logger import Logger
+from fabric.trainer.core.state import State
+from fabric.trainer.evaluation import Evaluator
 from fabric.trainer.plan import SETTING_NAMES, LoopSettings, plan_stage
+from fabric.trainer.schedulers import ConstantScheduler
 from fabric.trainer.trainer import Trainer
 
 
@@ -149,3 +156,128 @@ def test_eval_refuses_a_subset_that_is_no_count() -> None:
     trainer = _trainer(eval_dataloader=_loader())
     with pytest.raises(ValueError, match=r"subset_num_batches=0 is not valid\. Accepted: -1"):
         trainer.eval(subset_num_batches=0)
+
+
+# --- refusals that came after the launch or during the set-up: now the plan's, before any state changes ----------
+
+
+class Events(Callback):
+    """Records every event it hears: a refusal by the plan comes before INIT."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def run_event(self, event: Event, state: State, logger: Logger) -> None:
+        self.events.append(event.value)
+
+
+class NoLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.net(batch[0])
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"model": NoLoss()}, TypeError, r"NoLoss has no loss\(outputs, batch\) method; the Trainer needs one"),
+        (
+            {"optimizers": [], "schedulers": [ConstantScheduler()]},
+            ValueError,
+            r"schedulers=\[.*ConstantScheduler.*\] need optimizers to schedule; pass optimizers=\.\.\. as well\.",
+        ),
+        (
+            {"eval_dataloader": Evaluator("val", _loader(), device_eval_microbatch_size="auto")},
+            ValueError,
+            r"device_eval_microbatch_size='auto' on several ranks needs strategy='ddp', got FSDPStrategy",
+        ),
+    ],
+    ids=["no-loss", "schedulers-without-optimizers", "auto-eval-microbatches"],
+)
+def test_what_the_set_up_refused_is_refused_by_the_plan_before_the_launch_and_init(
+    options: dict[str, Any], error: type[Exception], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launches: list[Fabric] = []
+    monkeypatch.setattr(Fabric, "launch", lambda fabric, *args, **kwargs: launches.append(fabric))
+    events = Events()
+    model = options.pop("model", Regressor())
+    with pytest.raises(error, match=message):
+        Trainer(
+            model=model,
+            train_dataloader=_loader(),
+            callbacks=[events],
+            progress_bar=False,
+            accelerator="cpu",
+            devices=2,
+            strategy="fsdp",
+            **options,
+        )
+    assert (launches, events.events) == ([], [])
+
+
+def test_fit_refuses_schedulers_without_optimizers_and_a_label_before_anything_changes() -> None:
+    events = Events()
+    trainer = Trainer(model=Regressor(), callbacks=[events], progress_bar=False, seed=0, accelerator="cpu")
+    assert trainer.state.optimizers == []  # no train dataloader, no optimizers: none defaulted yet
+    heard = list(events.events)
+    with pytest.raises(ValueError, match=r"need optimizers to schedule; pass optimizers=\.\.\. as well\."):
+        trainer.fit(train_dataloader=_loader(), duration="1ba", schedulers=[ConstantScheduler()])
+    with pytest.raises(ValueError, match=r"train_dataloader_label='finetune'\) is not supported"):
+        trainer.fit(train_dataloader=_loader(), duration="1ba", train_dataloader_label="finetune")
+    assert events.events == heard  # no FIT_START, nothing trained
+    assert (trainer.state.dataloader, trainer.state.max_duration, trainer.state.schedulers) == (None, None, [])
+
+
+def test_plan_stage_refuses_a_train_dataloader_label_other_than_composers_default() -> None:
+    arguments: dict[str, Any] = dict.fromkeys(
+        ["train_dataloader", "duration", "schedulers", "eval_dataloader", "optimizers", "precision", *SETTING_NAMES]
+    )
+    arguments |= {"reset_time": False, "scale_schedule_ratio": 1.0, "train_dataloader_label": "pretrain"}
+    with pytest.raises(ValueError, match=r"train_dataloader_label='pretrain'\) is not supported"):
+        plan_stage(arguments, LoopSettings(), Fabric(accelerator="cpu"), train_loader=None, evaluates=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("seed", "7", r"seed='7' is not valid\. Accepted: None or an int in \[0, 4294967295\]\."),
+        ("seed", 1.5, r"seed=1\.5 is not valid\. Accepted: None or an int"),
+        ("seed", True, r"seed=True is not valid\. Accepted: None or an int"),
+        ("seed", -1, r"seed=-1 is out of range; accepted: an int in \[0, 4294967295\]\."),
+        ("seed", 2**32, r"seed=4294967296 is out of range"),
+        ("progress_bar", "no", r"progress_bar='no' is not valid\. Accepted: True or False\."),
+        ("progress_bar", 0, r"progress_bar=0 is not valid\. Accepted: True or False\."),
+        ("load_weights_only", 1, r"load_weights_only=1 is not valid\. Accepted: True or False\."),
+        ("save_weights_only", "yes", r"save_weights_only='yes' is not valid\. Accepted: True or False\."),
+        ("save_overwrite", None, r"save_overwrite=None is not valid\. Accepted: True or False\."),
+        ("save_async", "true", r"save_async='true' is not valid\. Accepted: True or False\."),
+        ("storage_options", "s3", r"storage_options='s3' is not valid\. Accepted: None or a dict of fsspec options"),
+        ("storage_options", [("key", "k")], r"storage_options=\[\('key', 'k'\)\] is not valid\. Accepted: None or"),
+    ],
+)
+def test_an_argument_that_went_unchecked_is_refused_by_the_plan_naming_it(
+    name: str, value: Any, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launches: list[Fabric] = []
+    monkeypatch.setattr(Fabric, "launch", lambda fabric, *args, **kwargs: launches.append(fabric))
+    events = Events()
+    with pytest.raises(ValueError, match=message):
+        _trainer(**{name: value}, callbacks=[events], devices=2, strategy="fsdp")
+    assert (launches, events.events) == ([], [])
+
+
+def test_the_accepted_values_of_those_arguments_still_build_a_trainer(tmp_path: Path) -> None:
+    trainer = _trainer(
+        seed=4294967295,
+        save_folder=str(tmp_path),
+        save_weights_only=True,
+        save_overwrite=True,
+        save_async=False,
+        load_weights_only=False,
+        storage_options={},
+    )
+    assert trainer.seed == 4294967295
+    assert trainer.storage_options == {}

@@ -135,8 +135,9 @@ def model_keys_left_out(paths: Sequence[str]) -> Callable[[str], bool]:
     return left_out
 
 
-def load_parts(ignore_keys: Collection[str]) -> set[str]:
-    """The parts ``load_ignore_keys`` skips: plain names as they are, Composer paths translated."""
+def check_load_ignore_keys(ignore_keys: object) -> tuple[str, ...]:
+    """``load_ignore_keys`` (the Trainer's, or ``load_checkpoint(ignore_keys=)``) as a tuple of part names and Composer
+    paths, each naming a part of a checkpoint; ``ValueError`` naming what is refused."""
     paths = check_ignore_paths(ignore_keys, "load_ignore_keys")
     unknown = [path for path in paths if path not in PARTS and not _names_something(path)]
     if unknown:
@@ -151,7 +152,13 @@ def load_parts(ignore_keys: Collection[str]) -> set[str]:
             "every weight the checkpoint holds is loaded. Skip the whole model with 'state/model', or load a "
             "checkpoint that lacks some weights with load_strict_model_weights=False."
         )
-    return matched_parts(paths)
+    return paths
+
+
+def load_parts(ignore_keys: object) -> set[str]:
+    """The parts ``load_ignore_keys`` skips (checked by :func:`check_load_ignore_keys`): plain names as they are,
+    Composer paths translated."""
+    return matched_parts(check_load_ignore_keys(ignore_keys))
 
 
 def _names_something(path: str) -> bool:
@@ -252,7 +259,11 @@ class _Sections:
 
 class SelectiveCheckpointer(TrainerCheckpointer):
     """:class:`TrainerCheckpointer` that leaves out the parts ``save_ignore_keys`` names, saves the metrics with
-    ``save_metrics=True``, and takes Composer's paths in ``load_ignore_keys``."""
+    ``save_metrics=True``, and takes Composer's paths in ``load_ignore_keys``.
+
+    The Trainer builds it from its plan (:mod:`fabric.trainer.plan`), which checked ``save_ignore_keys``
+    (:func:`check_ignore_paths`) and ``save_metrics``; they are not checked again here.
+    """
 
     def __init__(
         self,
@@ -265,9 +276,7 @@ class SelectiveCheckpointer(TrainerCheckpointer):
         save_metrics: bool = False,
     ) -> None:
         super().__init__(state, trainer_state, run_name, storage_options)
-        self.save_ignore_keys = check_ignore_paths(save_ignore_keys, "save_ignore_keys")
-        if not isinstance(save_metrics, bool):
-            raise ValueError(f"save_metrics={save_metrics!r} is not valid. Accepted: True or False.")
+        self.save_ignore_keys = tuple(save_ignore_keys)
         self.save_metrics = save_metrics
         self.left_out = matched_parts(self.save_ignore_keys)
         if not save_metrics:
@@ -338,9 +347,14 @@ class SelectiveCheckpointer(TrainerCheckpointer):
     def load(
         self, path: str, *, weights_only: bool = False, strict: bool = True, ignore_keys: Collection[str] = ()
     ) -> None:
-        """Restore from ``path``, skipping ``ignore_keys`` (part names or Composer paths) and the parts the save left
-        out; on any error nothing changed."""
-        skipped = load_parts(ignore_keys)
+        """Restore from ``path``, skipping ``ignore_keys`` (part names or Composer paths, checked here) and the parts
+        the save left out; on any error nothing changed."""
+        self.load_skipping(path, load_parts(ignore_keys), weights_only=weights_only, strict=strict)
+
+    def load_skipping(self, path: str, parts: Collection[str], *, weights_only: bool, strict: bool) -> None:
+        """:meth:`load` skipping ``parts`` (plain part names: ignore keys already checked, by the plan for the
+        Trainer's ``load_ignore_keys``, and translated by :func:`matched_parts`)."""
+        skipped = set(parts)
         fabric = require_fabric(self.state)
         meta = read_meta(path, fabric.strategy.checkpoint_io, self.storage_options)
         check_format(meta, path)
