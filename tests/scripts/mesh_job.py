@@ -17,8 +17,10 @@ evaluates ``EVAL_SAMPLES`` samples in batches of 4 (a ragged last one) and write
 ``python mesh_job.py OUT train PIPELINE REPLICATE SHARD TENSOR [LOAD_DIR]``: ``PIPELINE x REPLICATE x SHARD x TENSOR``
 processes (pipeline stages x HSDP x TP through ``ModelParallelStrategy(mesh=MeshPlan(...),
 pipeline=PipelinePlan(...))``; ``PIPELINE`` as ``N`` and a variant of ``CUTS``, e.g. ``2v2``: 2 ranks of 2 interleaved
-stages each; or ``FSDPStrategy(mesh=...)`` when PIPELINE and TENSOR are 1) train ``STEPS`` steps from batches of
-``setup_dataloaders`` and save ``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh model loads it and
+stages each; or ``FSDPStrategy(mesh=...)`` when PIPELINE and TENSOR are 1, or with PIPELINE ``1lightning`` Lightning's
+front end ``FSDPStrategy(sharding_strategy="HYBRID_SHARD", device_mesh=(REPLICATE, SHARD), auto_wrap_policy={Block})``,
+TAG ``lightning-REPLICATExSHARDx1``) train ``STEPS`` steps from batches of ``setup_dataloaders`` and save
+``OUT/ckpt-TAG``. Given LOAD_DIR (saved on another shape), a fresh model loads it and
 trains ``EXTRA`` steps more. Rank 0 writes ``OUT/TAG.pt``: losses and full weights (of every stage).
 """
 
@@ -150,7 +152,11 @@ else:
 tag = f"{replicate}x{shard}x{tensor}"
 if pipeline > 1:
     tag = f"pp{pipeline}{variant}x{tag}"
+elif variant:  # a front end of the same mesh (LIGHTNING)
+    tag = f"{variant}-{tag}"
 loader_batch = GLOBAL_BATCH // (replicate * shard)
+#: The variant of a PIPELINE of 1 that builds the HSDP mesh through Lightning's FSDPStrategy arguments.
+LIGHTNING = "lightning"
 #: Where each (pipeline degree, variant) cuts the model, its schedule and microbatches (``None``: 2, or one per stage
 #: beyond). Variant ``v2`` interleaves 2 stages per rank: rank 0 holds the embedding and block 1, rank 1 block 0, the
 #: norm and the head; ``zbv`` and ``dpv`` place them in a V (rank 0: the embedding and the norm with the head; rank 1
@@ -297,6 +303,8 @@ if pipeline > 1:
     strategy = ModelParallelStrategy(parallelize if tensor > 1 else None, mesh=plan, pipeline=stages)
 elif tensor > 1:
     strategy = ModelParallelStrategy(parallelize, mesh=plan)
+elif variant == LIGHTNING:  # Lightning's HSDP front end: the sizes of the (replicate, shard) device mesh
+    strategy = FSDPStrategy(sharding_strategy="HYBRID_SHARD", device_mesh=(replicate, shard), auto_wrap_policy={Block})
 else:
     strategy = FSDPStrategy(mesh=plan, shard_modules={Block})
 fabric = Fabric(accelerator="cpu", devices=plan.resolve(plan.size).size, strategy=strategy)

@@ -3,7 +3,8 @@
 Real gloo processes (tests/scripts/mesh_job.py): a small causal transformer trains 3 AdamW steps on each shape of a
 chain (HSDP, TP, pipeline stages and their combinations, then shrinking 8 -> 4 -> 2 -> 1 processes), each launch also
 loading the checkpoint the previous shape saved and training 2 steps more; Composer's Trainer
-trains the same steps from a ``parallelism_config``. A plain-torch
+trains the same steps from a ``parallelism_config``, and Lightning's ``FSDPStrategy(sharding_strategy="HYBRID_SHARD",
+device_mesh=(2, 2))`` off the chain. A plain-torch
 process that sees each step's whole global batch is the reference (tolerances: float32 reduction order).
 """
 
@@ -28,6 +29,7 @@ Shape = tuple[int | str, ...]
 CHAIN: list[Shape] = [
     (1, 2, 2, 1),
     (1, 4, 1, 1),
+    (1, 1, 4, 1),  # plain FSDP2 over the 4 ranks (HSDP 1 x 4)
     (1, 1, 2, 2),
     (1, 2, 1, 2),
     (1, 2, 2, 2),
@@ -44,6 +46,9 @@ CHAIN: list[Shape] = [
     (2, 1, 1, 1),  # 4 stages to 2 processes
     (1, 1, 1, 1),  # and to one
 ]
+#: Lightning's front end of HSDP, ``FSDPStrategy(sharding_strategy="HYBRID_SHARD", device_mesh=(2, 2))``, off the
+#: chain: (pipeline, replicate, shard, tensor, variant) with the variant that names it in tests/scripts/mesh_job.py.
+LIGHTNING_SHAPE: Shape = (1, 2, 2, 1, "lightning")
 #: Composer's Trainer with parallelism_config: HSDP (both degrees given) x a tp section's layer plan.
 TRAINER_SHAPE = (2, 1, 2)
 #: The Trainer on pipeline stages (pipeline, shard, tensor): PP x FSDP from parallelism_config's pp section, PP x TP
@@ -55,13 +60,13 @@ LOSS_TOLERANCE, WEIGHT_TOLERANCE = 1e-5, 2e-5
 
 def _tag(shape: Shape) -> str:
     """The job's name for a shape: ``REPLICATExSHARDxTENSOR``, prefixed ``ppN`` with pipeline stages (and the
-    variant, e.g. ``pp2v2``)."""
+    variant, e.g. ``pp2v2``), or by the variant of a front end without them (``lightning-2x2x1``)."""
     if len(shape) == 3:
         return "x".join(map(str, shape))
     pipeline, replicate, shard, tensor, *variant = shape
     rest = "x".join(map(str, (replicate, shard, tensor)))
     if pipeline == 1:
-        return rest
+        return f"{variant[0]}-{rest}" if variant else rest
     return f"pp{pipeline}{''.join(map(str, variant))}x{rest}"
 
 
@@ -84,9 +89,16 @@ def _run(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder holding the one-process reference (``reference.pt``), where the meshes' jobs write too."""
     out = tmp_path_factory.mktemp("meshes")
     _run(str(out), "reference")
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(reference_run: Path) -> Path:
+    out = reference_run
     previous: str | None = None
     for shape in CHAIN:
         _run(str(out), "train", *_job_arguments(shape), *([previous] if previous else []))
@@ -104,11 +116,11 @@ def _max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tens
     return max((first[name] - second[name]).abs().max().item() for name in first)
 
 
-@pytest.mark.parametrize("shape", CHAIN, ids=_tag)
-def test_the_shape_trains_like_one_process(runs: Path, shape: Shape) -> None:
-    pipeline, replicate, shard, tensor, *_ = shape
-    report = torch.load(runs / f"{_tag(shape)}.pt")
-    reference = torch.load(runs / "reference.pt")
+def _assert_trains_like_one_process(out: Path, shape: Shape) -> None:
+    """The mesh ``shape`` built, its data shares, and its 3 steps' losses and weights against the reference's."""
+    pipeline, replicate, shard, tensor = (int(degree) for degree in shape[:4])
+    report = torch.load(out / f"{_tag(shape)}.pt")
+    reference = torch.load(out / "reference.pt")
     built = {"pipeline_parallel": pipeline, "data_parallel_replicate": replicate}
     built = {name: degree for name, degree in built.items() if degree > 1}  # built only when above 1
     assert report["mesh"] == built | {"data_parallel": shard, "tensor_parallel": tensor}
@@ -120,6 +132,17 @@ def test_the_shape_trains_like_one_process(runs: Path, shape: Shape) -> None:
     assert report["losses"] == pytest.approx(reference["losses"][:3], rel=LOSS_TOLERANCE)
     assert _max_difference(report["weights"], reference["weights"]) < WEIGHT_TOLERANCE
     assert _max_difference(reference["weights"], reference["final"]) > 1e-3  # the steps really moved the weights
+
+
+@pytest.mark.parametrize("shape", CHAIN, ids=_tag)
+def test_the_shape_trains_like_one_process(runs: Path, shape: Shape) -> None:
+    _assert_trains_like_one_process(runs, shape)
+
+
+def test_lightnings_hybrid_shard_device_mesh_trains_like_one_process(reference_run: Path) -> None:
+    # FSDPStrategy(sharding_strategy="HYBRID_SHARD", device_mesh=(2, 2), auto_wrap_policy={Block}) on 4 gloo ranks
+    _run(str(reference_run), "train", *_job_arguments(LIGHTNING_SHAPE))
+    _assert_trains_like_one_process(reference_run, LIGHTNING_SHAPE)
 
 
 @pytest.mark.parametrize(
