@@ -5,8 +5,8 @@ outside (``slurmctld``, ``slurmd`` and ``mpirun`` listen on every address). Comm
 namespace, with ``nsenter --net``: ``ip netns exec`` also remounts ``/sys``, and ``slurmd`` then finds no cgroups.
 Every process a fixture starts is stopped by its pid when the fixture ends. Without the engines, root or ``ip
 netns`` a test is skipped, and fails when ``CI=true`` (see ``require_engine``); ``scripts/install_engines.sh``
-installs them. ``tests/test_engine_facts.py`` shows each fixture working; ``/work/shared/ENGINES.md`` has the
-measurements behind the set-up.
+installs them. ``tests/plugins/environments/test_engine_facts.py`` shows each fixture working;
+``/work/shared/ENGINES.md`` has the measurements behind the set-up.
 
 What the SLURM launchers put in a task's environment (SLURM 22.05, measured with these fixtures):
 

@@ -45,3 +45,30 @@ def test_every_test_folder_mirrors_a_source_folder() -> None:
     sources = _source_folders()
     strays = [name for name in _test_folders() if name not in sources]
     assert strays == [], f"test folders that mirror no source folder: {strays}"
+
+
+#: Top-level test files that test the project as a whole, not one module: its import graph, its folders, its
+#: ``@override`` marks, its public names, its docs and examples, the GPU check script and the test isolation.
+PROJECT_TESTS = {
+    "test_docs.py",
+    "test_examples.py",
+    "test_gpu_check.py",
+    "test_isolation.py",
+    "test_layering.py",
+    "test_mirroring.py",
+    "test_overrides.py",
+    "test_public_names.py",
+}
+
+
+def test_every_top_level_test_file_tests_a_top_level_module_or_the_project() -> None:
+    """``tests/test_<module>[_<topic>].py`` holds the tests of ``fabric/<module>.py``; a module in a folder has its
+    tests in that folder's mirror, and the project-wide checks are listed above."""
+    modules = {path.stem for path in (ROOT / "fabric").glob("*.py") if path.name != "__init__.py"}
+    strays = [
+        path.name
+        for path in TESTS.glob("test_*.py")
+        if path.name not in PROJECT_TESTS
+        and not any(path.stem == f"test_{module}" or path.stem.startswith(f"test_{module}_") for module in modules)
+    ]
+    assert strays == [], f"top-level test files of no top-level module (move them to their folder's mirror): {strays}"

@@ -192,12 +192,11 @@ def plan_trainer(arguments: Mapping[str, Any]) -> TrainerPlan:
     schedulers = as_list(given["schedulers"])
     defaulted = given["optimizers"] is None and (train_data is not None or bool(schedulers))
     optimizers = as_list(default_optimizer(model) if defaulted else given["optimizers"])
-    max_duration = given["max_duration"]
     plan = TrainerPlan(
         model=model,
         train_data=train_data,
         evaluators=ensure_evaluators(given["eval_dataloader"]),
-        max_duration=None if max_duration is None else scaled(positive_time(max_duration, "max_duration"), ratio),
+        max_duration=_max_duration(given["max_duration"], ratio),
         settings=settings,
         scale_schedule_ratio=ratio,
         optimizers=optimizers,
@@ -359,6 +358,24 @@ class StagePlan:
     precision: Precision | None
 
 
+def _max_duration(max_duration: Time[Any] | str | int | None, ratio: float) -> Time[Any] | None:
+    """``max_duration`` checked and scaled by ``scale_schedule_ratio``."""
+    return None if max_duration is None else scaled(positive_time(max_duration, "max_duration"), ratio)
+
+
+def _stage_evaluators(eval_dataloader: Any, given: set[str], evaluates: bool, fabric: Fabric) -> list[Evaluator] | None:
+    """``fit(eval_dataloader=)`` as evaluators (``None``: keep the Trainer's), refusing evaluation settings given
+    with nothing to evaluate."""
+    if {"eval_interval", "eval_subset_num_batches"} & given and eval_dataloader is None and not evaluates:
+        raise ValueError(
+            "fit(eval_interval=/eval_subset_num_batches=) set how to evaluate, but there is no eval_dataloader: "
+            "pass eval_dataloader= as well."
+        )
+    evaluators = None if eval_dataloader is None else ensure_evaluators(eval_dataloader)
+    check_eval_microbatching(evaluators or [], fabric)
+    return evaluators
+
+
 def plan_stage(
     arguments: Mapping[str, Any],
     settings: LoopSettings,
@@ -385,15 +402,8 @@ def plan_stage(
             f"fit(scale_schedule_ratio={ratio}) scales the schedulers given with it (and max_duration); pass "
             "schedulers= too, as in Composer."
         )
-    eval_dataloader = arguments["eval_dataloader"]
-    if {"eval_interval", "eval_subset_num_batches"} & set(given) and eval_dataloader is None and not evaluates:
-        raise ValueError(
-            "fit(eval_interval=/eval_subset_num_batches=) set how to evaluate, but there is no eval_dataloader: "
-            "pass eval_dataloader= as well."
-        )
+    evaluators = _stage_evaluators(arguments["eval_dataloader"], set(given), evaluates, fabric)
     duration, precision = arguments["duration"], arguments["precision"]
-    evaluators = None if eval_dataloader is None else ensure_evaluators(eval_dataloader)
-    check_eval_microbatching(evaluators or [], fabric)
     if schedulers is not None:  # new optimizers given with them are checked when they are set up
         check_schedulers_have_optimizers(
             as_list(schedulers), has_optimizers=has_optimizers or arguments["optimizers"] is not None

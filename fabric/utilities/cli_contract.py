@@ -11,7 +11,8 @@ from __future__ import annotations
 CLI_MARKER = "FABRIC_CLI_LAUNCHED"
 
 #: The Fabric choices, in ``Fabric(...)``'s argument order: the one list of them. The connector resolves these, the
-#: Trainer passes these on to Fabric, and the CLI has an option for each (``tests/test_choices.py`` holds them to it).
+#: Trainer passes these on to Fabric, and the CLI has an option for each (``tests/utilities/test_cli_contract.py``
+#: holds them to it).
 FABRIC_CHOICES: tuple[str, ...] = ("accelerator", "strategy", "devices", "num_nodes", "precision")
 
 #: ``Fabric(...)`` argument name -> environment variable the CLI sets for it (``FABRIC_ACCELERATOR``, ...).

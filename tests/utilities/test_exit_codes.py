@@ -1,7 +1,7 @@
 """The exit code a job ends with (fabric.utilities.exit_codes), row by row, and the scope of the launcher's sys.exit.
 
 The real jobs behind each row are in tests/strategies/test_ddp.py, tests/cli/test_cli.py, tests/cli/test_cli_signals.py
-and tests/test_job_processes.py; here the decision alone, without processes.
+and tests/utilities/processes/test_job_processes.py; here the decision alone, without processes.
 """
 
 from __future__ import annotations

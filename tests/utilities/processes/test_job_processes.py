@@ -18,7 +18,7 @@ from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 #: Slow: whole jobs with dataloader workers signalled and stopped (`bash scripts/test.sh --end-to-end`; CI runs it).
 pytestmark = pytest.mark.end_to_end
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[2] / "scripts"
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -25,7 +25,7 @@ from fabric.utilities.cli_contract import CLI_SETTINGS, FABRIC_CHOICES
 from fabric.utilities.device_parser import ACCEPTED_DEVICES, parse_devices
 from fabric_cli.cli import run_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: The choices that take one of a list of names, with that list.
 NAMED_VALUES: dict[str, list[str]] = {

@@ -17,7 +17,7 @@ from fabric.plugins.environments import find_free_port
 #: Slow: torchrun restarting a killed job (`bash scripts/test.sh --end-to-end`; CI runs it).
 pytestmark = pytest.mark.end_to_end
 
-SCRIPT = str(Path(__file__).parent / "scripts" / "trainer_torchrun_restart.py")
+SCRIPT = str(Path(__file__).parents[2] / "scripts" / "trainer_torchrun_restart.py")
 
 
 def _torchrun(out_dir: Path, kill_at: int) -> subprocess.CompletedProcess[str]:

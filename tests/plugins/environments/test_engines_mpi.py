@@ -9,13 +9,13 @@ from pathlib import Path
 import engines
 import pytest
 from engines import MpiLaunchers
-from test_launched_worlds import WORLD, assert_one_world_trained, reports
+from worlds import WORLD, assert_one_world_trained, reports
 
 #: Slow: real OpenMPI and MPICH jobs (`bash scripts/test.sh --end-to-end`; CI runs it).
 pytestmark = pytest.mark.end_to_end
 
 mpi_launchers = engines.mpi_launchers
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("flavour", ["openmpi", "mpich"])

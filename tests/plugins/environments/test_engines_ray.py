@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from engines import launcher_environment, network_namespace, require_namespaces
-from test_launched_worlds import assert_one_world_trained, reports
+from worlds import assert_one_world_trained, reports
 
 pytest.importorskip("ray", reason="Ray Train is optional (500 MB): pip install 'ray[train]' to run this test")
 
-RAY_WORLD = str(Path(__file__).parent / "scripts" / "ray_world.py")
+RAY_WORLD = str(Path(__file__).parents[2] / "scripts" / "ray_world.py")
 
 
 def test_ray_train_workers_with_a_default_fabric_train_as_one_world(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """What the real engines do that Fabric's detection relies on (so a new SLURM that changes it fails here first):
 an ``sbatch`` script's shell and a command under ``salloc`` are not job steps, though they see ``SLURM_NTASKS``;
 ``srun`` tasks run this interpreter, more of them than there are cores. How Fabric behaves under each engine is
-tested in ``test_engines_slurm.py``, ``test_engines_mpi.py`` and ``test_launched_worlds.py``."""
+tested beside this file (``test_engines_slurm.py``, ``test_engines_mpi.py``) and in
+``tests/strategies/launchers/test_launched_worlds.py``."""
 
 from __future__ import annotations
 

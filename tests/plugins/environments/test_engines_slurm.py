@@ -11,7 +11,7 @@ import engines
 import pytest
 import torch
 from engines import SlurmCluster
-from test_launched_worlds import WORLD, assert_one_world_trained, reports
+from worlds import WORLD, assert_one_world_trained, reports
 
 from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 
@@ -19,7 +19,7 @@ from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 pytestmark = pytest.mark.end_to_end
 
 slurm_cluster = engines.slurm_cluster
-PREEMPTIBLE = str(Path(__file__).parent / "scripts" / "trainer_preemptible.py")
+PREEMPTIBLE = str(Path(__file__).parents[2] / "scripts" / "trainer_preemptible.py")
 
 
 def test_srun_tasks_with_a_default_fabric_train_as_one_world(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
