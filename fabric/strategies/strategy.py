@@ -267,6 +267,12 @@ class Strategy:
         return self.world_size, self.global_rank
 
     @property
+    def replica_group(self) -> int | None:
+        """This process's replica group where the run is made of groups that fail and rejoin apart (fault
+        tolerance), each with state of its own (its data position); ``None`` where the ranks are one job."""
+        return None
+
+    @property
     def batch_shares(self) -> int:
         """How many different batches one step trains (the number of data shares): a step's sample count is a
         rank's times this."""

@@ -83,6 +83,9 @@ class FaultTolerantStrategy(ParallelStrategy):
         self._gradients: GradientBuckets | None = None
         self._modules: list[nn.Module] = []
         self._participants = 0
+        #: The step last discarded, and how many times in a row (a step is retried until it commits).
+        self._discarded_step: int | None = None
+        self._discarded_tries = 0
         #: Inside ``no_backward_sync``: the gradients are not complete yet, so not averaged across the groups.
         self._accumulating = False
         #: This step's gradients were averaged across the groups (at the end of its backward).
@@ -106,6 +109,11 @@ class FaultTolerantStrategy(ParallelStrategy):
         plan = self.fault_tolerance
         shares, share = super().data_parallel_shard
         return plan.replica_groups * shares, plan.replica_group * shares + share
+
+    @property
+    @override
+    def replica_group(self) -> int:
+        return self.fault_tolerance.replica_group
 
     @property
     @override
@@ -236,8 +244,9 @@ class FaultTolerantStrategy(ParallelStrategy):
     # --- reports ---------------------------------------------------------------------------------------------------
 
     def _report(self, step: int, committed: bool) -> None:
-        """One line (rank 0 of the group) when this group joins, a step is discarded, or the groups taking part
-        change."""
+        """One line (rank 0 of the group) when this group joins, a step is discarded (once, however often it is tried
+        again while groups are missing, and once more when it commits after several tries), or the groups taking
+        part change."""
         groups = self.replica_groups
         plan = self.fault_tolerance
         if groups.joined_at is not None:  # it took no part in this step: it received the others' state
@@ -247,12 +256,21 @@ class FaultTolerantStrategy(ParallelStrategy):
                 "optimizer state and step count received from a peer. Its data loaders were not moved: where batches "
                 "follow the step, start them at this one."
             )
-        elif not committed:
-            self._say(
-                f"fabric: step {step} was not committed (a replica group failed during it, or fewer than "
-                f"min_replica_groups={plan.min_replica_groups} took part): its update was discarded."
-            )
-        elif groups.participants != self._participants:
+            return
+        if not committed:
+            self._discarded_tries = self._discarded_tries + 1 if step == self._discarded_step else 1
+            self._discarded_step = step
+            if self._discarded_tries == 1:  # a step retried while groups are missing is said once, not per try
+                self._say(
+                    f"fabric: step {step} was not committed (a replica group failed during it, or fewer than "
+                    f"min_replica_groups={plan.min_replica_groups} took part): its update was discarded."
+                )
+            return
+        if step == self._discarded_step:
+            if self._discarded_tries > 1:
+                self._say(f"fabric: step {step} committed after {self._discarded_tries} discarded tries.")
+            self._discarded_step = None
+        if groups.participants != self._participants:
             self._participants = groups.participants
             missing = plan.replica_groups - self._participants
             self._say(

@@ -30,6 +30,7 @@ from fabric.plugins.io.storage import check_writable_folder
 from fabric.plugins.io.temporaries import create_locked, release_lock, remove_abandoned, temporary_sibling
 from fabric.trainer.checkpoint.storage import (
     PROGRESS_FIELDS,
+    REPLICA_GROUP_MARK,
     Folder,
     Uploader,
     check_prunable,
@@ -123,11 +124,26 @@ class CheckpointSaver(SavesAtIntervals):
         if fabric.is_global_zero:
             try:
                 check_writable_folder(self.folder.url, self.storage_options)
+                problem = self._shared_with_other_replica_groups(fabric.strategy.replica_group)
             except CheckpointError as error:
                 problem = str(error)
         problem = fabric.broadcast(problem)
         if problem is not None:
             raise CheckpointError(problem)
+
+    def _shared_with_other_replica_groups(self, group: int | None) -> str | None:
+        """Why this replica group cannot save here, if other groups save to the folder too: each group's
+        checkpoints hold its own data position under the same names, so the groups would overwrite each other's,
+        and a group resuming from them would read another group's share of the data."""
+        others = [] if group is None else self.folder.claim_for_replica_group(group)
+        if not others:
+            return None
+        return (
+            f"save_folder {self.folder.url!r} is replica group {group}'s and also group(s) {others}'s (their marks "
+            f"{REPLICA_GROUP_MARK.format(group='<n>')} are there): each group's checkpoints hold its own data "
+            "position under the same names, so the groups would overwrite each other's. Give each group its own "
+            "folder, e.g. save_folder='checkpoints/{run_name}' with a run_name per group."
+        )
 
     @override
     def fit_end(self, state: State, logger: Logger) -> None:

@@ -28,6 +28,8 @@ from fabric.plugins.io.storage import filesystem
 #: Fields a file name template may use.
 NAME_FIELDS = ("run_name", "epoch", "batch", "sample", "token", "batch_in_epoch", "rank")
 POINTER_SUFFIX = ".symlink"
+#: The mark a replica group leaves in its save folder (fault tolerance), ``{group}`` its index.
+REPLICA_GROUP_MARK = ".fabric-replica-group-{group}"
 
 
 def check_template(template: str, what: str) -> str:
@@ -121,6 +123,20 @@ class Folder:
 
     def remove(self, name: str) -> None:
         self.fs.rm(posixpath.join(self.path, name), recursive=True)
+
+    def claim_for_replica_group(self, group: int) -> list[int]:
+        """Mark the folder as replica group ``group``'s; returns the other groups that marked it, and then takes the
+        mark back (the claim failed). The mark is written before the folder is listed, so of two groups claiming one
+        folder at once each sees the other."""
+        mark = posixpath.join(self.path, REPLICA_GROUP_MARK.format(group=group))
+        self.fs.makedirs(self.path, exist_ok=True)
+        self.fs.pipe(mark, b"")
+        prefix = REPLICA_GROUP_MARK.format(group="")
+        marks = [name[len(prefix) :] for name in self.names() if name.startswith(prefix)]
+        others = sorted(int(other) for other in marks if other.isdigit() and int(other) != group)
+        if others:
+            self.fs.rm(mark)
+        return others
 
     def point_latest(self, latest_name: str, target_name: str) -> None:
         """Make ``latest_name`` name ``target_name``, replacing the previous pointer atomically."""

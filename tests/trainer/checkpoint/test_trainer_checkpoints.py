@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
 
 from fabric.plugins.io.distributed_checkpoint import write_shards
+from fabric.strategies.single_device import SingleDeviceStrategy
 from fabric.trainer.checkpoint.preemption import PREEMPTED_EXIT_CODE
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.state import State
@@ -195,6 +197,48 @@ def test_memory_filesystem_round_trip_with_background_upload(
     resumed.fit()
     for ours, reference in zip(_weights(resumed), uninterrupted, strict=True):
         assert torch.equal(ours, reference)
+
+
+class InReplicaGroup(SingleDeviceStrategy):
+    """One process as replica group ``group`` of a fault-tolerant run (the groups' checkpoints differ: each holds the
+    group's own data position)."""
+
+    def __init__(self, group: int) -> None:
+        super().__init__(device=torch.device("cpu"))
+        self.group = group
+
+    @property
+    @override
+    def replica_group(self) -> int:
+        return self.group
+
+
+@pytest.mark.parametrize("root", ["local", "memory://shared-by-groups"])
+def test_replica_groups_sharing_a_save_folder_are_refused_before_training_and_a_group_may_come_back(
+    tmp_path: Path, initial: nn.Module, root: str
+) -> None:
+    """Group 1 saving where group 0 saves would overwrite group 0's checkpoints (the same names, another data
+    position): it stops at fit's start naming the folder and both groups, before any batch; group 0's files stay as
+    they were, and group 0 started again in its folder autoresumes from them."""
+    folder = str(tmp_path / "shared") if root == "local" else f"{root}/{tmp_path.name}"
+    options: dict[str, Any] = {"save_folder": folder, "save_interval": "2ba", "run_name": "run", "max_duration": "4ba"}
+    first = _trainer(initial, strategy=InReplicaGroup(0), **options)
+    first.fit()
+    first.close()
+    fs, path = fsspec.core.url_to_fs(folder)
+    before = {name: fs.cat(name) for name in fs.find(path) if not name.endswith(".symlink")}
+    other = _trainer(initial, strategy=InReplicaGroup(1), **options)
+    with pytest.raises(CheckpointError, match=r"is replica group 1's and also group\(s\) \[0\]'s") as error:
+        other.fit()
+    other.close()
+    assert repr(folder) in str(error.value) and "its own folder" in str(error.value)
+    assert int(other.state.timestamp.batch) == 0, "refused before any batch trained"
+    after = {name: fs.cat(name) for name in fs.find(path) if not name.endswith(".symlink")}
+    assert after == before, "group 0's checkpoints untouched, and group 1 left no mark"
+    back = _trainer(initial, strategy=InReplicaGroup(0), autoresume=True, **{**options, "max_duration": "6ba"})
+    assert int(back.state.timestamp.batch) == 4
+    back.fit()
+    assert int(back.state.timestamp.batch) == 6
 
 
 def test_corrupt_foreign_and_mismatching_checkpoints_fail_and_change_nothing(
