@@ -114,18 +114,24 @@ class SLURMEnvironment(ClusterEnvironment):
     @property
     @override
     def main_port(self) -> int:
-        """``MASTER_PORT`` if set, else ``10000`` plus the last four digits of ``SLURM_JOB_ID``.
+        """``MASTER_PORT`` if set, else ``10000`` plus the last four digits of ``SLURM_JOB_ID``, plus ``10000`` per
+        job step (``SLURM_STEP_ID``), wrapping within 10000-32767 (below Linux's ephemeral ports).
 
-        Deriving the port from the job id lets every node agree without communicating, while two jobs
-        sharing a node rarely collide.
+        Deriving the port from the job and step ids lets every node of a step agree without communicating, while two
+        jobs sharing a node rarely collide, and job steps of one allocation running side by side on a node (fault
+        tolerance's replica groups, one ``srun`` each) never do.
         """
         if "MASTER_PORT" in self._environ:
             return self._int("MASTER_PORT")
         job_id = self._require("SLURM_JOB_ID", "Set MASTER_PORT to choose the rendezvous port yourself.")
+        step_id = self._environ.get("SLURM_STEP_ID", "0")
         try:
-            return 10000 + int(job_id[-4:])
+            job, step = int(job_id[-4:]), int(step_id)
         except ValueError:
-            raise ValueError(f"Cannot derive a port from SLURM_JOB_ID={job_id!r}; set MASTER_PORT.") from None
+            raise ValueError(
+                f"Cannot derive a port from SLURM_JOB_ID={job_id!r} and SLURM_STEP_ID={step_id!r}; set MASTER_PORT."
+            ) from None
+        return 10000 + (job + 10000 * step) % (32768 - 10000)
 
     @classmethod
     @override

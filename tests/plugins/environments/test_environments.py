@@ -259,6 +259,22 @@ def test_slurm_port_from_job_id(monkeypatch: pytest.MonkeyPatch, job_id: str, po
     assert SLURMEnvironment().main_port == 12345
 
 
+def test_job_steps_of_one_allocation_side_by_side_get_their_own_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ``srun`` steps of one job on one node (fault tolerance's replica groups) both bound the job's port: the
+    second failed with EADDRINUSE. Each step of the job's first thousand has its own port, below the ephemeral
+    ones; step 0 keeps the job's."""
+    _set(monkeypatch, {**SLURM_VARIABLES, "SLURM_JOB_ID": "1234567"})
+    ports = []
+    for step in range(1000):
+        monkeypatch.setenv("SLURM_STEP_ID", str(step))
+        ports.append(SLURMEnvironment().main_port)
+    assert ports[:3] == [14567, 24567, 11799]
+    assert len(set(ports)) == len(ports) and all(10000 <= port < 32768 for port in ports)
+    monkeypatch.setenv("SLURM_STEP_ID", "batch")
+    with pytest.raises(ValueError, match=r"SLURM_JOB_ID='1234567' and SLURM_STEP_ID='batch'; set MASTER_PORT"):
+        _ = SLURMEnvironment().main_port
+
+
 # --- MPI -------------------------------------------------------------------------------------------
 
 

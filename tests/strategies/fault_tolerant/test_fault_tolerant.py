@@ -27,9 +27,11 @@ import pytest
 from fabric.strategies.fault_tolerant.plan import FaultTolerance
 from fabric.utilities.cli_contract import FT_LIGHTHOUSE, FT_REPLICA_GROUP, FT_REPLICA_GROUPS
 from fabric.utilities.ports import find_free_port
+from tests import engines
 from tests.engines import (
     REPOSITORY,
     NetworkNamespace,
+    SlurmCluster,
     launcher_environment,
     network_namespace,
     require_modules,
@@ -37,6 +39,7 @@ from tests.engines import (
     stop_process,
 )
 
+slurm_cluster = engines.slurm_cluster
 WORKER = str(REPOSITORY / "tests" / "scripts" / "ft_replica_group.py")
 TRAINER_WORKER = str(REPOSITORY / "tests" / "scripts" / "ft_trainer_group.py")
 LIGHTHOUSE_PORT = 29510
@@ -682,6 +685,74 @@ def _reference_data_parallel_weights(
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
     return [value for p in model.parameters() for value in p.detach().reshape(-1).tolist()]
+
+
+@pytest.mark.end_to_end
+def test_the_slurm_form_two_job_steps_of_one_allocation_are_two_groups_and_a_killed_one_rejoins(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The documented SLURM form: in one allocation, one ``srun`` job step of 2 tasks per replica group (the group's
+    variables in its environment), torchft's lighthouse beside them. The steps share the job's id, and the node;
+    both train together; group 1's step, its tasks SIGKILLed, is started again with ``srun`` and joins with group 0's
+    state, which trained on in its processes."""
+    require_modules("fault tolerance", "torchft")
+    lighthouse_port = find_free_port()
+    lighthouse = slurm_cluster.popen(
+        [*(sys.executable, "-m", "fabric_cli", "lighthouse", f"--bind=127.0.0.1:{lighthouse_port}"),
+         "--join-timeout-ms=2000", "--heartbeat-timeout-ms=2000"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    stop_file, allocation = tmp_path / "stop", None
+    try:
+        assert lighthouse.stdout is not None and lighthouse.stdout.readline().startswith(FT_LIGHTHOUSE)
+        groups = {FT_REPLICA_GROUPS: "2", FT_LIGHTHOUSE: f"http://127.0.0.1:{lighthouse_port}", "OMP_NUM_THREADS": "1"}
+        allocation = slurm_cluster.popen(["salloc", "-n", "4", "--no-shell"], stderr=subprocess.PIPE)
+        assert allocation.stderr is not None
+        job = re.search(r"Granted job allocation (\d+)", allocation.stderr.readline() + allocation.stderr.readline())
+        assert job is not None, "salloc granted no allocation"
+
+        def start_step(group: int, attempt: int) -> subprocess.Popen[str]:
+            log = (tmp_path / f"group{group}-{attempt}.log").open("w")
+            command = ["srun", f"--jobid={job[1]}", "-n", "2", "--exact", sys.executable, WORKER]
+            command += [str(tmp_path), str(stop_file), "--devices=2"]
+            variables = {**groups, FT_REPLICA_GROUP: str(group)}
+            return slurm_cluster.popen(command, env=variables, stdout=log, stderr=subprocess.STDOUT)
+
+        run = Run(slurm_cluster.namespace, tmp_path, groups=2, devices=2)
+        run.processes = {group: start_step(group, 0) for group in range(2)}
+        records = run.wait_for(
+            "both job steps training together",
+            lambda rs: all(any(r["participants"] == 2 for r in _by_group(rs, g)) for g in (0, 1)),
+        )
+        killed = {r["pid"] for r in _by_group(records, 1)}
+        for pid in killed:  # both tasks of the step, as when its node fails
+            os.kill(pid, signal.SIGKILL)
+        assert run.processes[1].wait(timeout=EVENT_DEADLINE) != 0
+        killed_at = _committed(records)
+        run.processes[1] = start_step(1, 1)
+        records = run.wait_for(
+            "group 1's new step training with group 0",
+            lambda rs: any(r["pid"] not in killed and r["participants"] == 2 for r in _by_group(rs, 1)),
+        )
+        stop = _committed(records) + STOP_MARGIN
+        run.stop_at(stop)
+        for group, process in run.processes.items():
+            assert process.wait(timeout=EVENT_DEADLINE) == 0, f"group {group} exited {process.returncode}"
+    finally:
+        if allocation is not None:
+            slurm_cluster.run(["scancel", f"{job[1]}"] if job else ["true"], timeout=30)
+            stop_process(allocation, grace=5.0)
+        stop_process(lighthouse, grace=5.0)
+    records = run.records()
+    for rank in range(2):
+        survivor = [r for r in _by_group(records, 0) if r["rank"] == rank]
+        assert len({r["pid"] for r in survivor}) == 1  # never restarted
+        rejoined = [r for r in _by_group(records, 1) if r["rank"] == rank and r["pid"] not in killed]
+        assert rejoined[0]["joined_at"] is not None and rejoined[0]["joined_at"] >= killed_at
+        peer = next(r for r in survivor if r["committed_steps"] == rejoined[0]["committed_steps"])
+        assert rejoined[0]["weights"] == peer["weights"]  # group 0's state, received at the join
+        assert survivor[-1]["committed_steps"] == rejoined[-1]["committed_steps"] == stop
+        assert survivor[-1]["weights"] == rejoined[-1]["weights"]
 
 
 @pytest.mark.end_to_end
