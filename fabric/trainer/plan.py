@@ -132,20 +132,20 @@ class TrainerPlan:
 
     model: nn.Module
     train_data: DataSpec | None
-    evaluators: list[Evaluator]
+    evaluators: tuple[Evaluator, ...]
     #: Scaled by ``scale_schedule_ratio``.
     max_duration: Time[Any] | None
     settings: LoopSettings
     scale_schedule_ratio: float
-    optimizers: list[Optimizer]
+    optimizers: tuple[Optimizer, ...]
     #: The optimizers are Composer's default (``DecoupledSGDW(lr=0.1)``), said once the set-up succeeded.
     optimizer_defaulted: bool
-    schedulers: list[Any]
-    algorithms: list[Algorithm]
-    passes: list[AlgorithmPass]
-    callbacks: list[Callback]
+    schedulers: tuple[Any, ...]
+    algorithms: tuple[Algorithm, ...]
+    passes: tuple[AlgorithmPass, ...]
+    callbacks: tuple[Callback, ...]
     profiler: Profiler | None
-    loggers: list[Any]
+    loggers: tuple[Any, ...]
     progress_bar: bool
     seed: int | None
     run_name: str | None
@@ -189,25 +189,25 @@ def plan_trainer(arguments: Mapping[str, Any]) -> TrainerPlan:
     settings = _initial_settings(given)
     settings.check_train_loader(None if train_data is None else train_data.dataloader)
     ratio = check_ratio(given["scale_schedule_ratio"])
-    schedulers = as_list(given["schedulers"])
+    schedulers = tuple(as_list(given["schedulers"]))
     defaulted = given["optimizers"] is None and (train_data is not None or bool(schedulers))
-    optimizers = as_list(default_optimizer(model) if defaulted else given["optimizers"])
+    optimizers = tuple(as_list(default_optimizer(model) if defaulted else given["optimizers"]))
     plan = TrainerPlan(
         model=model,
         train_data=train_data,
-        evaluators=ensure_evaluators(given["eval_dataloader"]),
+        evaluators=tuple(ensure_evaluators(given["eval_dataloader"])),
         max_duration=_max_duration(given["max_duration"], ratio),
         settings=settings,
         scale_schedule_ratio=ratio,
         optimizers=optimizers,
         optimizer_defaulted=defaulted,
         schedulers=schedulers,
-        algorithms=as_list(given["algorithms"]),
-        passes=merged_passes(given["algorithm_passes"]),
-        callbacks=as_list(given["callbacks"]),
+        algorithms=tuple(as_list(given["algorithms"])),
+        passes=tuple(merged_passes(given["algorithm_passes"])),
+        callbacks=tuple(as_list(given["callbacks"])),
         profiler=_checked_profiler(given["profiler"]),
         progress_bar=check_flag(given["progress_bar"], "progress_bar"),
-        loggers=_loggers(given),
+        loggers=tuple(_loggers(given)),
         seed=check_seed(given["seed"]),
         run_name=check_run_name(given["run_name"]),
         storage_options=check_storage_options(given["storage_options"]),

@@ -290,7 +290,7 @@ class Trainer:
 
     @staticmethod
     def _setup_schedulers(
-        schedulers: list[Any], optimizers: list[Optimizer], scale_schedule_ratio: float
+        schedulers: Sequence[Any], optimizers: list[Optimizer], scale_schedule_ratio: float
     ) -> tuple[LRSchedule | None, list[LRScheduler]]:
         torch_schedulers = [scheduler for scheduler in schedulers if isinstance(scheduler, LRScheduler)]
         ours = [scheduler for scheduler in schedulers if not isinstance(scheduler, LRScheduler)]
@@ -330,7 +330,7 @@ class Trainer:
             return length
         return subset if length is None else min(length, subset)
 
-    def _set_evaluators(self, evaluators: list[Evaluator]) -> None:
+    def _set_evaluators(self, evaluators: Sequence[Evaluator]) -> None:
         """Evaluate with ``evaluators`` (checked against the Fabric by the plan, or by :func:`plan_evaluators`)."""
         # Each evaluator's own subset (None: the Trainer's), so that fit(eval_subset_num_batches=) changes the rest.
         self._own_eval_subsets = [
@@ -798,7 +798,7 @@ def _agree_on_run_name(fabric: Fabric, run_name: str | None) -> str:
 
 
 def _start_engine(
-    state: State, fabric: Fabric, loggers: list[Any], progress_bar: bool, passes: Sequence[AlgorithmPass]
+    state: State, fabric: Fabric, loggers: Sequence[Any], progress_bar: bool, passes: Sequence[AlgorithmPass]
 ) -> tuple[Logger, Engine]:
     """The logger facade and the engine that fires the events (algorithms ordered by ``passes``), after firing INIT
     (before the model is set up, so model surgery happens on the plain model)."""
@@ -898,8 +898,8 @@ def _initial_state(plan: TrainerPlan, fabric: Fabric, run_name: str) -> State:
         callbacks.append(plan.profiler)
     return State(
         model=plan.model,
-        optimizers=plan.optimizers,
-        algorithms=plan.algorithms,
+        optimizers=list(plan.optimizers),
+        algorithms=list(plan.algorithms),
         callbacks=callbacks,
         fabric=fabric,
         run_name=run_name,

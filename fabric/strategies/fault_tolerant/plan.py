@@ -120,7 +120,8 @@ def _index(value: object, groups: int) -> int:
     if value is None:
         raise ValueError(
             f"replica_group is not set: pass replica_group=I (0 to {groups - 1}, this group's index) or set "
-            f"{FT_REPLICA_GROUP}."
+            f"{FT_REPLICA_GROUP}; or start the lighthouse and all {groups} groups on this machine with one command, "
+            f"`fabric run model --replica-groups={groups} SCRIPT`."
         )
     number = _as_int(value)
     if number is None or not 0 <= number < groups:
@@ -145,7 +146,8 @@ def _lighthouse_url(address: object) -> str:
     if not address:
         raise ValueError(
             f"No torchft lighthouse: pass lighthouse='host:port' or set {FT_LIGHTHOUSE}. Start one with "
-            "`fabric lighthouse --min-replicas N` (or torchft's `torchft_lighthouse`)."
+            "`fabric lighthouse --min-replicas N` (or torchft's `torchft_lighthouse`), or the lighthouse and every "
+            "group on this machine with `fabric run model --replica-groups=N SCRIPT`."
         )
     if not isinstance(address, str):
         raise ValueError(f"lighthouse={address!r} is not valid. Accepted: 'host:port' or 'http://host:port'.")

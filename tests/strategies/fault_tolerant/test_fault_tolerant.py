@@ -59,7 +59,12 @@ JOIN_WITHIN_STEPS = 10
     [
         ({}, "replica_groups is not set: pass replica_groups=N"),
         ({"replica_groups": 0}, "replica_groups=0 is not valid. Accepted: an int >= 1."),
-        ({"replica_groups": 2}, "replica_group is not set: pass replica_group=I (0 to 1"),
+        (
+            {"replica_groups": 2},
+            "replica_group is not set: pass replica_group=I (0 to 1, this group's index) or set "
+            "FABRIC_FT_REPLICA_GROUP; or start the lighthouse and all 2 groups on this machine with one command, "
+            "`fabric run model --replica-groups=2 SCRIPT`.",
+        ),
         (
             {"replica_groups": 2, "replica_group": 2},
             "replica_group=2 is not valid for replica_groups=2. Accepted: 0 to 1.",
