@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from test_cli_options import SCRIPTS, _dry_run, _fabric
 
 from fabric import Fabric
@@ -28,6 +30,39 @@ def test_the_mesh_reaches_the_scripts_fabric_which_shards_over_it(tmp_path: Path
         assert report["placements"] == ["R", "S(0)"]  # HSDP: 2 replicas of a 2-way shard
         assert report["local_rows"] == 4
         assert report["data_parallel_shard"] == [4, rank]
+
+
+def test_the_mesh_cuts_a_scripts_pipeline_and_shares_its_data_training_as_one_process(tmp_path: Path) -> None:
+    """``--mesh=pipeline_parallel=2,data_parallel=2`` with a script that names only the cut: 2 stages, each on 2 data
+    shares, train as one process on the whole batches would (losses and weights)."""
+    mesh = "pipeline_parallel=2,data_parallel=2"
+    result = _fabric(
+        "run", "--accelerator=cpu", "--devices=4", f"--mesh={mesh}", str(SCRIPTS / "cli_pipeline_job.py"), str(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from pipeline_job_reference import STEPS, batches, make_model
+    finally:
+        sys.path.pop(0)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for inputs, targets in batches()[:STEPS]:
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    reports = [torch.load(tmp_path / f"rank-{rank}.pt") for rank in range(4)]
+    assert sorted(tuple(report["data_parallel_shard"]) for report in reports) == [(2, 0), (2, 0), (2, 1), (2, 1)]
+    expected = model.state_dict()
+    for report in reports:
+        assert report["mesh"] == mesh
+        assert report["losses"] == pytest.approx(losses, rel=1e-5)
+        for name, value in report["weights"].items():  # its stage's
+            torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=2e-6)
+    assert {name for report in reports for name in report["weights"]} == set(expected), "every stage held"
 
 
 def test_the_dry_run_shows_the_mesh_and_a_mesh_that_does_not_fit_is_one_line() -> None:
