@@ -59,26 +59,47 @@ def _layer(module: str, layers: dict[str, int] = LAYERS) -> int | None:
     return layers[max(matches, key=len)] if matches else None
 
 
-def _project_imports(nodes: Iterable[ast.AST]) -> set[str]:
-    """The project modules (and names in them) that the import statements among ``nodes`` import."""
+def _project_imports(nodes: Iterable[ast.AST], package: str) -> set[str]:
+    """The project modules (and names in them) that the import statements among ``nodes`` import, relative ones
+    (``from .x import y``) resolved against ``package``, the package the importing module is in."""
     imported = set()
     for node in nodes:
         if isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            imported.add(node.module)
-            imported |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            imported.add(module)
+            imported |= {f"{module}.{alias.name}" for alias in node.names}
     return {name for name in imported if name.split(".")[0] in ("fabric", "fabric_cli")}
+
+
+def _package(path: Path) -> str:
+    """The package ``path``'s module is in (a package's ``__init__`` is in the package itself)."""
+    name = _module_name(path)
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
 
 
 def _top_level_imports(path: Path) -> set[str]:
     """Modules imported when ``path`` is imported: not those under ``if TYPE_CHECKING`` or in functions."""
-    return _project_imports(ast.parse(path.read_text()).body)
+    return _project_imports(ast.parse(path.read_text()).body, _package(path))
 
 
 def _every_import(path: Path) -> set[str]:
     """Every module ``path`` may import: at import time, deferred inside functions, or under ``TYPE_CHECKING``."""
-    return _project_imports(ast.walk(ast.parse(path.read_text())))
+    return _project_imports(ast.walk(ast.parse(path.read_text())), _package(path))
+
+
+def test_relative_imports_are_resolved_so_they_cannot_hide_an_upward_one() -> None:
+    nodes = ast.parse("from ..trainer import Trainer\nfrom . import spam\nfrom .ddp import DDPStrategy").body
+    assert _project_imports(nodes, "fabric.strategies") == {
+        "fabric.trainer",
+        "fabric.trainer.Trainer",
+        "fabric.strategies",
+        "fabric.strategies.spam",
+        "fabric.strategies.ddp",
+        "fabric.strategies.ddp.DDPStrategy",
+    }
 
 
 #: The import graphs checked: what importing a module imports, and every import it may ever run or type-check
