@@ -127,6 +127,8 @@ class CheckpointSaver(SavesAtIntervals):
                 problem = self._shared_with_other_replica_groups(fabric.strategy.replica_group)
             except CheckpointError as error:
                 problem = str(error)
+            except OSError as error:  # the mark could not be written or listed: said on every rank, not only here
+                problem = f"save_folder {self.folder.url!r}: cannot mark it as this replica group's: {error}"
         problem = fabric.broadcast(problem)
         if problem is not None:
             raise CheckpointError(problem)

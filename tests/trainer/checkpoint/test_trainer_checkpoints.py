@@ -241,6 +241,23 @@ def test_replica_groups_sharing_a_save_folder_are_refused_before_training_and_a_
     assert int(back.state.timestamp.batch) == 6
 
 
+def test_a_replica_group_that_cannot_mark_its_folder_stops_with_a_checkpoint_error(
+    tmp_path: Path, initial: nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error of the filesystem while marking becomes the CheckpointError every rank raises (on rank 0 alone it
+    would leave the others waiting in the broadcast)."""
+    from fabric.trainer.checkpoint.storage import Folder
+
+    def refuse(folder: Folder, group: int) -> list[int]:
+        raise PermissionError("read-only bucket policy")
+
+    monkeypatch.setattr(Folder, "claim_for_replica_group", refuse)
+    trainer = _trainer(initial, strategy=InReplicaGroup(0), save_folder=str(tmp_path), max_duration="2ba")
+    with pytest.raises(CheckpointError, match=r"cannot mark it as this replica group's: read-only bucket policy"):
+        trainer.fit()
+    assert int(trainer.state.timestamp.batch) == 0
+
+
 def test_corrupt_foreign_and_mismatching_checkpoints_fail_and_change_nothing(
     tmp_path: Path, initial: nn.Module
 ) -> None:
