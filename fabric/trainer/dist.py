@@ -220,7 +220,8 @@ def get_sampler(
 @contextmanager
 def local_rank_zero_download_and_wait(expected_file_path: str) -> Generator[None, None, None]:
     """On entering, every local rank but zero waits until ``expected_file_path`` exists (local rank zero writes it);
-    needs no process group, only ``LOCAL_RANK``."""
+    needs no process group, only ``LOCAL_RANK``. As in Composer, the wait is for the name alone: local rank zero
+    should make the file appear whole (write it aside, then ``os.replace`` it), or the others may read a part."""
     if get_local_rank() != 0:
         while not os.path.exists(expected_file_path):
             time.sleep(FILE_POLL_SECONDS)

@@ -5,6 +5,7 @@ reads the process facts before and after the process group exists (the Trainer i
 wait, and writes what each rank saw to ``OUT_DIR/rank<R>.json``."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -52,8 +53,9 @@ with dist.run_local_rank_zero_first():
         marker.write_text("done")  # the other local ranks run the block only after this
     report["marker_seen_in_block"] = marker.exists()
 download = out / "downloaded"
-if dist.get_local_rank() == 0:
-    download.write_text("data")
+if dist.get_local_rank() == 0:  # a download lands whole (written aside, renamed): the others wait for its name
+    (out / "downloaded.partial").write_text("data")
+    os.replace(out / "downloaded.partial", download)
 with dist.local_rank_zero_download_and_wait(str(download)):
     report["download_seen"] = download.read_text()
 signal_name = dist.get_node_signal_file_name()
