@@ -218,8 +218,9 @@ def run_model(**options: Any) -> None:
     if options["dry_run"]:
         click.echo(plan.describe())
         return
+    from fabric.strategies.launchers.replica_groups import LighthouseError
     from fabric_cli.join import JoinError
-    from fabric_cli.replica_groups import LighthouseError, run_groups
+    from fabric_cli.replica_groups import run_groups
     from fabric_cli.runner import OutputError
     from fabric_cli.runner import run as run_plan
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabric.compat import DROP_IN_MODES
-from fabric.strategies.fault_tolerant.plan import FaultTolerance
+from fabric.strategies.fault_tolerant.plan import EveryGroupHere, resolve_launch
 from fabric.strategies.mesh import MeshPlan
 from fabric.utilities.cli_contract import (
     CLI_MARKER,
@@ -82,7 +82,9 @@ def replica_group_settings(
             f"got --strategy={strategy}. Leave --strategy out (the first) or pass one of them."
         )
     try:
-        plan = FaultTolerance.resolve(replica_group, replica_groups, lighthouse=lighthouse, environment={})
+        plan = resolve_launch(replica_group, replica_groups, lighthouse=lighthouse, environment={})
+        if isinstance(plan, EveryGroupHere):  # local_groups gives each group its index
+            raise plan.unplaced_error()
     except ValueError as error:  # the same message, in the options' names
         message = re.sub(r"\breplica_group(s?)\b", r"--replica-group\1", str(error))
         message = re.sub(r"\blighthouse='host:port'|\blighthouse=", "--lighthouse=", message)

@@ -1,4 +1,5 @@
-"""``FaultTolerance``: where this process's replica group stands among the others, resolved and validated once.
+"""``FaultTolerance``: where this process's replica group stands among the others, resolved and validated once
+(:func:`resolve_launch`; or, given no group index, ``EveryGroupHere``: this process starts every group).
 
 A fault-tolerant run is several *replica groups*, each an ordinary Fabric world (its own launcher, process group and
 rendezvous) holding a full copy of the model. torchft's lighthouse decides, step by step, which groups take part;
@@ -44,49 +45,72 @@ class FaultTolerance:
     timeout: timedelta
     quorum_timeout: timedelta
 
-    @classmethod
-    def resolve(
-        cls,
-        replica_group: int | None = None,
-        replica_groups: int | None = None,
-        min_replica_groups: int = 1,
-        lighthouse: str | None = None,
-        timeout: timedelta = DEFAULT_FT_TIMEOUT,
-        quorum_timeout: timedelta | None = None,
-        environment: Mapping[str, str] | None = None,
-    ) -> FaultTolerance:
-        """The arguments given, else the launcher's variables (:data:`FT_REPLICA_GROUP`, :data:`FT_REPLICA_GROUPS`,
-        :data:`FT_LIGHTHOUSE`); a ``ValueError`` names the value that cannot work and what is accepted."""
-        environment = os.environ if environment is None else environment
-        groups = _count(_one(replica_groups, "replica_groups", environment, FT_REPLICA_GROUPS), "replica_groups")
-        group = _index(_one(replica_group, "replica_group", environment, FT_REPLICA_GROUP), groups)
-        if isinstance(min_replica_groups, bool) or not isinstance(min_replica_groups, int):
-            raise ValueError(f"min_replica_groups={min_replica_groups!r} is not valid. Accepted: an int >= 1.")
-        if not 1 <= min_replica_groups <= groups:
-            raise ValueError(
-                f"min_replica_groups={min_replica_groups} cannot be met by replica_groups={groups}: no step could "
-                f"ever commit. Accepted: 1 to {groups}."
-            )
-        if quorum_timeout is None and isinstance(timeout, timedelta):
-            quorum_timeout = timeout * 2
-        for name, value in (("timeout", timeout), ("quorum_timeout", quorum_timeout)):
-            if not isinstance(value, timedelta) or value <= timedelta(0):
-                raise ValueError(f"{name}={value!r} is not valid. Accepted: a timedelta greater than 0.")
-        lighthouse = _lighthouse_url(_one(lighthouse, "lighthouse", environment, FT_LIGHTHOUSE, _lighthouse_url))
-        return cls(
-            replica_group=group,
-            replica_groups=groups,
-            min_replica_groups=min_replica_groups,
-            lighthouse=lighthouse,
-            timeout=timeout,
-            quorum_timeout=quorum_timeout,
-        )
-
     @property
     def lighthouse_host_and_port(self) -> tuple[str, int]:
         parts = urlsplit(self.lighthouse)
         assert parts.hostname is not None and parts.port is not None  # checked by _lighthouse_url
         return parts.hostname, parts.port
+
+
+@dataclass(frozen=True)
+class EveryGroupHere:
+    """No group index given: ``fabric.launch()`` in this process starts every group on this machine (and the
+    lighthouse, unless one is given) and trains in none of them, as ``fabric run model --replica-groups=N`` does.
+    Under a launcher that started this process (torchrun, SLURM) it is :meth:`unplaced_error` instead."""
+
+    replica_groups: int
+    #: The lighthouse the groups join, ``http://host:port``; None: one is started for them.
+    lighthouse: str | None
+
+    def unplaced_error(self) -> ValueError:
+        groups = self.replica_groups
+        return ValueError(
+            f"replica_group is not set: pass replica_group=I (0 to {groups - 1}, this group's index) or set "
+            f"{FT_REPLICA_GROUP}; or start the lighthouse and all {groups} groups on this machine with one command, "
+            f"`fabric run model --replica-groups={groups} SCRIPT` (or `python SCRIPT`, which starts them at "
+            "fabric.launch())."
+        )
+
+
+def resolve_launch(
+    replica_group: int | None = None,
+    replica_groups: int | None = None,
+    min_replica_groups: int = 1,
+    lighthouse: str | None = None,
+    timeout: timedelta = DEFAULT_FT_TIMEOUT,
+    quorum_timeout: timedelta | None = None,
+    environment: Mapping[str, str] | None = None,
+) -> FaultTolerance | EveryGroupHere:
+    """The arguments (else the launcher's variables) checked once: this process's group, or, with no group index,
+    every group to start here. A ``ValueError`` names the value that cannot work and what is accepted."""
+    environment = os.environ if environment is None else environment
+    groups = _count(_one(replica_groups, "replica_groups", environment, FT_REPLICA_GROUPS), "replica_groups")
+    index = _one(replica_group, "replica_group", environment, FT_REPLICA_GROUP)
+    group = None if index is None else _index(index, groups)
+    if isinstance(min_replica_groups, bool) or not isinstance(min_replica_groups, int):
+        raise ValueError(f"min_replica_groups={min_replica_groups!r} is not valid. Accepted: an int >= 1.")
+    if not 1 <= min_replica_groups <= groups:
+        raise ValueError(
+            f"min_replica_groups={min_replica_groups} cannot be met by replica_groups={groups}: no step could "
+            f"ever commit. Accepted: 1 to {groups}."
+        )
+    if quorum_timeout is None and isinstance(timeout, timedelta):
+        quorum_timeout = timeout * 2
+    for name, value in (("timeout", timeout), ("quorum_timeout", quorum_timeout)):
+        if not isinstance(value, timedelta) or value <= timedelta(0):
+            raise ValueError(f"{name}={value!r} is not valid. Accepted: a timedelta greater than 0.")
+    address = _one(lighthouse, "lighthouse", environment, FT_LIGHTHOUSE, _lighthouse_url)
+    if group is None:
+        return EveryGroupHere(groups, None if address is None else _lighthouse_url(address))
+    assert isinstance(quorum_timeout, timedelta)  # checked above
+    return FaultTolerance(
+        replica_group=group,
+        replica_groups=groups,
+        min_replica_groups=min_replica_groups,
+        lighthouse=_lighthouse_url(address),
+        timeout=timeout,
+        quorum_timeout=quorum_timeout,
+    )
 
 
 def _one(
@@ -117,12 +141,6 @@ def _count(value: object, name: str) -> int:
 
 
 def _index(value: object, groups: int) -> int:
-    if value is None:
-        raise ValueError(
-            f"replica_group is not set: pass replica_group=I (0 to {groups - 1}, this group's index) or set "
-            f"{FT_REPLICA_GROUP}; or start the lighthouse and all {groups} groups on this machine with one command, "
-            f"`fabric run model --replica-groups={groups} SCRIPT`."
-        )
     number = _as_int(value)
     if number is None or not 0 <= number < groups:
         raise ValueError(

@@ -19,8 +19,10 @@ from typing_extensions import override
 from fabric.plugins.io.checkpoint_io import PathType
 from fabric.strategies.ddp import DDPStrategy
 from fabric.strategies.fault_tolerant.gradient_buckets import GradientBuckets, average_in_group
-from fabric.strategies.fault_tolerant.plan import DEFAULT_FT_TIMEOUT, FaultTolerance
+from fabric.strategies.fault_tolerant.plan import DEFAULT_FT_TIMEOUT, EveryGroupHere, FaultTolerance, resolve_launch
 from fabric.strategies.fault_tolerant.replica_groups import ReplicaGroups, import_torchft
+from fabric.strategies.launchers.launcher import Launcher
+from fabric.strategies.launchers.replica_groups import ReplicaGroupsLauncher
 from fabric.strategies.parallel import ParallelStrategy
 
 #: A state torchft sends a joining group: ``(load, state)``, ``state()`` on a healthy group, ``load`` on the joiner.
@@ -48,7 +50,9 @@ class FaultTolerantStrategy(ParallelStrategy):
             optimizer.step()  # applied only if the step commits
 
     Args:
-        replica_group: this group's index (``0`` to ``replica_groups - 1``); else ``FABRIC_FT_REPLICA_GROUP``.
+        replica_group: this group's index (``0`` to ``replica_groups - 1``); else ``FABRIC_FT_REPLICA_GROUP``;
+            neither, in a process no launcher started: ``fabric.launch()`` starts every group on this machine
+            (:class:`~fabric.strategies.launchers.replica_groups.ReplicaGroupsLauncher`).
         replica_groups: how many groups the run is planned for (each reads its share of the data); else
             ``FABRIC_FT_REPLICA_GROUPS``.
         min_replica_groups: the fewest groups a step may commit with (default 1).
@@ -74,8 +78,8 @@ class FaultTolerantStrategy(ParallelStrategy):
         **kwargs: Any,
     ) -> None:
         import_torchft()  # missing: say so at construction, not at the first step
-        #: This group's place in the run, validated here.
-        self.fault_tolerance = FaultTolerance.resolve(
+        #: This group's place in the run, or, with no group index, every group to start here; validated here.
+        self._launch_plan = resolve_launch(
             replica_group, replica_groups, min_replica_groups, lighthouse, ft_timeout, quorum_timeout
         )
         super().__init__(**kwargs)
@@ -90,6 +94,32 @@ class FaultTolerantStrategy(ParallelStrategy):
         self._accumulating = False
         #: This step's gradients were averaged across the groups (at the end of its backward).
         self._averaged = False
+
+    @property
+    def fault_tolerance(self) -> FaultTolerance:
+        """This group's place in the run; a ``ValueError`` in a process given no group index, which starts every
+        group instead (and trains in none)."""
+        plan = self._launch_plan
+        if isinstance(plan, EveryGroupHere):
+            raise plan.unplaced_error()
+        return plan
+
+    @property
+    @override
+    def needs_launch(self) -> bool:
+        return isinstance(self._launch_plan, EveryGroupHere) or super().needs_launch
+
+    @property
+    @override
+    def launcher(self) -> Launcher | None:
+        """With no group index, every group started from this process (:class:`ReplicaGroupsLauncher`); else the
+        group's own launcher."""
+        plan = self._launch_plan
+        if not isinstance(plan, EveryGroupHere):
+            return super().launcher
+        if self.cluster_environment.creates_processes_externally:  # torchrun or SLURM started this group's ranks
+            raise plan.unplaced_error()
+        return ReplicaGroupsLauncher(plan.replica_groups, plan.lighthouse, self.num_processes)
 
     @property
     def replica_groups(self) -> ReplicaGroups:
@@ -315,7 +345,9 @@ class FaultTolerantStrategy(ParallelStrategy):
 
     @override
     def __repr__(self) -> str:
-        plan = self.fault_tolerance
+        plan = self._launch_plan
+        if isinstance(plan, EveryGroupHere):
+            return f"{type(self).__name__}(replica_groups={plan.replica_groups}, lighthouse={plan.lighthouse!r})"
         return (
             f"{type(self).__name__}(replica_group={plan.replica_group}, replica_groups={plan.replica_groups}, "
             f"lighthouse={plan.lighthouse!r})"

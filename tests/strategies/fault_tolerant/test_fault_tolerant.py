@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from fabric.strategies.fault_tolerant.plan import FaultTolerance
+from fabric.strategies.fault_tolerant.plan import EveryGroupHere, resolve_launch
 from fabric.utilities.cli_contract import FT_LIGHTHOUSE, FT_REPLICA_GROUP, FT_REPLICA_GROUPS
 from fabric.utilities.ports import find_free_port
 from tests import engines
@@ -60,12 +60,6 @@ JOIN_WITHIN_STEPS = 10
         ({}, "replica_groups is not set: pass replica_groups=N"),
         ({"replica_groups": 0}, "replica_groups=0 is not valid. Accepted: an int >= 1."),
         (
-            {"replica_groups": 2},
-            "replica_group is not set: pass replica_group=I (0 to 1, this group's index) or set "
-            "FABRIC_FT_REPLICA_GROUP; or start the lighthouse and all 2 groups on this machine with one command, "
-            "`fabric run model --replica-groups=2 SCRIPT`.",
-        ),
-        (
             {"replica_groups": 2, "replica_group": 2},
             "replica_group=2 is not valid for replica_groups=2. Accepted: 0 to 1.",
         ),
@@ -86,29 +80,40 @@ JOIN_WITHIN_STEPS = 10
 )
 def test_a_configuration_that_cannot_work_is_refused_naming_the_value(arguments: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as raised:
-        FaultTolerance.resolve(**arguments, environment={})
+        resolve_launch(**arguments, environment={})
     assert message in str(raised.value)
+
+
+def test_without_its_group_index_a_process_starts_every_group_which_a_launched_rank_is_told_it_cannot() -> None:
+    assert resolve_launch(replica_groups=2, environment={}) == EveryGroupHere(2, lighthouse=None)
+    plan = resolve_launch(environment={FT_REPLICA_GROUPS: "3", FT_LIGHTHOUSE: "h:7"})
+    assert plan == EveryGroupHere(3, lighthouse="http://h:7")  # the groups join the lighthouse given
+    assert isinstance(plan, EveryGroupHere) and str(plan.unplaced_error()) == (
+        "replica_group is not set: pass replica_group=I (0 to 2, this group's index) or set FABRIC_FT_REPLICA_GROUP; "
+        "or start the lighthouse and all 3 groups on this machine with one command, `fabric run model "
+        "--replica-groups=3 SCRIPT` (or `python SCRIPT`, which starts them at fabric.launch())."
+    )
 
 
 def test_the_launcher_variables_place_the_group_where_no_argument_does() -> None:
     environment = {FT_REPLICA_GROUP: "2", FT_REPLICA_GROUPS: "3", FT_LIGHTHOUSE: "10.0.0.5:29510"}
-    plan = FaultTolerance.resolve(environment=environment)
+    plan = resolve_launch(environment=environment)
     assert (plan.replica_group, plan.replica_groups, plan.lighthouse) == (2, 3, "http://10.0.0.5:29510")
     assert plan.lighthouse_host_and_port == ("10.0.0.5", 29510)
-    plan = FaultTolerance.resolve(replica_group=0, replica_groups=2, lighthouse="http://h:7", environment={})
+    plan = resolve_launch(replica_group=0, replica_groups=2, lighthouse="http://h:7", environment={})
     assert (plan.replica_group, plan.replica_groups, plan.lighthouse) == (0, 2, "http://h:7")
 
 
 def test_a_quorum_outwaits_an_exchange_that_only_its_timeout_ends() -> None:
     """A survivor can be inside an exchange with a group that died until ``timeout``; a quorum giving up sooner failed
     a healthy group (seen in CI: one survivor's recv waited 60 s, the other's quorum timed out at 60 s)."""
-    plan = FaultTolerance.resolve(replica_group=0, replica_groups=2, lighthouse="h:7", environment={})
+    plan = resolve_launch(replica_group=0, replica_groups=2, lighthouse="h:7", environment={})
     assert (plan.timeout, plan.quorum_timeout) == (timedelta(seconds=60), timedelta(seconds=120))
-    plan = FaultTolerance.resolve(
+    plan = resolve_launch(
         replica_group=0, replica_groups=2, lighthouse="h:7", timeout=timedelta(seconds=5), environment={}
     )
     assert plan.quorum_timeout == timedelta(seconds=10)
-    given = FaultTolerance.resolve(
+    given = resolve_launch(
         replica_group=0, replica_groups=2, lighthouse="h:7", quorum_timeout=timedelta(seconds=3), environment={}
     )
     assert given.quorum_timeout == timedelta(seconds=3)
@@ -160,11 +165,11 @@ def test_an_unreachable_lighthouse_fails_the_set_up_in_one_line(tmp_path: Path) 
 
 def test_an_argument_and_a_launcher_variable_that_disagree_are_refused() -> None:
     environment = {FT_REPLICA_GROUP: "1", FT_REPLICA_GROUPS: "2", FT_LIGHTHOUSE: "http://h:1"}
-    assert FaultTolerance.resolve(replica_group=1, lighthouse="h:1", environment=environment).replica_group == 1
+    assert resolve_launch(replica_group=1, lighthouse="h:1", environment=environment).replica_group == 1
     with pytest.raises(ValueError, match=r"replica_group=0 conflicts with FABRIC_FT_REPLICA_GROUP=1 .* Remove one"):
-        FaultTolerance.resolve(replica_group=0, environment=environment)
+        resolve_launch(replica_group=0, environment=environment)
     with pytest.raises(ValueError, match=r"lighthouse='h:2' conflicts with TORCHFT_LIGHTHOUSE=http://h:1"):
-        FaultTolerance.resolve(lighthouse="h:2", environment=environment)
+        resolve_launch(lighthouse="h:2", environment=environment)
 
 
 def _dry_run(*options: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
