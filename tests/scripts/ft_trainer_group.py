@@ -94,7 +94,8 @@ def main() -> None:
     parser.add_argument("--min-groups", type=int, default=1)
     args = parser.parse_args()
     report_dir, strategy = args.report_dir, args.strategy
-    group = int(os.environ["FABRIC_FT_REPLICA_GROUP"])
+    # Unset in the process that starts every group (python SCRIPT without a group index), which leaves at Trainer(...)
+    group = int(os.environ.get("FABRIC_FT_REPLICA_GROUP", "-1"))
     torch.manual_seed(7 if strategy == "fault_tolerant_fsdp" else group + 7)
     inputs = torch.randn(SAMPLES, 8, generator=torch.Generator().manual_seed(0))
     dataset = TensorDataset(inputs, inputs.sum(dim=1, keepdim=True) * 0.5, torch.arange(SAMPLES))

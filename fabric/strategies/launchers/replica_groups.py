@@ -37,7 +37,6 @@ from fabric.strategies.launchers.subprocess_script import script_command
 from fabric.utilities.cli_contract import FT_LIGHTHOUSE, FT_REPLICA_GROUP, FT_REPLICA_GROUPS
 from fabric.utilities.ports import find_free_port
 from fabric.utilities.processes.rank_environment import thread_defaults
-from fabric.utilities.processes.supervision import stop_processes
 from fabric.utilities.processes.workers import die_with_parent
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -89,7 +88,7 @@ def run_replica_groups(groups: LocalReplicaGroups) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if lighthouse is not None:
-            stop_processes([lighthouse], grace=5.0)
+            stop_lighthouse(lighthouse)
 
 
 def start_lighthouse(bind: str, log: Path) -> subprocess.Popen[bytes]:
@@ -97,21 +96,34 @@ def start_lighthouse(bind: str, log: Path) -> subprocess.Popen[bytes]:
     never to a pipe nobody reads, which would stall it once full in a long run."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as output:
-        process = subprocess.Popen(
+        process = subprocess.Popen(  # it serves until its standard input, this pipe, closes
             [sys.executable, "-m", "fabric.strategies.fault_tolerant.lighthouse", bind],
+            stdin=subprocess.PIPE,
             stdout=output,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
         )
     deadline = time.monotonic() + LIGHTHOUSE_START_SECONDS
     while f"{FT_LIGHTHOUSE}=".encode() not in log.read_bytes():
         if process.poll() is not None or time.monotonic() > deadline:
-            stop_processes([process], grace=1.0)
+            stop_lighthouse(process, grace=1.0)
             lines = log.read_text(errors="replace").strip().splitlines()
             raise LighthouseError(f"the lighthouse on {bind} did not start: {lines[-1] if lines else 'no output'}")
         time.sleep(0.05)
     print(f"fabric: torchft lighthouse on {bind} for the replica groups (log: {log})", file=sys.stderr, flush=True)
     return process
+
+
+def stop_lighthouse(lighthouse: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """End a lighthouse :func:`start_lighthouse` started (it ignores SIGTERM): close its input, then kill it if it has
+    not ended within ``grace`` seconds."""
+    assert lighthouse.stdin is not None
+    with contextlib.suppress(OSError):  # it has ended already
+        lighthouse.stdin.close()
+    try:
+        lighthouse.wait(grace)
+    except subprocess.TimeoutExpired:
+        lighthouse.kill()
+        lighthouse.wait()
 
 
 def _fork_supervisor(run_group: GroupRun, group: int, restart: int) -> int:
@@ -159,7 +171,8 @@ def _wait(groups: LocalReplicaGroups, supervisors: dict[int, int], stopping: lis
                 f"{groups.describe_restart(group, restarts[group])}."
             )
         else:
-            ending = f"; {running} other group{'s go' if running != 1 else ' goes'} on." if running else "."
+            going_on = running and not stopping  # after a stop signal the others are ending too
+            ending = f"; {running} other group{'s go' if running != 1 else ' goes'} on." if going_on else "."
         print(f"fabric: replica group {group} ended with exit code {code}{ending}", file=sys.stderr, flush=True)
     return 0 if 0 in codes else codes[0]
 

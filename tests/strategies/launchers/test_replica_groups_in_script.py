@@ -5,9 +5,13 @@ starting torchft's lighthouse and every group on this machine, as ``fabric run m
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +19,7 @@ from fabric.utilities.cli_contract import FT_LIGHTHOUSE, FT_REPLICA_GROUPS
 from tests.engines import REPOSITORY, launcher_environment, require_modules
 
 WORKER = str(REPOSITORY / "tests" / "scripts" / "ft_replica_group.py")
+TRAINER_WORKER = str(REPOSITORY / "tests" / "scripts" / "ft_trainer_group.py")
 
 
 def _run_script(directory: Path, variables: dict[str, str], *options: str) -> subprocess.CompletedProcess[str]:
@@ -61,6 +66,45 @@ def test_python_script_whose_groups_fail_ends_with_their_code_naming_each(tmp_pa
     assert "The torchft lighthouse at http://127.0.0.1:9 is unreachable" in job.stderr
     assert "fabric: replica group 0 ended with exit code 1" in job.stderr
     assert "fabric: replica group 1 ended with exit code 1" in job.stderr
+
+
+@pytest.mark.end_to_end
+def test_sigterm_to_the_whole_job_lets_every_trainer_group_save_and_the_script_exits_75(tmp_path: Path) -> None:
+    """A signal to the job's process group (a scheduler's preemption, ``timeout``, Ctrl-C) reaches the lighthouse
+    too: it must keep the quorum until the groups have finished their step and saved (it had ended at once, and the
+    groups waited on it until their quorum timed out)."""
+    require_modules("fault tolerance", "torchft")
+    (tmp_path / "stop").write_text("100000")
+    with (tmp_path / "job.log").open("w") as log:
+        job = subprocess.Popen(
+            [sys.executable, TRAINER_WORKER, str(tmp_path), str(tmp_path / "stop")],
+            env=launcher_environment({FT_REPLICA_GROUPS: "2", "OMP_NUM_THREADS": "1"}),
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, as a job under a scheduler
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while not all(len(_records_of(tmp_path, group)) >= 3 for group in (0, 1)):
+            assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "job.log").read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(job.pid, signal.SIGTERM)
+        assert job.wait(timeout=240) == 75, (tmp_path / "job.log").read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    output = (tmp_path / "job.log").read_text()
+    for group in (0, 1):
+        assert f"fabric: replica group {group} ended with exit code 75" in output
+        last = max(r["batch"] for r in _records_of(tmp_path, group))
+        assert (tmp_path / f"ckpt-group{group}" / f"ep0-ba{last}-rank0.pt").is_file()  # saved at its last batch
+
+
+def _records_of(directory: Path, group: int) -> list[dict[str, Any]]:
+    lines = [line for path in directory.glob(f"group{group}-*.jsonl") for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in lines if line.endswith("}")]
 
 
 def test_under_a_launcher_a_process_without_its_group_is_refused_at_launch(monkeypatch: pytest.MonkeyPatch) -> None:
