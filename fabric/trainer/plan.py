@@ -21,6 +21,7 @@ import numbers
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
 from typing import Any
 
 from torch import nn
@@ -31,7 +32,7 @@ from fabric.fabric import Fabric
 from fabric.plugins.precision.precision import Precision
 from fabric.trainer.checkpoint.dataloader_position import keeps_own_position
 from fabric.trainer.checkpoint.parts import check_ignore_paths, check_load_ignore_keys
-from fabric.trainer.checkpoint.saver import CheckpointSaver
+from fabric.trainer.checkpoint.saver import SaveSettings
 from fabric.trainer.core.algorithm import Algorithm
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.passes import AlgorithmPass
@@ -149,20 +150,21 @@ class TrainerPlan:
     progress_bar: bool
     seed: int | None
     run_name: str | None
-    saver: CheckpointSaver | None
+    #: What the Trainer's saver saves, where and how often (None without ``save_folder``).
+    save: SaveSettings | None
     autoresume: bool
     load: LoadPlan
     storage_options: Mapping[str, Any] | None
     save_ignore_keys: tuple[str, ...]
     save_metrics: bool
-    compile_options: dict[str, Any] | None
+    compile_options: Mapping[str, Any] | None
     token_counter: TokenCounter
     accumulate_on_tokens: bool
     #: What ``parallelism_config["cp"]`` splits along the sequence around each microbatch (None without it).
     sequence_split: SequenceSplit | None
     deterministic_mode: bool
     fabric: Fabric | None
-    fabric_choices: dict[str, Any]
+    fabric_choices: Mapping[str, Any]
     dist_timeout: float | None
 
     def make_fabric(self) -> Fabric:
@@ -211,18 +213,18 @@ def plan_trainer(arguments: Mapping[str, Any]) -> TrainerPlan:
         seed=check_seed(given["seed"]),
         run_name=check_run_name(given["run_name"]),
         storage_options=check_storage_options(given["storage_options"]),
-        saver=_saver(given),
+        save=_save_settings(given),
         autoresume=given["autoresume"],
         load=_load_plan(given),
         save_ignore_keys=check_ignore_paths(given["save_ignore_keys"], "save_ignore_keys"),
         save_metrics=check_flag(given["save_metrics"], "save_metrics"),
-        compile_options=check_compile_config(given["compile_config"], model),
+        compile_options=_read_only(check_compile_config(given["compile_config"], model)),
         token_counter=_token_counter(given["get_num_tokens_in_batch"], model),
         accumulate_on_tokens=check_flag(given["accumulate_train_batch_on_tokens"], "accumulate_train_batch_on_tokens"),
         sequence_split=sequence_split_from(given["parallelism_config"]),
         deterministic_mode=check_flag(given["deterministic_mode"], "deterministic_mode"),
         fabric=given["fabric"],
-        fabric_choices=_fabric_choices(given, choices),
+        fabric_choices=MappingProxyType(_fabric_choices(given, choices)),
         dist_timeout=check_dist_timeout(given["dist_timeout"], fabric_given=given["fabric"] is not None),
     )
     # What the set-up would refuse, after every argument's own check (as it was refused after them at set-up).
@@ -270,8 +272,8 @@ def _initial_settings(given: Mapping[str, Any]) -> LoopSettings:
     )
 
 
-def _saver(given: Mapping[str, Any]) -> CheckpointSaver | None:
-    """The saver the ``save_*`` options describe (None without ``save_folder``); ``autoresume`` needs both names."""
+def _save_settings(given: Mapping[str, Any]) -> SaveSettings | None:
+    """The ``save_*`` options checked (None without ``save_folder``); ``autoresume`` needs both names."""
     folder, run_name = given["save_folder"], given["run_name"]
     for flag in ("save_weights_only", "save_overwrite", "save_async"):  # also without save_folder: checked either way
         check_flag(given[flag], flag)
@@ -282,7 +284,7 @@ def _saver(given: Mapping[str, Any]) -> CheckpointSaver | None:
         )
     if folder is None:
         return None
-    return CheckpointSaver(
+    return SaveSettings(
         folder,
         filename=given["save_filename"],
         latest_filename=given["save_latest_filename"],
@@ -303,6 +305,10 @@ def _load_plan(given: Mapping[str, Any]) -> LoadPlan:
         ignore_keys=check_load_ignore_keys(given["load_ignore_keys"]),  # names no part: refused now, not at the load
         excluded_algorithms=check_exclude_algorithms(given["load_exclude_algorithms"]),
     )
+
+
+def _read_only(options: dict[str, Any] | None) -> Mapping[str, Any] | None:
+    return None if options is None else MappingProxyType(options)
 
 
 def _fabric_choices(given: Mapping[str, Any], choices: Mapping[str, Any]) -> dict[str, Any]:

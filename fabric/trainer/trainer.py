@@ -219,12 +219,12 @@ class Trainer:
         a run, autoresume continues it)."""
         if not plan.autoresume:
             return plan.load
-        assert plan.saver is not None  # the plan checked that autoresume has a save_folder
+        save = plan.save
+        assert save is not None  # the plan checked that autoresume has a save_folder
         found = None
         if self.fabric.is_global_zero:
-            saver = plan.saver
             found = find_resume_checkpoint(
-                saver.folder_template, saver.filename, saver.latest_filename, self.run_name, plan.storage_options
+                save.folder, save.filename, save.latest_filename, self.run_name, plan.storage_options
             )
         found = self.fabric.broadcast(found)
         return plan.load if found is None else plan.load.resumed_from(found)
@@ -810,7 +810,7 @@ def _start_engine(
 
 
 def _setup_model(
-    fabric: Fabric, module: nn.Module, optimizers: list[Optimizer], compile_options: dict[str, Any] | None
+    fabric: Fabric, module: nn.Module, optimizers: list[Optimizer], compile_options: Mapping[str, Any] | None
 ) -> tuple[nn.Module, list[Optimizer]]:
     """The model (with ``loss``: :func:`~fabric.trainer.plan.check_trainer_model`) and its optimizers set up on
     ``fabric`` (compiled with ``compile_options``, unless None)."""
@@ -892,7 +892,7 @@ def _share_with_joining_replicas(
 
 def _initial_state(plan: TrainerPlan, fabric: Fabric, run_name: str) -> State:
     """The run's state before set-up: the plain model and optimizers, the callbacks (with the saver and profiler)."""
-    callbacks = [*plan.callbacks, *([plan.saver] if plan.saver else [])]
+    callbacks = [*plan.callbacks, *([CheckpointSaver.from_settings(plan.save)] if plan.save else [])]
     if plan.profiler is not None:
         plan.profiler.bind(run_name)  # its trace folder is named after the run
         callbacks.append(plan.profiler)

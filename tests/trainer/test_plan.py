@@ -4,6 +4,7 @@ the Trainer launches a process or changes anything."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -281,3 +282,40 @@ def test_the_accepted_values_of_those_arguments_still_build_a_trainer(tmp_path: 
     )
     assert trainer.seed == 4294967295
     assert trainer.storage_options == {}
+
+
+def test_the_plan_holds_values_only_and_each_fit_gets_a_saver_of_its_own(tmp_path: Path) -> None:
+    """The plan is a description: the save settings (not a saver, whose list of saves and upload state change as it
+    trains), read-only option mappings; the Trainer builds its saver from the settings when it applies the plan."""
+    from types import MappingProxyType
+
+    from fabric.trainer.checkpoint.saver import CheckpointSaver, SaveSettings
+    from fabric.trainer.plan import plan_trainer
+
+    class EverySecondBatch:  # a user's interval object: the saver must call this one, not a copy
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def __call__(self, state: State, event: Event) -> bool:
+            self.asked += 1
+            return event == Event.BATCH_END and int(state.timestamp.batch) % 2 == 0
+
+    interval = EverySecondBatch()
+    parameters = inspect.signature(Trainer.__init__).parameters.values()
+    arguments = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    model = Regressor()
+    arguments |= {"model": model, "save_folder": str(tmp_path), "save_interval": interval}
+    arguments |= {"compile_config": {"mode": "default"}, "fabric_choices": {"accelerator": "cpu"}}
+    plan = plan_trainer(arguments)
+    assert plan.save == SaveSettings(str(tmp_path), save_interval=interval)
+    assert isinstance(plan.compile_options, MappingProxyType) and isinstance(plan.fabric_choices, MappingProxyType)
+    with pytest.raises(TypeError):
+        plan.fabric_choices["accelerator"] = "cuda"  # type: ignore[index]
+    trainer = _trainer(save_folder=str(tmp_path), save_interval=interval, max_duration="4ba")
+    trainer.fit()
+    assert isinstance(trainer.saver, CheckpointSaver) and trainer.saver.saved == [
+        str(tmp_path / f"ep0-ba{batch}-rank0.pt") for batch in (2, 4)
+    ]
+    assert interval.asked > 0  # the user's object decided
+    with pytest.raises(ValueError, match=r"save_num_checkpoints_to_keep=0 must be -1 \(all\) or positive"):
+        SaveSettings(str(tmp_path), num_checkpoints_to_keep=0)

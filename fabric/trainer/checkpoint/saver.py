@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,40 @@ SaveFunction = Callable[[str, bool, StorageOptions, bool], Future[None]]
 STAGING_ROOT = "fabric-checkpoint-staging"
 
 
+@dataclass(frozen=True)
+class SaveSettings:
+    """What a :class:`CheckpointSaver` saves, where, under which names and how often: its arguments (the Trainer's
+    ``save_*`` ones), checked when made, so a plan can hold them before any saver exists."""
+
+    folder: str
+    filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt"
+    latest_filename: str | None = "latest-rank{rank}.pt"
+    save_interval: IntervalInput = "1ep"
+    num_checkpoints_to_keep: int = -1
+    weights_only: bool = False
+    overwrite: bool = False
+    storage_options: StorageOptions = None
+    async_save: bool = False
+
+    def __post_init__(self) -> None:
+        _check_folder(self.folder)
+        check_template(self.filename, "save_filename")
+        _check_latest_filename(self.latest_filename)
+        interval = create_interval(self.save_interval, name="save_interval")
+        keep = self.num_checkpoints_to_keep
+        if isinstance(keep, bool) or keep == 0 or keep < -1:
+            raise ValueError(f"save_num_checkpoints_to_keep={keep} must be -1 (all) or positive.")
+        if keep > 0:
+            check_prunable(self.filename, f"save_num_checkpoints_to_keep={keep}")
+        if not self.overwrite and not names_differ_between_saves(self.filename) and not fires_once(interval):
+            raise ValueError(
+                f"save_filename={self.filename!r} has none of the fields that change between saves "
+                f"({', '.join('{' + field + '}' for field in PROGRESS_FIELDS)}), so the second save of "
+                f"save_interval={self.save_interval!r} would find the first and stop training. Use e.g. "
+                "'ep{epoch}-ba{batch}-rank{rank}.pt', or save_overwrite=True to keep only the newest."
+            )
+
+
 class CheckpointSaver(SavesAtIntervals):
     """Save every ``save_interval`` into ``folder`` (``{run_name}`` allowed) under ``filename``.
 
@@ -65,33 +100,30 @@ class CheckpointSaver(SavesAtIntervals):
         self,
         folder: str,
         *,
-        filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt",
-        latest_filename: str | None = "latest-rank{rank}.pt",
-        save_interval: IntervalInput = "1ep",
-        num_checkpoints_to_keep: int = -1,
-        weights_only: bool = False,
-        overwrite: bool = False,
-        storage_options: StorageOptions = None,
-        async_save: bool = False,
+        filename: str = SaveSettings.filename,
+        latest_filename: str | None = SaveSettings.latest_filename,
+        save_interval: IntervalInput = SaveSettings.save_interval,
+        num_checkpoints_to_keep: int = SaveSettings.num_checkpoints_to_keep,
+        weights_only: bool = SaveSettings.weights_only,
+        overwrite: bool = SaveSettings.overwrite,
+        storage_options: StorageOptions = SaveSettings.storage_options,
+        async_save: bool = SaveSettings.async_save,
     ) -> None:
-        self.folder_template = _checked_folder(folder)
-        self.filename = check_template(filename, "save_filename")
-        self.latest_filename = _checked_latest_filename(latest_filename)
+        SaveSettings(  # the arguments' checks
+            folder,
+            filename,
+            latest_filename,
+            save_interval,
+            num_checkpoints_to_keep,
+            weights_only,
+            overwrite,
+            storage_options,
+            async_save,
+        )
+        self.folder_template, self.filename, self.latest_filename = folder, filename, latest_filename
         self.interval = create_interval(save_interval, name="save_interval")
-        if isinstance(num_checkpoints_to_keep, bool) or num_checkpoints_to_keep == 0 or num_checkpoints_to_keep < -1:
-            raise ValueError(f"save_num_checkpoints_to_keep={num_checkpoints_to_keep} must be -1 (all) or positive.")
-        if num_checkpoints_to_keep > 0:
-            check_prunable(filename, f"save_num_checkpoints_to_keep={num_checkpoints_to_keep}")
-        if not overwrite and not names_differ_between_saves(filename) and not fires_once(self.interval):
-            raise ValueError(
-                f"save_filename={filename!r} has none of the fields that change between saves "
-                f"({', '.join('{' + field + '}' for field in PROGRESS_FIELDS)}), so the second save of "
-                f"save_interval={save_interval!r} would find the first and stop training. Use e.g. "
-                "'ep{epoch}-ba{batch}-rank{rank}.pt', or save_overwrite=True to keep only the newest."
-            )
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
-        self.weights_only = weights_only
-        self.overwrite = overwrite
+        self.weights_only, self.overwrite = weights_only, overwrite
         self.storage_options = storage_options
         self.async_save = async_save
         self._in_flight: Future[None] | None = None
@@ -103,6 +135,12 @@ class CheckpointSaver(SavesAtIntervals):
         self._uploader: Uploader | None = None
         self._staging: Path | None = None
         self._staging_lock: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: SaveSettings) -> CheckpointSaver:
+        """The saver ``settings`` describe (a Trainer's plan holds them before any saver exists)."""
+        # Not dataclasses.asdict: it deep-copies, and an interval or storage option object must stay the user's.
+        return cls(**{field.name: getattr(settings, field.name) for field in fields(settings)})
 
     def bind(self, save: SaveFunction, run_name: str) -> None:
         """Connect to a Trainer: ``save(path, weights_only)`` writes a checkpoint (a collective call)."""
@@ -265,7 +303,7 @@ def _remove_local(path: str) -> None:
         os.remove(path)
 
 
-def _checked_folder(folder: str) -> str:
+def _check_folder(folder: str) -> None:
     """``save_folder``: a template naming a folder."""
     check_template(folder, "save_folder")
     if not folder.strip():
@@ -273,10 +311,9 @@ def _checked_folder(folder: str) -> str:
             f"save_folder={folder!r} names no folder; pass one, e.g. 'checkpoints/{{run_name}}' "
             "('.' for the working directory)."
         )
-    return folder
 
 
-def _checked_latest_filename(latest_filename: str | None) -> str | None:
+def _check_latest_filename(latest_filename: str | None) -> None:
     """``save_latest_filename``: None (no pointer) or a file name in the save folder."""
     if latest_filename is not None:
         check_template(latest_filename, "save_latest_filename")
@@ -285,4 +322,3 @@ def _checked_latest_filename(latest_filename: str | None) -> str | None:
                 f"save_latest_filename={latest_filename!r} must be a file name in save_folder (no folders), "
                 "e.g. 'latest-rank{rank}.pt', or None for no pointer."
             )
-    return latest_filename
