@@ -53,13 +53,13 @@ class LighthouseError(Exception):
 
 @dataclass(frozen=True)
 class LocalReplicaGroups:
-    """What to start: ``count`` groups, each run by ``run_group``; the lighthouse on ``lighthouse_bind`` (None: the
-    groups use one already running), its output in ``lighthouse_log``."""
+    """What to start: ``count`` groups, each run by ``run_group``, after the lighthouse on ``lighthouse_bind`` (its
+    output in ``lighthouse_log``); no bind: the groups use one already running."""
 
     count: int
     run_group: GroupRun
-    lighthouse_bind: str | None
-    lighthouse_log: Path
+    lighthouse_bind: str | None = None
+    lighthouse_log: Path | None = None
     #: How many times each group that failed is started again.
     max_restarts: int = 0
     #: What the line announcing a restart adds about the new group (e.g. its run dir).
@@ -68,8 +68,9 @@ class LocalReplicaGroups:
 
 def run_replica_groups(groups: LocalReplicaGroups) -> int:
     """Start the lighthouse and the groups, wait for every group; the exit code of the run."""
-    bind = groups.lighthouse_bind
-    lighthouse = None if bind is None else start_lighthouse(bind, groups.lighthouse_log)
+    bind, log = groups.lighthouse_bind, groups.lighthouse_log
+    assert bind is None or log is not None, "a lighthouse started here writes its log"
+    lighthouse = None if bind is None or log is None else start_lighthouse(bind, log)
     supervisors: dict[int, int] = {}  # pid -> group, of the groups running
     stopping: list[int] = []  # the stop signals received: no group is restarted after one
 
@@ -198,18 +199,19 @@ class ReplicaGroupsLauncher(Launcher):
 
     @override
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> NoReturn:
-        bind = None if self.lighthouse else f"127.0.0.1:{find_free_port()}"
+        if self.lighthouse is not None:
+            sys.exit(run_replica_groups(LocalReplicaGroups(self.replica_groups, self._group_run(self.lighthouse))))
+        bind = f"127.0.0.1:{find_free_port()}"
         logs = Path(tempfile.mkdtemp(prefix="fabric-replica-groups-"))
-        groups = LocalReplicaGroups(
-            count=self.replica_groups,
-            run_group=partial(self._run_group, lighthouse=self.lighthouse or f"http://{bind}"),
-            lighthouse_bind=bind,
-            lighthouse_log=logs / "lighthouse.log",
+        code = run_replica_groups(
+            LocalReplicaGroups(self.replica_groups, self._group_run(f"http://{bind}"), bind, logs / "lighthouse.log")
         )
-        code = run_replica_groups(groups)
         if code == 0:  # the lighthouse's log is kept where something failed
             shutil.rmtree(logs, ignore_errors=True)
         sys.exit(code)
+
+    def _group_run(self, lighthouse: str) -> GroupRun:
+        return partial(self._run_group, lighthouse=lighthouse)
 
     def _run_group(self, group: int, restart: int, lighthouse: str) -> NoReturn:
         """Become replica group ``group``'s first process: the script again, with the group's variables."""
