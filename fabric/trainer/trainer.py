@@ -43,7 +43,7 @@ from fabric.trainer.core.engine import Engine
 from fabric.trainer.core.events import Event
 from fabric.trainer.core.logger import Logger
 from fabric.trainer.core.passes import AlgorithmPass
-from fabric.trainer.core.state import State, loader_length
+from fabric.trainer.core.state import State, loader_length, require_fabric
 from fabric.trainer.core.time import Time, Timestamp, batches_in_epoch
 from fabric.trainer.data_spec import DataSpec, ensure_data_spec
 from fabric.trainer.epoch import EpochCursor
@@ -224,7 +224,12 @@ class Trainer:
         found = None
         if self.fabric.is_global_zero:
             found = find_resume_checkpoint(
-                save.folder, save.filename, save.latest_filename, self.run_name, plan.storage_options
+                save.folder,
+                save.filename,
+                save.latest_filename,
+                self.run_name,
+                plan.storage_options,
+                self.fabric.strategy.replica_group,
             )
         found = self.fabric.broadcast(found)
         return plan.load if found is None else plan.load.resumed_from(found)
@@ -872,7 +877,7 @@ def _setup_checkpointing(
     )
     savers = _checkpoint_savers(state.callbacks)
     for saver in savers:
-        saver.bind(checkpointer.save, run_name)
+        saver.bind(checkpointer.save, run_name, require_fabric(state).strategy.replica_group)
     return checkpointer, savers[0] if savers else None
 
 

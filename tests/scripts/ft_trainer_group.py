@@ -110,7 +110,7 @@ def main() -> None:
         accelerator="cpu",
         devices=1,
         callbacks=[report],
-        save_folder=str(report_dir / f"ckpt-group{group}"),
+        save_folder=str(report_dir / "ckpt-group{replica_group}"),  # each group's own folder
         save_interval=args.save_interval,
         run_name=f"group{group}",
         autoresume=args.autoresume,

@@ -26,7 +26,7 @@ from fabric.plugins.io.checkpoint_io import CheckpointIO, StorageOptions
 from fabric.plugins.io.formats import CheckpointFormat, incomplete_error, recognise
 from fabric.plugins.io.torch_io import TorchCheckpointIO
 from fabric.trainer.checkpoint.rng import capture_rng_state, restore_rng_state
-from fabric.trainer.checkpoint.storage import Folder, checkpoints_in, format_name
+from fabric.trainer.checkpoint.storage import Folder, checkpoints_in, folder_name, format_name
 from fabric.trainer.checkpoint.trainer_state import SECTIONS, TrainerCheckpointState
 from fabric.trainer.core.state import State, require_fabric
 from fabric.trainer.surgery import surgery_records
@@ -162,12 +162,14 @@ def find_resume_checkpoint(
     latest_filename: str | None,
     run_name: str,
     storage_options: StorageOptions = None,
+    replica_group: int | None = None,
 ) -> str | None:
-    """The newest complete checkpoint of ``run_name``: by the counters in its name, else the ``latest`` pointer.
+    """The newest complete checkpoint of ``run_name`` (and ``replica_group``, for a folder that names it): by the
+    counters in its name, else the ``latest`` pointer.
 
     Files of interrupted saves (``.name.tmp-*``) and directories of unfinished sharded saves never count.
     """
-    folder = Folder(format_name(folder_template, {"run_name": run_name}), storage_options)
+    folder = Folder(folder_name(folder_template, run_name, replica_group), storage_options)
     found = checkpoints_in(folder, filename, run_name)
     if found and any(field in filename for field in ("{batch}", "{epoch}", "{sample}", "{token}")):
         return folder.join(found[-1][1])

@@ -30,6 +30,8 @@ from fabric.plugins.io.checkpoint_io import StorageOptions
 from fabric.plugins.io.storage import check_writable_folder
 from fabric.plugins.io.temporaries import create_locked, release_lock, remove_abandoned, temporary_sibling
 from fabric.trainer.checkpoint.storage import (
+    FOLDER_FIELDS,
+    LATEST_FIELDS,
     PROGRESS_FIELDS,
     REPLICA_GROUP_MARK,
     Folder,
@@ -37,6 +39,7 @@ from fabric.trainer.checkpoint.storage import (
     check_prunable,
     check_template,
     checkpoints_in,
+    folder_name,
     format_name,
     names_differ_between_saves,
 )
@@ -142,10 +145,11 @@ class CheckpointSaver(SavesAtIntervals):
         # Not dataclasses.asdict: it deep-copies, and an interval or storage option object must stay the user's.
         return cls(**{field.name: getattr(settings, field.name) for field in fields(settings)})
 
-    def bind(self, save: SaveFunction, run_name: str) -> None:
-        """Connect to a Trainer: ``save(path, weights_only)`` writes a checkpoint (a collective call)."""
+    def bind(self, save: SaveFunction, run_name: str, replica_group: int | None = None) -> None:
+        """Connect to a Trainer: ``save(path, weights_only)`` writes a checkpoint (a collective call); the run's name
+        and replica group (fault tolerance) name the folder."""
         self._save, self._run_name = save, run_name
-        self._folder = Folder(format_name(self.folder_template, {"run_name": run_name}), self.storage_options)
+        self._folder = Folder(folder_name(self.folder_template, run_name, replica_group), self.storage_options)
 
     @property
     def folder(self) -> Folder:
@@ -182,7 +186,7 @@ class CheckpointSaver(SavesAtIntervals):
             f"save_folder {self.folder.url!r} is replica group {group}'s and also group(s) {others}'s (their marks "
             f"{REPLICA_GROUP_MARK.format(group='<n>')} are there): each group's checkpoints hold its own data "
             "position under the same names, so the groups would overwrite each other's. Give each group its own "
-            "folder, e.g. save_folder='checkpoints/{run_name}' with a run_name per group."
+            "folder, e.g. save_folder='checkpoints/{run_name}/group{replica_group}'."
         )
 
     @override
@@ -305,7 +309,7 @@ def _remove_local(path: str) -> None:
 
 def _check_folder(folder: str) -> None:
     """``save_folder``: a template naming a folder."""
-    check_template(folder, "save_folder")
+    check_template(folder, "save_folder", FOLDER_FIELDS)
     if not folder.strip():
         raise ValueError(
             f"save_folder={folder!r} names no folder; pass one, e.g. 'checkpoints/{{run_name}}' "
@@ -316,7 +320,7 @@ def _check_folder(folder: str) -> None:
 def _check_latest_filename(latest_filename: str | None) -> None:
     """``save_latest_filename``: None (no pointer) or a file name in the save folder."""
     if latest_filename is not None:
-        check_template(latest_filename, "save_latest_filename")
+        check_template(latest_filename, "save_latest_filename", LATEST_FIELDS)
         if not latest_filename.strip() or "/" in latest_filename or os.sep in latest_filename:
             raise ValueError(
                 f"save_latest_filename={latest_filename!r} must be a file name in save_folder (no folders), "

@@ -27,18 +27,28 @@ from fabric.plugins.io.storage import filesystem
 
 #: Fields a file name template may use.
 NAME_FIELDS = ("run_name", "epoch", "batch", "sample", "token", "batch_in_epoch", "rank")
+#: Fields a save folder may use: fixed for the run on every rank (``replica_group``: the group's index under fault
+#: tolerance, else 0), so that every rank saves into, lists and resumes from the one folder.
+FOLDER_FIELDS = ("run_name", "replica_group")
+#: Fields the ``latest`` pointer's name may use: one pointer per rank's name, moved as the checkpoints are saved.
+LATEST_FIELDS = ("run_name", "rank")
 POINTER_SUFFIX = ".symlink"
 #: The mark a replica group leaves in its save folder (fault tolerance), ``{group}`` its index.
 REPLICA_GROUP_MARK = ".fabric-replica-group-{group}"
 
 
-def check_template(template: str, what: str) -> str:
-    """Fail now, naming the field, if ``template`` uses a field outside :data:`NAME_FIELDS`."""
+def check_template(template: str, what: str, allowed: tuple[str, ...] = NAME_FIELDS) -> str:
+    """Fail now, naming the field, if ``template`` uses a field outside ``allowed``."""
     fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
-    unknown = sorted({field for field in fields if field not in NAME_FIELDS})
+    unknown = sorted({field for field in fields if field not in allowed})
     if unknown:
-        raise ValueError(f"{what}={template!r} uses {unknown}; the fields it may use are {list(NAME_FIELDS)}.")
+        raise ValueError(f"{what}={template!r} uses {unknown}; the fields it may use are {list(allowed)}.")
     return template
+
+
+def folder_name(template: str, run_name: str, replica_group: int | None) -> str:
+    """The save folder ``template`` names for this run (and replica group: 0 without fault tolerance)."""
+    return template.format(run_name=run_name, replica_group=0 if replica_group is None else replica_group)
 
 
 #: Fields that differ between two saves of one run; pruning orders checkpoints by them.

@@ -384,6 +384,16 @@ def test_bad_save_options_fail_at_construction(tmp_path: Path, initial: nn.Modul
             {"save_filename": "ep{epoch}/model.pt", "save_num_checkpoints_to_keep": 2},
             r"save_filename='ep\{epoch\}/model.pt' puts checkpoints in subfolders",
         ),
+        (  # fit() used to die with a bare KeyError 'rank' when it named the folder
+            {"save_folder": "checkpoints/{rank}"},
+            r"save_folder='checkpoints/\{rank\}' uses \['rank'\]; the fields it may use are \['run_name', "
+            r"'replica_group'\]",
+        ),
+        (  # and at the first save, after an interval of training, with KeyError 'epoch'
+            {"save_latest_filename": "latest-ep{epoch}.pt"},
+            r"save_latest_filename='latest-ep\{epoch\}.pt' uses \['epoch'\]; the fields it may use are "
+            r"\['run_name', 'rank'\]",
+        ),
         (  # fit() used to die at the second save, after a whole interval of training
             {"save_filename": "model.pt", "save_interval": "2ba"},
             r"save_filename='model.pt' has none of the fields that change between saves .*so the second save of "
@@ -398,6 +408,27 @@ def test_save_options_that_would_fail_later_fail_at_construction_naming_what_wor
     with pytest.raises(ValueError, match=message):
         _trainer(initial, **{"save_folder": str(tmp_path / "checkpoints"), **options})
     assert list(tmp_path.iterdir()) == []  # nothing was written anywhere
+
+
+def test_a_save_folder_may_name_the_replica_group_which_is_0_without_fault_tolerance(
+    tmp_path: Path, initial: nn.Module
+) -> None:
+    """``{replica_group}`` gives each fault-tolerant group its own folder (tests/strategies/fault_tolerant saves and
+    autoresumes groups through it); a normal run saves to and resumes from group 0's, as a fault-tolerant run's
+    checkpoint loads in a normal one."""
+    folder = str(tmp_path / "{run_name}" / "group{replica_group}")
+    _trainer(initial, save_folder=folder, run_name="run", max_duration="2ba", save_interval="1ba").fit()
+    assert sorted(entry.name for entry in (tmp_path / "run" / "group0").iterdir()) == [
+        "ep0-ba1-rank0.pt",
+        "ep0-ba2-rank0.pt",
+        "latest-rank0.pt",
+    ]
+    resumed = _trainer(
+        initial, save_folder=folder, run_name="run", max_duration="3ba", save_interval="1ba", autoresume=True
+    )
+    resumed.fit()
+    assert int(resumed.state.timestamp.batch) == 3 and resumed.saver is not None
+    assert resumed.saver.saved == [str(tmp_path / "run" / "group0" / "ep0-ba3-rank0.pt")]  # resumed at batch 2
 
 
 def test_a_fixed_save_filename_is_fine_when_every_checkpoint_is_kept(tmp_path: Path, initial: nn.Module) -> None:
