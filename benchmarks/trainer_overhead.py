@@ -36,6 +36,7 @@ Usage::
     python benchmarks/trainer_overhead.py --quick      # smoke run
     python benchmarks/trainer_overhead.py --bytecodes  # the count per step, in seconds
     python benchmarks/trainer_overhead.py --instructions  # under valgrind, about 5 minutes
+    python benchmarks/trainer_overhead.py --precision bf16-mixed [--instructions]  # against plain torch.autocast
 """
 
 from __future__ import annotations
@@ -91,9 +92,11 @@ def make_loader(dataset: TensorDataset) -> DataLoader[Any]:
     return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, drop_last=True, generator=generator)
 
 
-def plain_loop(model: nn.Module, loader: DataLoader[Any]) -> Loop:
+def plain_loop(model: nn.Module, loader: DataLoader[Any], precision: str) -> Loop:
     classifier = Classifier(model)
     optimizer = torch.optim.SGD(classifier.parameters(), lr=0.01, momentum=0.9)
+    if precision == "bf16-mixed":
+        return _plain_autocast_loop(classifier, optimizer, loader)
 
     def run(steps: int) -> float:
         start = time.perf_counter()
@@ -108,8 +111,27 @@ def plain_loop(model: nn.Module, loader: DataLoader[Any]) -> Loop:
     return run
 
 
-def fabric_loop(model: nn.Module, loader: DataLoader[Any]) -> Loop:
-    fabric = Fabric(accelerator="cpu", devices=1, precision="32-true")
+def _plain_autocast_loop(classifier: Classifier, optimizer: torch.optim.Optimizer, loader: DataLoader[Any]) -> Loop:
+    """The plain loop written for bf16-mixed as one would by hand, and as Fabric's plugin does it: the forward under
+    ``torch.autocast``, its output cast back to float32 for the loss."""
+
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        for _epoch in range(steps // BATCHES_PER_EPOCH):
+            for batch in loader:
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    outputs = classifier(batch)
+                loss = classifier.loss(outputs.float(), batch)
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
+        return time.perf_counter() - start
+
+    return run
+
+
+def fabric_loop(model: nn.Module, loader: DataLoader[Any], precision: str) -> Loop:
+    fabric = Fabric(accelerator="cpu", devices=1, precision=precision)  # type: ignore[arg-type]
     classifier = Classifier(model)
     wrapped, optimizer = fabric.setup(classifier, torch.optim.SGD(classifier.parameters(), lr=0.01, momentum=0.9))
     wrapped_loader = fabric.setup_dataloaders(loader)
@@ -127,7 +149,7 @@ def fabric_loop(model: nn.Module, loader: DataLoader[Any]) -> Loop:
     return run
 
 
-def trainer_loop(model: nn.Module, loader: DataLoader[Any]) -> Loop:
+def trainer_loop(model: nn.Module, loader: DataLoader[Any], precision: str) -> Loop:
     classifier = Classifier(model)
     trainer = Trainer(
         model=classifier,
@@ -137,7 +159,7 @@ def trainer_loop(model: nn.Module, loader: DataLoader[Any]) -> Loop:
         seed=SEED,
         accelerator="cpu",
         devices=1,
-        precision="32-true",
+        precision=precision,
     )
 
     def run(steps: int) -> float:
@@ -199,7 +221,7 @@ def run_phases(loops: dict[str, Loop], steps: int) -> None:
     print("phases:", " ".join(order))
 
 
-def print_instructions(steps: int) -> None:
+def print_instructions(steps: int, precision: str) -> None:
     """This script's phases under callgrind, and each loop's instructions per step against the plain loop's."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -208,6 +230,7 @@ def print_instructions(steps: int) -> None:
         out = os.path.join(folder, "callgrind.out")
         command = [valgrind, "--tool=callgrind", "--dump-before=time_sleep", f"--callgrind-out-file={out}"]
         command += [sys.executable, os.path.abspath(__file__), "--phases", "--steps", str(steps)]
+        command += ["--precision", precision]
         child = subprocess.run(command, capture_output=True, text=True, check=True)
         order = next(line.split()[1:] for line in child.stdout.splitlines() if line.startswith("phases:"))
         dumps = sorted((name for name in os.listdir(folder) if name.startswith("callgrind.out.")), key=_dump_number)
@@ -219,7 +242,7 @@ def print_instructions(steps: int) -> None:
     for name, count in zip(order, counts, strict=True):
         per_step.setdefault(name, []).append(count / steps)
     plain = statistics.mean(per_step["plain"])
-    print(f"instructions per step over {steps} steps, each loop twice in one process (callgrind)")
+    print(f"instructions per step over {steps} steps in {precision}, each loop twice in one process (callgrind)")
     print(f"{'loop':<8} {'instructions':>13} {'ratio':>7}   the two phases")
     for name, counts_of_loop in per_step.items():
         phases = ", ".join(f"{count:,.0f}" for count in counts_of_loop)
@@ -248,13 +271,19 @@ def main() -> None:
     parser.add_argument(
         "--instructions", action="store_true", help="count each loop's instructions per step under valgrind instead"
     )
+    parser.add_argument(
+        "--precision",
+        choices=("32-true", "bf16-mixed"),
+        default="32-true",
+        help="bf16-mixed: Fabric's and the Trainer's bf16-mixed against a plain loop under torch.autocast",
+    )
     parser.add_argument("--phases", action="store_true", help=argparse.SUPPRESS)  # the process --instructions runs
     args = parser.parse_args()
     steps, rounds = (100, 3) if args.quick else (args.steps, args.rounds)
     if steps % BATCHES_PER_EPOCH:
         parser.error(f"--steps={steps} must be a multiple of {BATCHES_PER_EPOCH} (whole epochs keep loaders aligned)")
     if args.instructions:
-        print_instructions(200 if args.steps == parser.get_default("steps") else steps)
+        print_instructions(200 if args.steps == parser.get_default("steps") else steps, args.precision)
         return
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
@@ -262,9 +291,9 @@ def main() -> None:
     base = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     models = {name: copy.deepcopy(base) for name in ("plain", "fabric", "trainer")}
     loops = {
-        "plain": plain_loop(models["plain"], make_loader(dataset)),
-        "fabric": fabric_loop(models["fabric"], make_loader(dataset)),
-        "trainer": trainer_loop(models["trainer"], make_loader(dataset)),
+        "plain": plain_loop(models["plain"], make_loader(dataset), args.precision),
+        "fabric": fabric_loop(models["fabric"], make_loader(dataset), args.precision),
+        "trainer": trainer_loop(models["trainer"], make_loader(dataset), args.precision),
     }
     for loop in loops.values():  # warm-up, also one whole epoch so the loaders stay aligned
         loop(BATCHES_PER_EPOCH)
@@ -287,7 +316,10 @@ def main() -> None:
                 raise SystemExit(f"{name} ended with different weights than the plain loop: the loops differ.")
 
     load = os.getloadavg()[0]
-    print(f"tiny MLP 32-64-10, batch {BATCH_SIZE}, {steps} steps x {rounds} rounds, 1 thread, load {load:.2f}")
+    print(
+        f"tiny MLP 32-64-10, {args.precision}, batch {BATCH_SIZE}, {steps} steps x {rounds} rounds, 1 thread, "
+        f"load {load:.2f}"
+    )
     print(f"{'loop':<8} {'us/step':>9} {'ratio':>7} {'paired ratio (min-max)':>26}")
     plain_us = statistics.median(seconds["plain"]) / steps * 1e6
     for name in names:
