@@ -218,7 +218,7 @@ def run_model(**options: Any) -> None:
     if options["dry_run"]:
         click.echo(plan.describe())
         return
-    from fabric.strategies.launchers.replica_groups import LighthouseError
+    from fabric.strategies.launchers.replica_groups import LighthouseNotStarted
     from fabric_cli.join import JoinError
     from fabric_cli.replica_groups import run_groups
     from fabric_cli.runner import OutputError
@@ -226,7 +226,7 @@ def run_model(**options: Any) -> None:
 
     try:
         sys.exit(run_groups(plan) if isinstance(plan, GroupsPlan) else run_plan(plan))
-    except (JoinError, OutputError, LighthouseError) as error:
+    except (JoinError, OutputError, LighthouseNotStarted) as error:
         click.echo(f"fabric: error: {error}", err=True)
         sys.exit(2 if isinstance(error, OutputError) else 1)
 

@@ -47,7 +47,7 @@ LIGHTHOUSE_START_SECONDS = 60.0
 GroupRun = Callable[[int, int], int]
 
 
-class LighthouseError(Exception):
+class LighthouseNotStarted(Exception):
     """The lighthouse started for the groups did not come up; no group was started."""
 
 
@@ -108,7 +108,7 @@ def start_lighthouse(bind: str, log: Path) -> subprocess.Popen[bytes]:
         if process.poll() is not None or time.monotonic() > deadline:
             stop_lighthouse(process, grace=1.0)
             lines = log.read_text(errors="replace").strip().splitlines()
-            raise LighthouseError(f"the lighthouse on {bind} did not start: {lines[-1] if lines else 'no output'}")
+            raise LighthouseNotStarted(f"the lighthouse on {bind} did not start: {lines[-1] if lines else 'no output'}")
         time.sleep(0.05)
     print(f"fabric: torchft lighthouse on {bind} for the replica groups (log: {log})", file=sys.stderr, flush=True)
     return process
