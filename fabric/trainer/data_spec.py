@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from fabric.trainer.microbatch import batch_size, split_batch
 
@@ -37,6 +38,8 @@ class DataSpec:
     def __init__(
         self,
         dataloader: Iterable[Any],
+        num_samples: int | None = None,
+        num_tokens: int | None = None,
         *,
         batch_transforms: Callable[[Any], Any] | None = None,
         device_transforms: Callable[[Any], Any] | None = None,
@@ -60,7 +63,15 @@ class DataSpec:
         for name, function in functions.items():
             if function is not None and not callable(function):
                 raise TypeError(f"DataSpec({name}=...) must be callable or None, got {type(function).__name__}.")
+        for name, count in (("num_samples", num_samples), ("num_tokens", num_tokens)):
+            if count is not None and (type(count) is not int or count < 0):
+                raise ValueError(f"DataSpec({name}={count!r}) must be a non-negative int or None.")
         self.dataloader = dataloader
+        #: Samples in an epoch over every rank (Composer's; llm-foundry's eval gauntlet reads it): given, else the
+        #: length of a DataLoader's sized dataset, else None.
+        self.num_samples = _dataset_length(dataloader) if num_samples is None else num_samples
+        #: Tokens in an epoch, when given (Composer's; not computed).
+        self.num_tokens = num_tokens
         self.batch_transforms = batch_transforms
         self.device_transforms = device_transforms
         self._split_batch = split_batch
@@ -139,3 +150,13 @@ def _count(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TypeError(f"DataSpec {name} returned {value!r}; it must return a whole number, at least 0.")
     return value
+
+
+def _dataset_length(dataloader: Iterable[Any]) -> int | None:
+    """``len(dataloader.dataset)`` for a DataLoader whose dataset has a length, else None."""
+    if not isinstance(dataloader, DataLoader):
+        return None
+    try:
+        return len(dataloader.dataset)  # type: ignore[arg-type]
+    except TypeError:  # an iterable-style dataset without __len__
+        return None

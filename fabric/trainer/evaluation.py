@@ -42,30 +42,37 @@ from fabric.trainer.microbatch import is_out_of_memory, joined_outputs
 class Evaluator:
     """An eval dataloader with a label (metric names become ``metrics/<label>/<name>``).
 
-    ``dataloader`` may be a :class:`~fabric.trainer.data_spec.DataSpec`: it then becomes
-    ``data_spec`` and its loader ``dataloader``. ``metric_names`` picks some of the model's eval
-    metrics (default: all); ``eval_interval`` overrides the Trainer's; ``subset_num_batches`` limits
-    the batches per round (-1: all); ``device_eval_microbatch_size`` splits each batch into forwards of
+    ``dataloader`` may be a :class:`~fabric.trainer.data_spec.DataSpec`; it is one after construction, as in
+    Composer (``evaluator.dataloader.num_samples``, ``.dataloader.dataloader``), also kept as ``data_spec``;
+    ``loader`` is what a round iterates (the spec's loader as the Trainer set it up). ``metric_names`` picks some
+    of the model's eval metrics (default: all); ``eval_interval`` overrides the Trainer's; ``subset_num_batches`` limits
+    the batches per round (-1: all; ``None``, the default: the Trainer's ``eval_subset_num_batches``, which the
+    Trainer writes here, as Composer does); ``device_eval_microbatch_size`` splits each batch into forwards of
     at most that many samples (``"auto"``: halve on out-of-memory; ``None``: the whole batch at once).
     """
 
     label: str
-    dataloader: Iterable[Any]
+    dataloader: Iterable[Any] | DataSpec
     metric_names: Sequence[str] | None = None
     eval_interval: IntervalInput | None = None
-    subset_num_batches: int = -1
+    subset_num_batches: int | None = None
     device_eval_microbatch_size: int | str | None = None
     data_spec: DataSpec = field(init=False)
+    loader: Iterable[Any] = field(init=False, repr=False)
     #: With ``device_eval_microbatch_size="auto"``: the size that fitted last, where the next batch starts.
     auto_microbatch_size: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.data_spec = ensure_data_spec(self.dataloader)
-        self.dataloader = self.data_spec.dataloader
+        self.dataloader = self.data_spec = ensure_data_spec(self.dataloader)
+        self.loader = self.data_spec.dataloader
         if not self.label or not isinstance(self.label, str):
             raise ValueError(f"An Evaluator needs a non-empty string label, got {self.label!r}.")
-        if self.subset_num_batches == 0 or self.subset_num_batches < -1:
-            raise ValueError(f"subset_num_batches={self.subset_num_batches} must be -1 (all) or positive.")
+        subset = self.subset_num_batches
+        if subset is not None and (type(subset) is not int or subset == 0 or subset < -1):
+            raise ValueError(
+                f"Evaluator {self.label!r}: subset_num_batches={subset!r} must be -1 (all), a positive int or None "
+                "(the Trainer's eval_subset_num_batches)."
+            )
         size = self.device_eval_microbatch_size
         if not (size is None or size == "auto" or (type(size) is int and size >= 1)):
             raise ValueError(
@@ -119,6 +126,7 @@ def run_evaluators(
     *,
     standalone: bool = False,
     stop_requested: Callable[[], bool] | None = None,
+    subset_num_batches: int = -1,
 ) -> None:
     """One evaluation round over ``evaluators``, with its events; leaves the model in its previous mode.
 
@@ -126,6 +134,7 @@ def run_evaluators(
     (``Trainer.eval()``) with EVAL_STANDALONE_START and EVAL_STANDALONE_END instead, as in Composer.
     ``stop_requested`` is asked after every batch (on every rank: it may be a collective); when it says yes the
     round raises :class:`EvaluationInterrupted`, so a preempted job saves before its grace period runs out.
+    ``subset_num_batches`` other than -1 limits every evaluator of this round (``Trainer.eval``'s); -1: each its own.
     """
     opening, closing = _ROUND_EVENTS[standalone]
     model = state.model
@@ -138,7 +147,8 @@ def run_evaluators(
     try:
         with torch.no_grad():
             for evaluator in evaluators:
-                _run_evaluator(state, engine, logger, evaluator, stop_requested or _never)
+                limit = batch_limit(evaluator, subset_num_batches)
+                _run_evaluator(state, engine, logger, evaluator, limit, stop_requested or _never)
     finally:
         state.dataloader_label = state.eval_batches = None
         model.train(was_training)
@@ -157,7 +167,12 @@ _ROUND_EVENTS = {
 
 
 def _run_evaluator(
-    state: State, engine: Engine, logger: Logger, evaluator: Evaluator, stop_requested: Callable[[], bool]
+    state: State,
+    engine: Engine,
+    logger: Logger,
+    evaluator: Evaluator,
+    limit: int,
+    stop_requested: Callable[[], bool],
 ) -> None:
     run_event, model, fabric = engine.run_event, state.model, require_fabric(state)
     # Pipeline stages run the model's forward through the pipeline (the outputs on the last stage, None elsewhere)
@@ -168,15 +183,15 @@ def _run_evaluator(
     for metric in metrics.values():
         metric.reset()
     state.dataloader_label = evaluator.label
-    state.eval_batches = batches_in(evaluator)
+    state.eval_batches = batches_in(evaluator, limit)
     state.eval_timestamp = Timestamp()
     run_event(Event.EVAL_START)
     spec = evaluator.data_spec
     microbatch_size = evaluator.device_eval_microbatch_size
     in_use = evaluator.auto_microbatch_size if microbatch_size == "auto" else microbatch_size
     state.device_eval_microbatch_size = in_use  # type: ignore[assignment]
-    for index, batch in enumerate(evaluator.dataloader):
-        if index == evaluator.subset_num_batches:
+    for index, batch in enumerate(evaluator.loader):
+        if index == limit:
             break
         state.batch = full_batch = spec.prepare(batch, fabric.to_device) if spec.transforms else batch
         run_event(Event.EVAL_BATCH_START)
@@ -259,9 +274,18 @@ def _forward_auto(
         size = max(1, size // 2)
 
 
-def batches_in(evaluator: Evaluator) -> int | None:
-    """How many batches a round of ``evaluator`` runs on this rank; ``None`` when its loader has no length."""
-    length = loader_length(evaluator.dataloader)
-    if evaluator.subset_num_batches == -1:
+def batch_limit(evaluator: Evaluator, subset_num_batches: int = -1) -> int:
+    """The most batches a round of ``evaluator`` runs (-1: all): ``subset_num_batches`` unless it is -1, else the
+    evaluator's own (``None``, never resolved by a Trainer: all)."""
+    if subset_num_batches != -1:
+        return subset_num_batches
+    return -1 if evaluator.subset_num_batches is None else evaluator.subset_num_batches
+
+
+def batches_in(evaluator: Evaluator, limit: int) -> int | None:
+    """How many batches a round of ``evaluator`` limited to ``limit`` batches (-1: all) runs on this rank; ``None``
+    when its loader has no length."""
+    length = loader_length(evaluator.loader)
+    if limit == -1:
         return length
-    return evaluator.subset_num_batches if length is None else min(length, evaluator.subset_num_batches)
+    return limit if length is None else min(length, limit)

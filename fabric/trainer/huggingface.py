@@ -51,6 +51,11 @@ from fabric.utilities.lazy import install_hint
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+#: The key of an evaluation batch of llm-foundry's in-context learning tasks naming its kind ("icl_task", "generate").
+EVAL_MODE = "mode"
+#: The label cross-entropy ignores (torch's and transformers' default), given to the last position's logits.
+IGNORE_INDEX = -100
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 #: Whether HuggingFaceModel takes PEFT adapters (Composer's ``peft_installed``, which programs read before passing a
 #: ``peft_config``): not yet, so they refuse such configs themselves.
 PEFT_SUPPORTED = False
@@ -129,7 +134,11 @@ class HuggingFaceModel(ComposerModel):
         self.shift_labels = type(model).__name__ in causal if shift_labels is None else shift_labels
         parameters = inspect.signature(model.forward).parameters.values()
         takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
-        self._inputs = None if takes_any else {parameter.name for parameter in parameters}
+        self._named_inputs = {parameter.name for parameter in parameters if parameter.kind not in _VARIADIC}
+        self._inputs = None if takes_any else self._named_inputs
+        #: The labels an evaluation batch of llm-foundry's in-context learning tasks held (Composer's attribute: its
+        #: ``eval_forward`` takes them out of such a batch, and ``update_metric`` gives them to the metrics).
+        self.labels: torch.Tensor | None = None
 
     @property
     def config(self) -> Any:
@@ -142,7 +151,9 @@ class HuggingFaceModel(ComposerModel):
                 f"HuggingFaceModel takes batches that map input names to tensors (input_ids, labels, ...), "
                 f"got a {type(batch).__name__}."
             )
-        inputs = batch if self._inputs is None else {key: value for key, value in batch.items() if key in self._inputs}
+        # an in-context learning or generation batch also holds its task's fields: only the forward's named inputs
+        names = self._named_inputs if EVAL_MODE in batch else self._inputs
+        inputs = batch if names is None else {key: value for key, value in batch.items() if key in names}
         return self.model(**inputs)
 
     @override
@@ -174,21 +185,64 @@ class HuggingFaceModel(ComposerModel):
 
     @override
     def eval_forward(self, batch: Any, outputs: Any | None = None) -> Any:
-        """The model's output, or with ``use_logits=True`` its logits (one-column logits squeezed to a vector)."""
+        """The model's output, or with ``use_logits=True`` its logits (one-column logits squeezed to a vector).
+
+        Batches of llm-foundry's in-context learning tasks, as in Composer: ``mode="icl_task"`` gives the logits of
+        every position, with the batch's ``labels`` moved to :attr:`labels` one position earlier (the last one
+        ignored, -100), where the tasks' metrics index them; ``mode="generate"`` gives the text the model generates
+        after each prompt (``generation_kwargs`` from the batch), its ``labels`` (the answers) moved likewise.
+        """
+        mode = batch.get(EVAL_MODE) if isinstance(batch, Mapping) else None
+        if mode == "generate":
+            return self._generated_text(batch)
+        if mode == "icl_task":
+            labels = batch.pop("labels")
+            self.labels = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
         outputs = self(batch) if outputs is None else outputs
-        if not self.use_logits or isinstance(outputs, torch.Tensor):
+        if (not self.use_logits and mode != "icl_task") or isinstance(outputs, torch.Tensor):
             return outputs
         logits = outputs["logits"]
         return logits.squeeze(1) if logits.ndim == 2 and logits.shape[1] == 1 else logits
 
+    def _generated_text(self, batch: Any) -> list[str]:
+        """What the model generates after each prompt of a ``mode="generate"`` batch, decoded (Composer's)."""
+        if self.tokenizer is None:
+            raise ValueError(
+                "A generation batch (mode='generate') needs the tokenizer: HuggingFaceModel(model, tokenizer=...)."
+            )
+        self.labels = batch.pop("labels")
+        prompts = batch["input_ids"]
+        # every rank steps until the longest generation ends: sharded weights are gathered by all ranks together
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        generated = self.model.generate(
+            prompts,
+            attention_mask=batch["attention_mask"],
+            synced_gpus=distributed and torch.distributed.get_world_size() > 1,
+            **batch.get("generation_kwargs", {}),
+        )
+        texts = self.tokenizer.batch_decode(generated[:, prompts.shape[1] :], skip_special_tokens=True)
+        # a tokenizer that does not encode " a" as one token (sentencepiece) dropped the space that starts the text
+        if len(self.tokenizer(" a", add_special_tokens=False)["input_ids"]) == 1:
+            return list(texts)
+        return [" " + text for text in texts]
+
     @override
-    def update_metric(self, batch: Any, outputs: Any, metric: Any) -> None:
-        """Feed ``(logits, labels)`` to a metric object; for causal LMs the logits of position t meet label t+1."""
+    def update_metric(self, batch: Any, outputs: Any, metric: Any) -> Any:
+        """Feed ``(logits, labels)`` to a metric object; for causal LMs the logits of position t meet label t+1.
+
+        A metric with ``needs_batch`` (llm-foundry's in-context learning metrics) gets ``update(batch=, outputs=,
+        labels=)`` with the labels :meth:`eval_forward` took from the batch; what it returns (its per-sample
+        results) is returned, as in Composer. So does any metric of a batch whose labels were taken."""
+        if getattr(metric, "needs_batch", False):
+            return metric.update(batch=batch, outputs=outputs, labels=self.labels)
+        if isinstance(batch, Mapping) and EVAL_MODE in batch:
+            return metric.update(outputs, self.labels)
         logits = outputs if isinstance(outputs, torch.Tensor) else outputs["logits"]
         labels = batch["labels"]
         if self.shift_labels:
             logits, labels = logits[:, :-1], labels[:, 1:]
         metric.update(logits, labels)
+        return None
 
     @override
     def get_extra_state(self) -> dict[str, Any]:

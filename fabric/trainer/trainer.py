@@ -50,6 +50,7 @@ from fabric.trainer.epoch import EpochCursor
 from fabric.trainer.evaluation import (
     EvaluationInterrupted,
     Evaluator,
+    batch_limit,
     batches_in,
     run_evaluators,
     select_metrics,
@@ -338,15 +339,17 @@ class Trainer:
     def _set_evaluators(self, evaluators: Sequence[Evaluator]) -> None:
         """Evaluate with ``evaluators`` (checked against the Fabric by the plan, or by :func:`plan_evaluators`)."""
         # Each evaluator's own subset (None: the Trainer's), so that fit(eval_subset_num_batches=) changes the rest.
-        self._own_eval_subsets = [
-            None if evaluator.subset_num_batches == -1 else evaluator.subset_num_batches for evaluator in evaluators
-        ]
-        for evaluator in evaluators:
-            evaluator.dataloader = self._setup_dataloader(evaluator.data_spec)
-            eval_metrics = model_metrics(self.state.model.module, False, self.fabric)  # each evaluator its own
-            self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
+        self._own_eval_subsets = [evaluator.subset_num_batches for evaluator in evaluators]
+        self._prepare_evaluators(evaluators)
         self.evaluators = evaluators
         self._apply_eval_settings()
+
+    def _prepare_evaluators(self, evaluators: Sequence[Evaluator]) -> None:
+        """Each evaluator's loader set up with Fabric, and its metrics (its own copies) in ``state.eval_metrics``."""
+        for evaluator in evaluators:
+            evaluator.loader = self._setup_dataloader(evaluator.data_spec)
+            eval_metrics = model_metrics(self.state.model.module, False, self.fabric)
+            self.state.eval_metrics[evaluator.label] = select_metrics(eval_metrics, evaluator)
 
     def _apply_eval_settings(self) -> None:
         """The Trainer's ``eval_subset_num_batches`` and ``eval_interval`` for the evaluators without their own."""
@@ -677,7 +680,7 @@ class Trainer:
         to its end, and the job saves after it."""
         if self._preemption is None:
             return False
-        counts = [batches_in(evaluator) for evaluator in evaluators]
+        counts = [batches_in(evaluator, batch_limit(evaluator)) for evaluator in evaluators]
         if self.fabric.world_size == 1:
             return True
         known = torch.tensor([-1 if count is None else count for count in counts], device=self.fabric.device)
@@ -690,21 +693,24 @@ class Trainer:
 
     # --- evaluation and prediction ----------------------------------------------------------------
 
-    def eval(self, eval_dataloader: Any = None, subset_num_batches: int | None = None) -> dict[str, float]:
-        """Run every evaluator once (or the given dataloader(s)) between EVAL_STANDALONE_START and
-        EVAL_STANDALONE_END; returns the computed metrics."""
-        if subset_num_batches is not None:
-            check_subset_num_batches(subset_num_batches, "subset_num_batches")
-        if eval_dataloader is not None:
-            self._set_evaluators(plan_evaluators(eval_dataloader, self.fabric))
-        if not self.evaluators:
+    def eval(self, eval_dataloader: Any = None, subset_num_batches: int | None = -1) -> dict[str, float]:
+        """Run every evaluator once between EVAL_STANDALONE_START and EVAL_STANDALONE_END; returns the computed
+        metrics. As in Composer: ``eval_dataloader`` (a dataloader, an Evaluator, or a list or dict of them) is
+        evaluated instead, this once (the Trainer's evaluators stay those of ``fit``); ``subset_num_batches`` other
+        than -1 (or ``None``) limits every evaluator this once, else each runs its own (an evaluator given here
+        without one: all its batches)."""
+        subset = -1 if subset_num_batches is None else subset_num_batches
+        check_subset_num_batches(subset, "subset_num_batches")
+        if eval_dataloader is None:
+            evaluators = self.evaluators
+        else:
+            evaluators = plan_evaluators(eval_dataloader, self.fabric)
+            self._prepare_evaluators(evaluators)
+        if not evaluators:
             raise ValueError("eval() needs an eval_dataloader: pass it to the Trainer or to eval().")
-        if subset_num_batches is not None:
-            for evaluator in self.evaluators:
-                evaluator.subset_num_batches = subset_num_batches
         with self._failures_logged():
-            run_evaluators(self.state, self.engine, self.logger, self.evaluators, standalone=True)
-        labels = tuple(f"metrics/{evaluator.label}/" for evaluator in self.evaluators)
+            run_evaluators(self.state, self.engine, self.logger, evaluators, standalone=True, subset_num_batches=subset)
+        labels = tuple(f"metrics/{evaluator.label}/" for evaluator in evaluators)
         return {name: value for name, value in self.state.metrics.items() if name.startswith(labels)}
 
     def predict(

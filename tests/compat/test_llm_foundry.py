@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import subprocess
 from pathlib import Path
@@ -271,3 +272,83 @@ def test_tensor_parallel_without_replication_stops_at_the_first_batch_naming_the
     assert "hold parts of one model copy (tensor_parallel=2) and must be given the same batches" in said
     assert "a StreamingDataset takes replication=<ranks of one model copy>" in said
     assert "batch=1]" not in job.stdout  # not one step trained
+
+
+def _in_context_tasks(folder: Path) -> list[dict[str, Any]]:
+    """Three of llm-foundry's in-context learning task types on jsonl files of the tokenizer's words: language
+    modelling (12 samples), multiple choice (24 questions of 3 choices, limited to 2 batches of 4 by the eval's
+    ``icl_subset_num_batches``) and generation with answers."""
+    words = random.Random(5)
+
+    def text(count: int) -> str:
+        return " ".join(f"w{words.randrange(200)}" for _ in range(count))
+
+    rows = {
+        "lm": [{"context": text(10), "continuation": " " + text(3)} for _ in range(12)],
+        "mc": [
+            {"query": text(8), "choices": [text(2) for _ in range(3)], "gold": words.randrange(3)} for _ in range(24)
+        ],
+        "qa": [{"context": text(8), "answer": text(2), "aliases": []} for _ in range(8)],
+    }
+    for label, samples in rows.items():
+        (folder / f"{label}.jsonl").write_text("".join(json.dumps(sample) + "\n" for sample in samples))
+    return [
+        {"label": "lm", "dataset_uri": str(folder / "lm.jsonl"), "num_fewshot": [0, 1],
+         "icl_task_type": "language_modeling",
+         "metric_names": ["InContextLearningLMAccuracy", "InContextLearningLMExpectedCalibrationError"]},
+        {"label": "mc", "dataset_uri": str(folder / "mc.jsonl"), "num_fewshot": [0],
+         "icl_task_type": "multiple_choice", "continuation_delimiter": " ",
+         "metric_names": ["InContextLearningMultipleChoiceAccuracy", "InContextLearningMCExpectedCalibrationError"]},
+        {"label": "qa", "dataset_uri": str(folder / "qa.jsonl"), "num_fewshot": [0],
+         "icl_task_type": "generation_task_with_answers", "generation_kwargs": {"max_new_tokens": 3}},
+    ]  # fmt: skip
+
+
+def test_llmfoundry_eval_of_in_context_tasks_and_the_gauntlet_gives_the_metrics_of_the_batches_by_hand(
+    workspace: Path, uninterrupted: tuple[str, dict[int, float], Path]
+) -> None:
+    """``llmfoundry eval`` on the trained checkpoint with in-context learning tasks and an eval gauntlet: each task's
+    metric equals what llm-foundry's own metric gives when the same batches go through the model by hand
+    (foundry_icl_reference.py, Composer's way of feeding them), ``icl_subset_num_batches`` included; the generation
+    task and the gauntlet's averages are reported."""
+    folder = workspace / "icl"
+    folder.mkdir(exist_ok=True)
+    checkpoint = uninterrupted[2] / "ep0-ba6-rank0.pt"
+    model = _config(workspace, checkpoint.parent)["model"]
+    benchmarks = [{"name": "mc", "num_fewshot": 0, "random_baseline": 0.33},
+                  {"name": "lm", "num_fewshot": 0, "random_baseline": 0.0}]  # fmt: skip
+    config = {
+        "seed": 17, "precision": "fp32", "max_seq_len": 64, "device_eval_batch_size": 4, "log_config": False,
+        "icl_tasks": _in_context_tasks(folder), "icl_subset_num_batches": 2,
+        "models": [{"model_name": "tiny-mpt", "model": model, "load_path": str(checkpoint),
+                    "tokenizer": {"name": str(workspace / "tokenizer"), "kwargs": {"model_max_length": 64}}}],
+        "eval_gauntlet": {"weighting": "EQUAL", "subtract_random_baseline": True, "rescale_accuracy": True,
+                          "categories": [{"name": "reading", "benchmarks": benchmarks}]},
+    }  # fmt: skip
+    config_path = folder / "eval.json"
+    config_path.write_text(json.dumps(config))
+    environment = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    runner = [str(PYTHON), "-m", "fabric.compat.composer"]
+    job = subprocess.run([*runner, "-m", "llmfoundry.cli.cli", "eval", str(config_path)], capture_output=True,
+                         text=True, timeout=600, env=environment, check=False)  # fmt: skip
+    output = job.stdout + job.stderr
+    assert job.returncode == 0, output[-5000:]
+    reported = {name: float(value) for name, value in re.findall(r"(metrics/\S+): ([-+.\deE]+)", output)}
+    reference_path = folder / "reference.json"
+    reference_script = str(Path(__file__).parent / "foundry_icl_reference.py")
+    job = subprocess.run([*runner, reference_script, str(config_path), str(reference_path)], capture_output=True,
+                         text=True, timeout=600, env=environment, check=False)  # fmt: skip
+    assert job.returncode == 0, (job.stdout + job.stderr)[-5000:]
+    reference = json.loads(reference_path.read_text())
+    expected = {"metrics/lm/0-shot/InContextLearningLMAccuracy", "metrics/lm/1-shot/InContextLearningLMAccuracy",
+                "metrics/mc/0-shot/InContextLearningMultipleChoiceAccuracy"}  # fmt: skip
+    assert expected <= set(reference)
+    # the calibration errors read the probabilities at the continuation's positions: a shift of one moves them
+    errors = [value for name, value in reference.items() if "CalibrationError" in name]
+    assert len(errors) == 3 and all(value > 0.01 for value in errors), reference
+    for name, value in reference.items():
+        assert reported[name] == pytest.approx(value, abs=1e-6), name
+    assert 0.0 <= reported["metrics/qa/0-shot/InContextLearningGenerationExactMatchAccuracy"] <= 1.0
+    # 2 batches of 4 of the 24 questions: a multiple of 1/8 (all 24 would be a multiple of 1/24)
+    assert reference["metrics/mc/0-shot/InContextLearningMultipleChoiceAccuracy"] * 8 % 1 == pytest.approx(0)
+    assert re.search(r"\| tiny-mpt\s+\|\s+[-+.\deE]+ \|\s+[-+.\deE]+ \|", output), output[-3000:]  # the gauntlet

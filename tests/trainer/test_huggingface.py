@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -503,3 +503,57 @@ def test_generate_refuses_a_model_it_cannot_generate_with_and_bad_prompts() -> N
     )
     with pytest.raises(ValueError, match=r"Generate needs a HuggingFaceModel with a tokenizer .*ComposerClassifier"):
         trainer.fit()
+
+
+class _InContextMetric:
+    """Stands for llm-foundry's in-context learning metrics (``needs_batch``): records what each update got (in a
+    list shared by the Trainer's deep copies) and returns per-sample results, as they do."""
+
+    needs_batch = True
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def update(self, batch: Any, outputs: Any, labels: Any) -> dict[str, Any]:
+        self.seen.append({"batch": dict(batch), "outputs": outputs, "labels": labels})
+        return {"result": [1.0] * len(labels)}
+
+    def compute(self) -> torch.Tensor:
+        return torch.tensor(1.0)
+
+    def reset(self) -> None:
+        pass
+
+
+def test_in_context_learning_batches_are_evaluated_as_composer_does() -> None:
+    """llm-foundry's ICL batches (``mode="icl_task"``, with the task's fields beside the model's inputs): the metric
+    gets the batch, the logits of every position, and the labels taken out of the batch one position earlier (the
+    last -100), which is where its ``continuation_indices`` read them; a ``mode="generate"`` batch gives the text
+    generated after each prompt, its answers as the labels. The task's fields never reach the model."""
+    tokenizer = _tokenizer()
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=12, n_positions=16, bos_token_id=0)
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(config)
+    model = HuggingFaceModel(gpt2, tokenizer=tokenizer, eval_metrics={"icl": _InContextMetric()}, use_logits=True)
+    ids = torch.randint(2, 12, (4, 6), generator=torch.Generator().manual_seed(3))
+    icl = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone(), "mode": "icl_task",
+           "continuation_indices": [torch.tensor([4, 5])] * 4, "gold_indices": [0, 1, 0, 1]}  # fmt: skip
+    trainer = Trainer(model=model, eval_dataloader={"eval": [icl]}, progress_bar=False, accelerator="cpu")
+    _InContextMetric.seen.clear()
+    assert trainer.eval() == {"metrics/eval/icl": 1.0}
+    (seen,) = _InContextMetric.seen
+    with torch.no_grad():
+        expected_logits = gpt2.eval()(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert torch.equal(seen["outputs"], expected_logits)  # every position, as the metric indexes them
+    assert torch.equal(seen["labels"][:, :-1], ids[:, 1:]) and (seen["labels"][:, -1] == -100).all()
+    assert "labels" not in seen["batch"] and seen["batch"]["gold_indices"] == [0, 1, 0, 1]
+
+    prompts = torch.randint(2, 12, (2, 3), generator=torch.Generator().manual_seed(4))
+    generate = {"input_ids": prompts, "attention_mask": torch.ones_like(prompts), "labels": [["w1"], ["w2"]],
+                "mode": "generate", "generation_kwargs": {"max_new_tokens": 2, "do_sample": False}}  # fmt: skip
+    _InContextMetric.seen.clear()
+    trainer.eval(eval_dataloader={"eval": [generate]})
+    (seen,) = _InContextMetric.seen
+    with torch.no_grad():
+        greedy = gpt2.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=2, do_sample=False)
+    # this tokenizer encodes " a" as one token, so the text is decoded as it is (Composer adds a space otherwise)
+    assert seen["outputs"] == tokenizer.batch_decode(greedy[:, 3:], skip_special_tokens=True)
+    assert seen["labels"] == [["w1"], ["w2"]]

@@ -16,6 +16,7 @@ from fabric import Fabric
 from fabric.trainer.core.callback import Callback
 from fabric.trainer.core.events import Event
 from fabric.trainer.core.state import State
+from fabric.trainer.data_spec import DataSpec
 from fabric.trainer.evaluation import Evaluator
 from fabric.trainer.schedulers import LinearScheduler, LinearWithWarmupScheduler
 from fabric.trainer.trainer import Trainer
@@ -413,6 +414,83 @@ def test_evaluator_subset_and_metric_names() -> None:
     assert recorder.count(Event.EVAL_BATCH_END) == 2
     with pytest.raises(ValueError, match=r"\['f1'\].*\['accuracy'\]"):
         _trainer(eval_dataloader=Evaluator("val", DataLoader(_data()), metric_names=["f1"]))
+
+
+class EvalBatches(Callback):
+    """Counts each evaluator's batches, by label."""
+
+    def __init__(self) -> None:
+        self.batches: dict[str, int] = {}
+
+    def eval_batch_end(self, state: State, logger: Any) -> None:
+        label = str(state.dataloader_label)
+        self.batches[label] = self.batches.get(label, 0) + 1
+
+
+def test_evaluator_subsets_follow_composer_none_is_the_trainers_minus_one_is_all() -> None:
+    """Composer's rules: an Evaluator's subset_num_batches None (the default) takes the Trainer's
+    eval_subset_num_batches, written on it; -1 is all of its batches, whatever the Trainer's; eval()'s -1 (its
+    default) leaves each evaluator its own, another value limits every one this once."""
+    counter = EvalBatches()
+    loader = DataLoader(_data(48), batch_size=8)  # 6 batches
+    own = Evaluator("own", loader, subset_num_batches=4)
+    every = Evaluator("every", loader, subset_num_batches=-1)
+    default = Evaluator("default", loader)
+    assert default.subset_num_batches is None
+    trainer = _trainer(callbacks=[counter], eval_dataloader=[own, every, default], eval_subset_num_batches=2)
+    assert default.subset_num_batches == 2
+    trainer.eval()
+    assert counter.batches == {"own": 4, "every": 6, "default": 2}
+    counter.batches.clear()
+    trainer.eval(subset_num_batches=1)
+    assert counter.batches == {"own": 1, "every": 1, "default": 1}
+    counter.batches.clear()
+    trainer.eval()  # the limit of the call before was for that call only
+    assert counter.batches == {"own": 4, "every": 6, "default": 2}
+    with pytest.raises(ValueError, match=r"subset_num_batches=0 must be -1 \(all\), a positive int or None"):
+        Evaluator("bad", loader, subset_num_batches=0)
+
+
+def test_eval_of_other_dataloaders_leaves_the_evaluators_of_fit_in_place() -> None:
+    """trainer.eval(eval_dataloader=X) evaluates X this once, all its batches unless it says otherwise (Composer's
+    eval); the evaluators fit runs are still the Trainer's, with their subsets."""
+    counter = EvalBatches()
+    fit_evaluator = Evaluator("fit", DataLoader(_data(48), batch_size=8))
+    trainer = _trainer(
+        callbacks=[counter], eval_dataloader=fit_evaluator, eval_subset_num_batches=3, max_duration="1ep"
+    )
+    metrics = trainer.eval(eval_dataloader={"other": DataLoader(_data(40), batch_size=8)})
+    assert counter.batches == {"other": 5} and set(metrics) == {"metrics/other/accuracy"}
+    counter.batches.clear()
+    trainer.fit()
+    assert counter.batches == {"fit": 3}  # once, at the end of the epoch
+
+
+def test_an_evaluators_dataloader_is_a_data_spec_counting_the_datasets_samples_as_in_composer() -> None:
+    """Composer's Evaluator.dataloader is a DataSpec (llm-foundry's eval gauntlet reads its num_samples); a DataSpec
+    takes num_samples and num_tokens as Composer's does."""
+    loader = DataLoader(_data(20), batch_size=8)
+    evaluator = Evaluator("val", loader)
+    assert isinstance(evaluator.dataloader, DataSpec) and evaluator.dataloader.dataloader is loader
+    assert evaluator.dataloader.num_samples == 20 and evaluator.dataloader.num_tokens is None
+    given = DataSpec(loader, 7, num_tokens=70)
+    assert (given.num_samples, given.num_tokens) == (7, 70)
+    assert DataSpec(iter([1, 2])).num_samples is None  # no dataset to count
+    with pytest.raises(ValueError, match=r"num_samples=-1\) must be a non-negative int or None"):
+        DataSpec(loader, num_samples=-1)
+    trainer = _trainer(eval_dataloader=evaluator)
+    assert trainer.eval()["metrics/val/accuracy"] >= 0.0
+
+
+def test_a_callback_takes_and_ignores_arguments_as_composers_does() -> None:
+    """llm-foundry's EvalOutputLogging calls super().__init__(self, *args, **kwargs)."""
+
+    class Passing(Callback):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(self, *args, **kwargs)
+            self.made = True
+
+    assert Passing(1, flag=True).made
 
 
 class ForwardSizes(Callback):

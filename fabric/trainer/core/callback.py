@@ -56,6 +56,12 @@ class SavesCheckpoints(Protocol):
 class Callback:
     """Base class of callbacks; every per-event method is a no-op until overridden."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Takes and ignores any arguments, as Composer's does: subclasses pass theirs on (llm-foundry's
+        ``EvalOutputLogging`` calls ``super().__init__(self, *args, **kwargs)``)."""
+        del args, kwargs
+        super().__init__()
+
     def init(self, state: State, logger: Logger) -> None:
         """Once, in Trainer construction, before Fabric sets the model up."""
 
