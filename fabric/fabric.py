@@ -140,6 +140,12 @@ class Fabric:
         return self._strategy.precision
 
     @property
+    def _precision(self) -> Precision:
+        """Lightning Fabric's private name for the precision plugin, which litgpt reads (``generate/tp.py``,
+        ``LLM.distribute``: ``fabric._precision.convert_module(model)``)."""
+        return self._strategy.precision
+
+    @property
     def accelerator(self) -> Accelerator:
         """The accelerator (CPU, CUDA, MPS) this job runs on."""
         return self._strategy.accelerator

@@ -26,6 +26,12 @@ class Accelerator(ABC):
     def device_count() -> int:
         """How many devices of this type the process can see."""
 
+    @classmethod
+    def auto_device_count(cls) -> int:
+        """Lightning's name for :meth:`device_count`, which programs written for it call (litgpt's tensor-parallel
+        and sequential generation count the devices with it)."""
+        return cls.device_count()
+
     def setup_device(self, device: torch.device) -> None:  # noqa: B027 - optional hook
         """Make ``device`` the current one for this process (a no-op where there is no such notion)."""
 

@@ -25,6 +25,12 @@ class CPUAccelerator(Accelerator):
     def device_count() -> int:
         return os.cpu_count() or 1
 
+    @classmethod
+    @override
+    def auto_device_count(cls) -> int:
+        """One: ``devices="auto"`` on the CPU is one process, as in Lightning."""
+        return 1
+
     @override
     def resolve_devices(self, request: DeviceRequest) -> list[torch.device]:
         """``auto`` is one process, ``-1`` one per core, ``N`` is N processes; indices make no sense here."""

@@ -192,6 +192,14 @@ def test_litgpt_generate_writes_what_it_writes_under_lightning(checkpoint: Path)
     assert "below is a task w26 w41 w16 w98 w41 w36" in run.stdout
 
 
+def test_litgpt_generate_tp_writes_what_generate_writes(checkpoint: Path) -> None:
+    """Its tensor-parallel generation (as under Lightning, one process on the CPU) reads Lightning's private
+    ``fabric._precision`` and counts devices with ``accelerator.auto_device_count()``; it stopped at the first."""
+    run = _litgpt("generate_tp", str(checkpoint), "--prompt", "below is a task", "--max_new_tokens", "6",
+                  "--precision", "32-true")  # fmt: skip
+    assert "below is a task w26 w41 w16 w98 w41 w36" in run.stdout
+
+
 def test_litgpt_quantized_finetune_lora_and_generate_run_on_bitsandbytes(checkpoint: Path, tmp_path: Path) -> None:
     """``--quantize bnb.*`` (QLoRA): Lightning refuses it without CUDA ("Bitsandbytes is only supported on CUDA
     GPUs"); bitsandbytes 0.50 runs on CPU. Our own numbers: the same run in ``bf16-true`` without quantization gives
