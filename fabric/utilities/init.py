@@ -57,12 +57,26 @@ class SkipParameterInit(TorchFunctionMode):
 
     When the context ends each such tensor is stamped with its version counter, so that
     :func:`uninitialised_tensors` can later tell whether anything wrote to it since (a
-    ``load_state_dict``, an in-place initialisation).
+    ``load_state_dict``, an in-place initialisation). An inference tensor has no version counter, so the
+    modules built here also clear the stamp of each tensor a ``load_state_dict`` fills (litgpt's ``chat``
+    builds its model under ``torch.inference_mode()`` and loads it with a plain ``load_state_dict``).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._skipped: list[weakref.ref[torch.Tensor]] = []
+        self._modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._registrations: list[RemovableHandle] = []
+
+    def __enter__(self) -> SkipParameterInit:
+        self._registrations = [
+            nn.modules.module.register_module_parameter_registration_hook(self._built),
+            nn.modules.module.register_module_buffer_registration_hook(self._built),
+        ]
+        return super().__enter__()  # type: ignore[no-any-return,no-untyped-call]
+
+    def _built(self, module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
+        self._modules.add(module)
 
     def __torch_function__(
         self,
@@ -82,11 +96,30 @@ class SkipParameterInit(TorchFunctionMode):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         super().__exit__(exc_type, exc, traceback)  # type: ignore[no-untyped-call]
+        for registration in self._registrations:
+            registration.remove()
         for reference in self._skipped:
             tensor = reference()
             if tensor is not None:
                 setattr(tensor, _SKIPPED_AT_VERSION, _version(tensor))
         self._skipped.clear()
+        for module in self._modules:
+            if any(hasattr(tensor, _SKIPPED_AT_VERSION) for tensor in _own_tensors(module).values()):
+                module.register_load_state_dict_pre_hook(_forget_loaded_tensors)  # type: ignore[no-untyped-call]
+        self._modules = weakref.WeakSet()
+
+
+def _own_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's own parameters and buffers (not its children's), by name."""
+    tensors = {**module._parameters, **module._buffers}
+    return {name: tensor for name, tensor in tensors.items() if tensor is not None}
+
+
+def _forget_loaded_tensors(module: nn.Module, state_dict: Mapping[str, Any], prefix: str, *rest: Any) -> None:
+    """A ``load_state_dict`` pre-hook: the module's tensors the state dict fills are initialised from now on."""
+    for name, tensor in _own_tensors(module).items():
+        if prefix + name in state_dict and hasattr(tensor, _SKIPPED_AT_VERSION):
+            delattr(tensor, _SKIPPED_AT_VERSION)
 
 
 def _version(tensor: torch.Tensor) -> int | None:

@@ -200,6 +200,24 @@ def test_litgpt_generate_tp_writes_what_generate_writes(checkpoint: Path) -> Non
     assert "below is a task w26 w41 w16 w98 w41 w36" in run.stdout
 
 
+def test_litgpt_chat_replies_what_it_replies_under_lightning(checkpoint: Path) -> None:
+    """``litgpt chat`` builds its model with ``init_module(empty_init=True)`` under ``torch.inference_mode()`` and
+    loads it with a plain ``load_state_dict`` before ``fabric.setup``: the guard against running uninitialised
+    weights refused its first reply (an inference tensor has no version counter to show the load). Compared with
+    Lightning itself, in the same environment, on the same prompts."""
+    replies = {}
+    for runner in (["-m", "fabric.compat.lightning", "-m", "litgpt"], ["-m", "litgpt"]):
+        environment = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+        run = subprocess.run(
+            [str(PYTHON), *runner, "chat", str(checkpoint), "--max_new_tokens", "6", "--precision", "32-true"],
+            input="below is a task\nwrite a response\n!quit\n", capture_output=True, text=True, timeout=300,
+            env=environment | {"CUDA_VISIBLE_DEVICES": ""}, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        replies[runner[1]] = re.findall(r">> Reply: (.*)", run.stdout)
+    assert len(replies["litgpt"]) == 2 and replies["fabric.compat.lightning"] == replies["litgpt"]
+
+
 def test_litgpt_quantized_finetune_lora_and_generate_run_on_bitsandbytes(checkpoint: Path, tmp_path: Path) -> None:
     """``--quantize bnb.*`` (QLoRA): Lightning refuses it without CUDA ("Bitsandbytes is only supported on CUDA
     GPUs"); bitsandbytes 0.50 runs on CPU. Our own numbers: the same run in ``bf16-true`` without quantization gives

@@ -124,6 +124,23 @@ def test_a_module_built_under_inference_mode_is_guarded_until_loaded(checkpoint:
         assert torch.equal(model(TOKENS), source(TOKENS))
 
 
+def test_a_plain_load_before_setup_under_inference_mode_fills_what_it_loads_and_nothing_else() -> None:
+    """litgpt's ``chat``: built and loaded with a plain ``load_state_dict`` under ``torch.inference_mode()``, then set
+    up. The tensors the state dict filled count as loaded (an inference tensor has no version counter to tell it);
+    those it left out are still guarded."""
+    torch.manual_seed(0)
+    source = Net()
+    fabric = Fabric(accelerator="cpu", devices=1)
+    with torch.inference_mode():
+        loaded = _empty(fabric)
+        loaded.load_state_dict(source.state_dict())
+        assert torch.equal(fabric.setup(loaded)(TOKENS), source(TOKENS))
+        partly = _empty(fabric)
+        partly.load_state_dict({k: v for k, v in source.state_dict().items() if not k.startswith("head")}, strict=False)
+        with pytest.raises(RuntimeError, match=r"2 of its tensors \(head\.weight, head\.bias\)"):
+            fabric.setup(partly)(TOKENS)
+
+
 def test_only_tensors_whose_initialisation_was_skipped_are_guarded() -> None:
     fabric = Fabric(accelerator="cpu", devices=1)
     with fabric.init_module(empty_init=True):
