@@ -13,11 +13,12 @@ A load reads into copies first and touches the user's objects only once everythi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -33,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import Optimizer
 
 from fabric.plugins.io.background_saves import BackgroundSaves, finished
@@ -97,7 +99,37 @@ def full_optimizer_state(owner: nn.Module, optimizer: Optimizer) -> dict[str, An
 
 
 def load_full_module_state(module: nn.Module, state_dict: dict[str, Any], strict: bool) -> None:
-    set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+    with _sharding_renamed_entries(module):
+        set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+@contextlib.contextmanager
+def _sharding_renamed_entries(module: nn.Module) -> Iterator[None]:
+    """While a whole state dict loads: an entry that reaches a sharded parameter whole is sharded as it, locally.
+
+    torch shards the entries named as the model's state dict names them; a module whose ``_load_from_state_dict``
+    renames entries of an older layout (litgpt's LoRA layers: ``qkv.weight`` into ``qkv.linear.weight``) hands the
+    parameter a whole tensor, which ``copy_`` refuses beside a DTensor. Every rank holds the whole state dict here,
+    so each takes its own shard without a collective.
+    """
+
+    def shard_whole_entries(owner: nn.Module, entries: dict[str, Any], prefix: str, *rest: Any) -> None:
+        for name, parameter in [*owner._parameters.items(), *owner._buffers.items()]:
+            entry = entries.get(prefix + name)
+            if isinstance(parameter, DTensor) and isinstance(entry, torch.Tensor) and not isinstance(entry, DTensor):
+                entries[prefix + name] = distribute_tensor(
+                    entry.to(parameter.device), parameter.device_mesh, parameter.placements, src_data_rank=None
+                )
+
+    handles = [
+        child.register_load_state_dict_pre_hook(shard_whole_entries)  # type: ignore[no-untyped-call]
+        for child in module.modules()
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def load_full_optimizer_state(owner: nn.Module, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:

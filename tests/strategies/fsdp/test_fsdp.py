@@ -242,3 +242,21 @@ def test_mixed_precision_policy_comes_from_the_precision_plugin(
     fabric = Fabric(accelerator="cpu", strategy="fsdp", devices=2, precision=precision)
     policy = fabric.strategy.mixed_precision_policy()  # type: ignore[attr-defined]
     assert (policy.param_dtype, policy.reduce_dtype) == (param_dtype, reduce_dtype)
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "model_parallel"])
+def test_load_raw_shards_entries_a_module_renames_as_it_loads(tmp_path: Path, kind: str) -> None:
+    """A whole state dict in an older layout, renamed by the modules as they load (litgpt's LoRA layers take
+    ``qkv.weight`` for ``qkv.linear.weight``; ``litgpt finetune_lora --devices 2`` loads its base model so): each
+    entry reaches its sharded parameter as that rank's shard; torch's own full-state load stopped on ``copy_`` of a
+    whole tensor into a DTensor."""
+    result = _run([sys.executable, str(SCRIPTS / "fsdp_renamed_load.py"), str(tmp_path), kind])
+    assert result.returncode == 0, result.stderr[-4000:]
+    expected = {"0.linear.weight": torch.arange(64.0).reshape(8, 8), "0.linear.bias": torch.arange(8.0)}
+    expected |= {"2.linear.weight": -expected["0.linear.weight"], "2.linear.bias": -expected["0.linear.bias"]}
+    for report in _reports(tmp_path, kind, 2):
+        whole = {name.removeprefix("_forward_module."): torch.tensor(value) for name, value in report["whole"].items()}
+        assert whole.keys() == expected.keys()
+        assert all(torch.equal(whole[name], expected[name]) for name in expected)
+        held = {name.removeprefix("_forward_module."): count for name, count in report["held"].items()}
+        assert held == {name: tensor.numel() // 2 for name, tensor in expected.items()}  # each rank its half
