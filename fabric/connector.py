@@ -250,6 +250,16 @@ def _runs_one_process(choice: StrategyArg) -> bool:
     return isinstance(choice, SingleDeviceStrategy) or choice == "single_device"
 
 
+def _one_process_of_its_own(picked: Mapping[str, Any]) -> bool:
+    """A Fabric of one device built in a process that already joined its launched world (through an earlier
+    Fabric): one process of its own, outside that world, as in Lightning (litgpt merges LoRA weights on rank 0 so,
+    after training). Any other request there still has to agree with the launcher."""
+    one_device = picked["devices"] == 1 and picked["num_nodes"] == 1
+    one_process = picked["strategy"] == "auto" or _runs_one_process(picked["strategy"])
+    joined = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return one_device and one_process and joined
+
+
 def _launcher_devices(layout: LaunchedLayout | None, devices: DeviceRequest, num_nodes: int) -> DeviceRequest:
     """``devices`` not given in a launched process: as many as the launcher started on this node."""
     if layout is None or devices != AUTO:
@@ -362,7 +372,7 @@ def resolve(
         )
     accelerator_obj = _build_accelerator(picked["accelerator"])
     environment = _cluster_environment(picked["strategy"], given_plugins.cluster_environment, environ)
-    layout = environment.launched_layout()
+    layout = None if _one_process_of_its_own(picked) else environment.launched_layout()
     device_request: DeviceRequest = picked["devices"]
     if not _runs_one_process(picked["strategy"]):
         device_request = _launcher_devices(layout, device_request, picked["num_nodes"])

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from engines import NodePair
 from worlds import TORCHRUN, WORLD, assert_one_world_trained, clean_env, reports
 
@@ -80,3 +81,19 @@ def test_torchrun_across_two_network_namespaces_trains_without_gloo_socket_ifnam
     assert_one_world_trained(ranks, 2)
     assert [r["node_rank"] for r in ranks] == [0, 1]
     assert [r["variables"]["GLOO_SOCKET_IFNAME"] for r in ranks] == [nodes.interface(0), nodes.interface(1)]
+
+
+def test_a_fabric_of_one_device_built_after_joining_the_world_runs_on_its_own(tmp_path: Path) -> None:
+    """litgpt's ``finetune_lora --devices 2`` merges the weights on rank 0 with ``Fabric(devices=1)`` after training,
+    which Lightning allows; it was refused as contradicting the launcher. Once a process has joined its world, such
+    a Fabric is a process of its own (world size 1, rank 0); the world it joined keeps working."""
+    script = Path(__file__).parents[2] / "scripts" / "nested_single_fabric.py"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path)], env=clean_env(), capture_output=True,
+                            text=True, timeout=180)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second = reports(tmp_path, 2)
+    assert first["world_size"] == second["world_size"] == 2 and "nested" not in second
+    nested = first["nested"]
+    assert (nested["strategy"], nested["world_size"], nested["global_rank"]) == ("SingleDeviceStrategy", 1, 0)
+    torch.manual_seed(0)
+    assert nested["output"] == torch.nn.Linear(3, 2)(torch.ones(1, 3)).tolist()
