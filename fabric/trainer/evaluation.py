@@ -210,12 +210,12 @@ def _run_evaluator(
                 continue
             part_samples = samples if len(forwards) == 1 else spec.get_num_samples_in_batch(part)
             for metric in metrics.values():
-                update_metric(model.module, part, outputs, metric, part_samples)
+                state.metric_outputs = update_metric(model.module, part, outputs, metric, part_samples) or {}
         state.eval_timestamp = state.eval_timestamp.to_next_batch(samples * fabric.strategy.batch_shares)
         run_event(Event.EVAL_BATCH_END)
         if stop_requested():
             raise EvaluationInterrupted(f"evaluation {evaluator.label!r} stopped after {index + 1} batch(es)")
-    values = compute_metrics(metrics, f"metrics/{evaluator.label}")
+    values = compute_metrics(metrics, f"metrics/{evaluator.label}", by_name=state.eval_metric_values)
     state.metrics.update(values)
     logger.log_metrics(values)
     run_event(Event.EVAL_END)

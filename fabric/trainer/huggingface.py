@@ -234,7 +234,10 @@ class HuggingFaceModel(ComposerModel):
         labels=)`` with the labels :meth:`eval_forward` took from the batch; what it returns (its per-sample
         results) is returned, as in Composer. So does any metric of a batch whose labels were taken."""
         if getattr(metric, "needs_batch", False):
-            return metric.update(batch=batch, outputs=outputs, labels=self.labels)
+            result = metric.update(batch=batch, outputs=outputs, labels=self.labels)
+            if isinstance(result, dict):  # which metric gave each sample's result, as Composer adds
+                result["metric_name"] = [type(metric).__name__] * len(batch["input_ids"])
+            return result
         if isinstance(batch, Mapping) and EVAL_MODE in batch:
             return metric.update(outputs, self.labels)
         logits = outputs if isinstance(outputs, torch.Tensor) else outputs["logits"]

@@ -603,7 +603,7 @@ class Trainer:
         if clock_check.times_in_tokens:
             clock_check.check_tokens_counted(state.timestamp)
         if state.train_metrics:
-            state.metrics.update(compute_metrics(state.train_metrics, "metrics/train"))
+            state.metrics.update(compute_metrics(state.train_metrics, "metrics/train", state.train_metric_values))
         if self._reduces_loss:
             loss = self._loss_over_ranks(state.loss)  # a collective: on every rank, whatever each one logs to
             if self.logger.destinations:

@@ -154,7 +154,8 @@ def _assert_hugging_face_folders_hold_the_checkpoints_weights(hf_folder: Path, s
 @pytest.fixture(scope="module")
 def uninterrupted(workspace: Path) -> tuple[str, dict[int, float], Path]:
     save_folder = workspace / "uninterrupted"
-    output, losses = _train(workspace, save_folder)
+    callbacks = _config(workspace, save_folder)["callbacks"] | {"fdiff_metrics": {}}  # reads state.eval_metric_values
+    output, losses = _train(workspace, save_folder, callbacks=callbacks)
     return output, losses, save_folder
 
 
@@ -164,6 +165,9 @@ def test_llm_foundry_trains_a_tiny_mpt_unchanged(uninterrupted: tuple[str, dict[
     assert all(math.isfinite(loss) for loss in losses.values()) and losses[6] < losses[1] - 0.3
     evaluations = {int(batch): float(value) for batch, value in EVAL_LINE.findall(output)}
     assert sorted(evaluations) == [3, 6] and evaluations[6] < evaluations[3]
+    fdiff_line = r"^\[epoch=0 batch=6\] eval: .*metrics/eval/LanguageCrossEntropy_fdiff: ([-+.\deE]+)"
+    fdiff = re.search(fdiff_line, output, re.M)  # llm-foundry's fdiff_metrics: the change since the last evaluation
+    assert fdiff is not None and float(fdiff.group(1)) == pytest.approx(evaluations[6] - evaluations[3], abs=1e-4)
     assert "lr-DecoupledAdamW/group0: 0.003," in output  # Composer's warm-up: half the peak at batch 2
     assert {path.name for path in save_folder.iterdir()} >= {"ep0-ba3-rank0.pt", "ep0-ba6-rank0.pt", "latest-rank0.pt"}
 

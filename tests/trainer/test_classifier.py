@@ -60,6 +60,14 @@ def test_a_plain_module_trains_with_the_default_loss_and_composers_metric_names(
     assert memory.most_recent_values["metrics/eval/MulticlassAccuracy"] == pytest.approx(accuracy)
     assert memory.most_recent_values["metrics/eval/CrossEntropy"] == pytest.approx(F.cross_entropy(logits, targets))
     assert 0.0 <= trainer.state.metrics["metrics/train/MulticlassAccuracy"] <= 1.0  # the last batch's
+    # Composer's State keeps the last values by metric name too (llm-foundry's fdiff_metrics reads them)
+    assert trainer.state.train_metric_values == {
+        "MulticlassAccuracy": trainer.state.metrics["metrics/train/MulticlassAccuracy"]
+    }
+    assert trainer.state.eval_metric_values == {
+        "MulticlassAccuracy": pytest.approx(accuracy),
+        "CrossEntropy": pytest.approx(F.cross_entropy(logits, targets)),
+    }
     losses = [value for _, value in memory.data["loss/train/total"]]
     assert losses[-1] < losses[0] and accuracy > 0.6  # it learned the three regions
     assert model.num_classes == 3 and "module.0.weight" in model.state_dict()  # metrics are not part of the state

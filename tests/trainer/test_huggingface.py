@@ -545,6 +545,9 @@ def test_in_context_learning_batches_are_evaluated_as_composer_does() -> None:
     assert torch.equal(seen["outputs"], expected_logits)  # every position, as the metric indexes them
     assert torch.equal(seen["labels"][:, :-1], ids[:, 1:]) and (seen["labels"][:, -1] == -100).all()
     assert "labels" not in seen["batch"] and seen["batch"]["gold_indices"] == [0, 1, 0, 1]
+    # Composer's State: the batch's per-sample results with the metric's name, and the value by metric name
+    assert trainer.state.metric_outputs == {"result": [1.0] * 4, "metric_name": ["_InContextMetric"] * 4}
+    assert trainer.state.eval_metric_values == {"icl": 1.0}
 
     prompts = torch.randint(2, 12, (2, 3), generator=torch.Generator().manual_seed(4))
     generate = {"input_ids": prompts, "attention_mask": torch.ones_like(prompts), "labels": [["w1"], ["w2"]],

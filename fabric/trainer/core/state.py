@@ -25,12 +25,12 @@ if TYPE_CHECKING:
 COMPOSER_ONLY = frozenset(
     {
         "auto_microbatching", "automicrobatch_fsdp_hook_handles", "batch_get_item", "batch_set_item",
-        "dataset_resumption", "dataset_state", "device_mesh", "eval_metric_values", "evaluators", "fsdp_config",
+        "dataset_resumption", "dataset_state", "device_mesh", "evaluators", "fsdp_config",
         "fsdp_config_version", "fsdp_modules", "fsdp_sharded_state_dict_enabled", "fsdp_state_dict_type",
         "get_model_state_dict", "get_optim_state_dict", "load_model_state", "load_monolith_rank", "load_optim_state",
-        "load_path", "load_state_dict", "metric_outputs", "precision", "precision_config", "previous_timestamp",
+        "load_path", "load_state_dict", "precision", "precision_config", "previous_timestamp",
         "profiler", "rank_zero_seed", "save_metrics", "scaler", "seed", "serialized_attributes", "set_dataloader",
-        "state_dict", "total_loss_dict", "tp_config", "train_dataloader", "train_metric_values",
+        "state_dict", "total_loss_dict", "tp_config", "train_dataloader",
     }
 )  # fmt: skip
 
@@ -80,6 +80,14 @@ class State:
     train_metrics: dict[str, Any] = field(default_factory=dict)
     #: Metric objects per evaluator label (``"eval"``), then by name.
     eval_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Composer's: the value each training metric computed last, by the metric's name (no label).
+    train_metric_values: dict[str, Any] = field(default_factory=dict)
+    #: Composer's: the value each evaluation metric computed last, by the metric's name (no label: the evaluator run
+    #: last wins, as in Composer; ``metrics`` keeps them by label).
+    eval_metric_values: dict[str, Any] = field(default_factory=dict)
+    #: Composer's: what the model's ``update_metric`` returned for the current evaluation batch (per-sample results
+    #: of llm-foundry's in-context learning metrics), ``{}`` when it returned nothing.
+    metric_outputs: dict[str, Any] = field(default_factory=dict)
     #: Progress within the current evaluation or predict round (reset per dataloader).
     eval_timestamp: Timestamp = field(default_factory=Timestamp)
     predict_timestamp: Timestamp = field(default_factory=Timestamp)

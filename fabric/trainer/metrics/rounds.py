@@ -77,19 +77,20 @@ def model_metrics(model: object, is_train: bool, fabric: Fabric) -> dict[str, An
     return prepared
 
 
-def update_metric(model: Any, batch: Any, outputs: Any, metric: Any, samples: int) -> None:
+def update_metric(model: Any, batch: Any, outputs: Any, metric: Any, samples: int) -> Any:
     """Feed a batch of ``samples`` samples to ``metric``: callables see the whole batch, others go through the
-    model's ``update_metric``."""
+    model's ``update_metric``, whose result is returned (Composer's ``state.metric_outputs``; None for most)."""
     if isinstance(metric, CallableMetric):
         metric.update(outputs, batch, samples)
-    elif hasattr(model, "update_metric"):
-        model.update_metric(batch, outputs, metric)
-    else:
-        TrainerModel.update_metric(model, batch, outputs, metric)
+        return None
+    if hasattr(model, "update_metric"):
+        return model.update_metric(batch, outputs, metric)
+    return TrainerModel.update_metric(model, batch, outputs, metric)
 
 
-def compute_metrics(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
-    """Every metric's value as a float, keyed ``f"{prefix}/{name}"``.
+def compute_metrics(metrics: Mapping[str, Any], prefix: str, by_name: dict[str, Any] | None = None) -> dict[str, float]:
+    """Every metric's value as a float, keyed ``f"{prefix}/{name}"``; also written into ``by_name`` keyed by the
+    name alone when given (Composer's ``state.eval_metric_values`` and ``train_metric_values``).
 
     The metrics keep their state until the next round resets them (an evaluation as it starts, the training
     metrics as each batch starts), as in Composer: ``trainer.state.eval_metrics`` read after ``fit()`` give the
@@ -98,5 +99,7 @@ def compute_metrics(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]
     values = {}
     for name, metric in metrics.items():
         value = metric.compute()
-        values[f"{prefix}/{name}"] = float(value.item() if isinstance(value, torch.Tensor) else value)
+        values[f"{prefix}/{name}"] = number = float(value.item() if isinstance(value, torch.Tensor) else value)
+        if by_name is not None:
+            by_name[name] = number
     return values
