@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from fabric.compat.aliases import AliasedModule, DropIn, Refused
 
-_ICL = Refused("llm-foundry's in-context-learning evaluation (its eval gauntlet) is not supported yet.")
 _OBJECT_STORE = Refused(
     "object stores are fsspec URLs here: save_folder='s3://bucket/run', load_path='s3://...', storage_options=."
 )
@@ -47,7 +46,7 @@ COMPOSER = DropIn(
                 "DataSpec": "fabric.trainer:DataSpec",
                 "ensure_data_spec": "fabric.trainer.data_spec:ensure_data_spec",
                 "_default_split_batch": "fabric.trainer.microbatch:split_batch",
-                "_split_list": _ICL,
+                "_split_list": "fabric.trainer.microbatch:split_list",
             },
         ),
         "composer.core.state": AliasedModule(

@@ -9,7 +9,7 @@ smaller.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,14 @@ def split_batch(batch: Any, microbatch_size: int) -> list[Any]:
         raise ValueError(f"microbatch_size={microbatch_size} must be at least 1.")
     size = batch_size(batch)
     return [_slice(batch, start, min(start + microbatch_size, size), size) for start in range(0, size, microbatch_size)]
+
+
+def split_list(values: Sequence[Any], microbatch_size: int) -> list[Sequence[Any]]:
+    """``values`` (one per sample) in chunks of at most ``microbatch_size``, in order: Composer's ``_split_list``,
+    with which llm-foundry's in-context learning datasets split their per-sample lists into eval microbatches."""
+    if microbatch_size < 1:
+        raise ValueError(f"microbatch_size={microbatch_size} must be at least 1.")
+    return [values[start : start + microbatch_size] for start in range(0, len(values), microbatch_size)]
 
 
 def loss_weight(microbatch: Any, total_samples: int) -> float:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fabric.trainer.microbatch import batch_size, loss_weight, split_batch
+from fabric.trainer.microbatch import batch_size, loss_weight, split_batch, split_list
 
 Pair = namedtuple("Pair", ["x", "y"])
 
@@ -64,3 +64,13 @@ def test_a_list_of_one_plain_value_per_sample_is_split_with_the_samples() -> Non
     assert [[int(t) for t in piece["total_tokens"]] for piece in pieces] == [[2, 2], [1, 2], [2]]
     assert [piece["names"] for piece in pieces] == [["a", "b"], ["c", "d"], ["e"]]
     assert all(piece["config"] == ["x", "y"] for piece in pieces)
+
+
+def test_split_list_chunks_per_sample_values_as_composers_split_list() -> None:
+    """llm-foundry's in-context learning datasets split their per-sample lists (choices, answers) with Composer's
+    ``_split_list`` when an evaluator has eval microbatches; the drop-in mode answers it with this."""
+    assert split_list(["a", "b", "c", "d", "e"], 2) == [["a", "b"], ["c", "d"], ["e"]]
+    assert split_list([[1, 2], [3]], 4) == [[[1, 2], [3]]]
+    assert split_list([], 3) == []
+    with pytest.raises(ValueError, match="microbatch_size=0 must be at least 1"):
+        split_list(["a"], 0)
