@@ -717,10 +717,10 @@ class Fabric:
             method(*args, **kwargs)
 
     @staticmethod
-    def seed_everything(seed: int | None = None, workers: bool = True) -> int:
+    def seed_everything(seed: int | None = None, workers: bool = True, verbose: bool = True) -> int:
         """Seed ``random``, NumPy and torch, and (unless ``workers=False``) each dataloader worker of each rank
         distinctly, as Lightning Fabric does; see :func:`fabric.utilities.seed.seed_everything`."""
-        return seed_everything(seed, workers)
+        return seed_everything(seed, workers, verbose)
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawned ranks receive a pickled copy; modules set up here are not theirs to track.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -124,6 +125,15 @@ def test_seed_everything_makes_runs_repeatable() -> None:
     assert torch.equal(first, torch.randn(3))
     with pytest.raises(ValueError, match="out of range"):
         Fabric.seed_everything(-1)
+
+
+def test_seed_everything_says_the_seed_unless_told_not_to_as_lightnings(caplog: pytest.LogCaptureFixture) -> None:
+    """Lightning's ``seed_everything(seed, workers, verbose=True)`` logs ``Seed set to N``; programs pass
+    ``verbose=False`` (a TypeError here before)."""
+    with caplog.at_level(logging.INFO, logger="fabric.utilities.seed"):
+        Fabric.seed_everything(7)
+        Fabric.seed_everything(8, verbose=False)
+    assert [record.getMessage() for record in caplog.records] == ["Seed set to 7"]
 
 
 def test_empty_init_skips_weight_initialisation() -> None:

@@ -4,6 +4,7 @@ dataloader worker distinctly per rank and worker."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import random
 
@@ -17,17 +18,19 @@ SEED_ENV_VAR = "FABRIC_GLOBAL_SEED"
 #: ``"1"`` after ``seed_everything(workers=True)``: ``fabric.setup_dataloaders`` installs :func:`worker_init_function`.
 SEED_WORKERS_ENV_VAR = "FABRIC_SEED_WORKERS"
 _NUMPY_AVAILABLE = RequirementCache("numpy")
+_log = logging.getLogger(__name__)
 #: The largest seed every generator takes (NumPy's are 32-bit).
 MAX_SEED = 2**32 - 1
 
 
-def seed_everything(seed: int | None = None, workers: bool = False) -> int:
+def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = True) -> int:
     """Seed Python's ``random``, NumPy (if installed) and torch (CPU and every CUDA device).
 
     Without ``seed``, the seed a parent process recorded in ``FABRIC_GLOBAL_SEED`` is used, else 0.
     With ``workers=True``, dataloaders set up afterwards by ``fabric.setup_dataloaders`` (that have no
     ``worker_init_fn`` of their own) seed each worker process from the seed, the rank and the worker id,
-    so no two workers of the job draw the same random numbers and a rerun draws them again.
+    so no two workers of the job draw the same random numbers and a rerun draws them again. ``verbose``: log
+    ``Seed set to N`` at INFO on this module's logger (Lightning's argument and message).
     Returns the seed used.
     """
     if seed is None:
@@ -44,6 +47,8 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
 
         numpy.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+    if verbose:
+        _log.info("Seed set to %d", seed)
     return seed
 
 
