@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future
@@ -478,6 +479,15 @@ class Fabric:
         set-up module refuses to run (naming the tensors) until ``load`` or ``load_raw`` filled what was skipped.
         """
         return self._strategy.module_init_context(empty_init)
+
+    def sharded_model(self) -> AbstractContextManager[Any]:
+        """Lightning's deprecated name for :meth:`init_module` (which this is, with a ``FutureWarning`` naming it)."""
+        warnings.warn(
+            "fabric.sharded_model() is deprecated: use fabric.init_module(), which builds the module the same way.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return self.init_module()
 
     def init_tensor(self) -> AbstractContextManager[Any]:
         """Create tensors directly on the device and in the precision's dtype."""

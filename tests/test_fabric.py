@@ -198,3 +198,12 @@ def test_import_fabric_is_lazy_and_never_loads_dynamo() -> None:
         f"print(sorted(m for m in {LOADED_ON_USE!r} if m in sys.modules))"
     )
     assert _run_python(code) == "[]"
+
+
+def test_sharded_model_is_init_module_under_lightnings_deprecated_name() -> None:
+    fabric = Fabric(accelerator="cpu", precision="bf16-true")
+    with pytest.warns(FutureWarning, match=r"fabric\.sharded_model\(\) is deprecated: use fabric\.init_module\(\)"):
+        context = fabric.sharded_model()
+    with context:
+        layer = nn.Linear(2, 2)
+    assert layer.weight.dtype == torch.bfloat16  # built as init_module builds it
